@@ -1,0 +1,255 @@
+"""TokenCache: per-token hash C(t), byte length L(t) and power P(t) = base^L(t) for one (tokenizer, HashSpec).
+
+Built once per tokenizer in well under a second, saved as an ``.npz`` (no pickle) with a JSON header that
+records the format, the hash spec and the tokenizer's fingerprint; loading refuses a cache made for another
+tokenizer or spec and names both. With a cache, hashing every n-gram of a token stream is two multiplies per
+order per position (:meth:`TokenCache.ngram_hashes`).
+
+Not here: tokenisation (:mod:`polymem.tokenizers`), row layouts (:mod:`polymem.layout`), torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from polymem import _kernels
+from polymem.errors import FormatError, PolymemError, SpecMismatchError
+from polymem.hashing import HashSpec
+from polymem.layout import Layout
+from polymem.ngram import ngram_hashes_numpy
+
+CACHE_FORMAT = "polymem.token-cache"
+SUPPORTED_CACHE_VERSIONS = (1,)
+MAX_ORDER = 32
+
+
+@dataclass(frozen=True, eq=False)
+class TokenCache:
+    spec: HashSpec
+    tokenizer_name: str
+    fingerprint: str
+    C: np.ndarray  # uint64 [V]  Hash(bytes(t)); 0 for special tokens
+    L: np.ndarray  # int32  [V]  byte length; 0 for special tokens
+    P: np.ndarray  # uint64 [V]  base^L(t)
+    special: np.ndarray  # bool [V]  token has no bytes (special/control/unused id)
+    powers: np.ndarray  # uint64 [max L + 1]  B(p) = base^p
+    lossy: bool = False
+    dummy_prefix: bool = False
+    build_seconds: float = field(default=0.0, compare=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.C.shape[0])
+
+    @property
+    def num_special(self) -> int:
+        return int(self.special.sum())
+
+    # ------------------------------------------------------------------------------------------ build
+    @classmethod
+    def build(cls, tokenizer: Any, spec: HashSpec | None = None) -> "TokenCache":
+        """Hash every token of ``tokenizer`` (a :class:`polymem.tokenizers.Tokenizer` or anything
+        :func:`polymem.load_tokenizer` accepts) under ``spec`` (default: ``HashSpec()``)."""
+        from polymem.tokenizers import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+        t0 = time.perf_counter()
+        tb = tok.all_token_bytes()
+        if tok.lossy:
+            warnings.warn(
+                f"tokenizer {tok.name!r} is not byte-faithful (its token bytes do not concatenate back to the "
+                "text, e.g. WordPiece): its n-gram hashes will not match other tokenizers' byte-equivalent n-grams",
+                stacklevel=2,
+            )
+        cache = cls.from_token_bytes(
+            tb, spec, name=tok.name, fingerprint=tok.fingerprint, lossy=bool(tok.lossy),
+            dummy_prefix=bool(tok.dummy_prefix),
+        )
+        object.__setattr__(cache, "build_seconds", time.perf_counter() - t0)
+        return cache
+
+    @classmethod
+    def from_token_bytes(
+        cls, token_bytes: "list[bytes | None]", spec: HashSpec | None = None, *, name: str, fingerprint: str,
+        lossy: bool = False, dummy_prefix: bool = False,
+    ) -> "TokenCache":
+        """Build from the ordered token byte strings (None = special/control/unused id)."""
+        spec = spec or HashSpec()
+        tb = token_bytes
+        special = np.fromiter((b is None for b in tb), dtype=bool, count=len(tb))
+        lengths = np.fromiter((0 if b is None else len(b) for b in tb), dtype=np.int64, count=len(tb))
+        buf = np.frombuffer(b"".join(b for b in tb if b is not None), dtype=np.uint8)
+        offsets = np.zeros(len(tb) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        table = np.array(spec.effective_byte_table, dtype=np.uint64)
+        C = _kernels.token_hashes(buf, offsets, table, np.uint64(spec.base))
+        max_len = int(lengths.max()) if len(tb) else 0
+        powers = _powers(spec.base, max_len)
+        P = powers[lengths]
+        C[special] = 0
+        return cls(
+            spec=spec, tokenizer_name=name, fingerprint=fingerprint, C=C, L=lengths.astype(np.int32),
+            P=P, special=special, powers=powers, lossy=lossy, dummy_prefix=dummy_prefix,
+        )
+
+    # ------------------------------------------------------------------------------------------ hashing
+    def check_ids(self, ids: Any) -> np.ndarray:
+        """Validate token ids: integers in [0, vocab_size). Returns them as int64."""
+        arr = np.asarray(ids)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise PolymemError(f"token ids must be integers, got dtype {arr.dtype}")
+        arr = arr.astype(np.int64, copy=False)
+        if arr.size:
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < 0 or hi >= self.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise PolymemError(
+                    f"token id {bad} is out of range for tokenizer {self.tokenizer_name!r} "
+                    f"(vocab size {self.vocab_size}, ids 0..{self.vocab_size - 1}); were these ids made by "
+                    "another tokenizer?"
+                )
+        return arr
+
+    def ngram_hashes(self, ids: Any, max_n: int = 3, *, backend: str = "numba") -> tuple[np.ndarray, np.ndarray]:
+        """Hashes of every suffix n-gram, n = 1..max_n, in one joint space.
+
+        ids int [T] or [B, T] -> (hashes uint64 [..., T, max_n], valid bool [..., T, max_n]); column n-1 is
+        order n; invalid n-grams (reaching before the start, or containing a special token) hash to 0.
+        """
+        arr = self.check_ids(ids)
+        _check_order(max_n)
+        if backend == "numpy":
+            return ngram_hashes_numpy(self.C, self.P, self.special, arr, max_n)
+        if backend != "numba":
+            raise PolymemError(f"backend {backend!r} is unknown; accepted: 'numba', 'numpy'")
+        ids2 = arr.reshape(-1, arr.shape[-1]) if arr.ndim else arr.reshape(1, 1)
+        h, v = _kernels.ngram_hashes(np.ascontiguousarray(ids2), self.C, self.P, self.special, max_n)
+        shape = arr.shape + (max_n,)
+        return h.reshape(shape), v.reshape(shape)
+
+    def ngram_rows(self, ids: Any, layout: Layout, max_n: int = 3) -> np.ndarray:
+        """Fused hashing + layout: ids [..., T] -> rows int64 [..., T, max_n, K]; -1 for invalid n-grams."""
+        arr = self.check_ids(ids)
+        _check_order(max_n)
+        ids2 = arr.reshape(-1, arr.shape[-1]) if arr.ndim else arr.reshape(1, 1)
+        rows = _kernels.ngram_rows(
+            np.ascontiguousarray(ids2), self.C, self.P, self.special, max_n,
+            layout.kind_code, layout.heads, layout.slots, layout.pages,
+        )
+        return rows.reshape(arr.shape + (max_n, layout.heads))
+
+    # ------------------------------------------------------------------------------------------ storage
+    def header(self) -> dict[str, Any]:
+        return {
+            "format": CACHE_FORMAT,
+            "version": 1,
+            "spec": self.spec.to_dict(),
+            "tokenizer": {"name": self.tokenizer_name, "fingerprint": self.fingerprint},
+            "vocab_size": self.vocab_size,
+            "lossy": self.lossy,
+            "dummy_prefix": self.dummy_prefix,
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write atomically (temp file in the same folder, then rename). Returns the final path."""
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_suffix(path.suffix + ".npz") if path.suffix else path.with_suffix(".npz")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = np.frombuffer(json.dumps(self.header(), sort_keys=True).encode(), dtype=np.uint8)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, header=header, C=self.C, L=self.L, P=self.P, special=self.special, powers=self.powers)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, tokenizer: Any = None, spec: HashSpec | None = None
+    ) -> "TokenCache":
+        """Load a saved cache; refuse it (naming both sides) if ``tokenizer``'s fingerprint or ``spec`` differ."""
+        path = Path(path)
+        if not path.is_file():
+            raise PolymemError(f"token cache {str(path)!r} does not exist; build it with `polymem build-cache`")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in ("header", "C", "L", "P", "special", "powers")}
+        except KeyError as e:
+            raise FormatError(f"token cache {str(path)!r} lacks array {e.args[0]!r}; rebuild it") from None
+        except Exception as e:  # zipfile.BadZipFile, ValueError, OSError
+            raise FormatError(f"token cache {str(path)!r} is not a readable .npz ({e}); rebuild it") from None
+        try:
+            header = json.loads(arrays["header"].tobytes().decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise FormatError(f"token cache {str(path)!r} has a corrupt header ({e}); rebuild it") from None
+        if header.get("format") != CACHE_FORMAT or header.get("version") not in SUPPORTED_CACHE_VERSIONS:
+            raise FormatError(
+                f"{str(path)!r} is format {header.get('format')!r} version {header.get('version')!r}; this polymem "
+                f"reads {CACHE_FORMAT!r} versions {list(SUPPORTED_CACHE_VERSIONS)}"
+            )
+        stored_spec = HashSpec.from_dict(header["spec"])
+        V = int(header["vocab_size"])
+        for k in ("C", "L", "P", "special"):
+            if arrays[k].shape != (V,):
+                raise FormatError(f"token cache {str(path)!r}: array {k} has shape {arrays[k].shape}, expected ({V},)")
+        cache = cls(
+            spec=stored_spec, tokenizer_name=header["tokenizer"]["name"],
+            fingerprint=header["tokenizer"]["fingerprint"], C=arrays["C"].astype(np.uint64, copy=False),
+            L=arrays["L"].astype(np.int32, copy=False), P=arrays["P"].astype(np.uint64, copy=False),
+            special=arrays["special"].astype(bool, copy=False), powers=arrays["powers"].astype(np.uint64, copy=False),
+            lossy=bool(header.get("lossy", False)), dummy_prefix=bool(header.get("dummy_prefix", False)),
+        )
+        if spec is not None and spec != stored_spec:
+            raise SpecMismatchError(
+                f"token cache {str(path)!r} was built with hash spec {stored_spec.spec_id} ({stored_spec!r}) but "
+                f"spec {spec.spec_id} ({spec!r}) was requested; rebuild the cache with that spec"
+            )
+        if tokenizer is not None:
+            from polymem.tokenizers import load_tokenizer
+
+            tok = load_tokenizer(tokenizer)
+            if tok.fingerprint != cache.fingerprint:
+                raise SpecMismatchError(
+                    f"token cache {str(path)!r} was built for tokenizer {cache.tokenizer_name!r} (fingerprint "
+                    f"{cache.fingerprint[:16]}…) but tokenizer {tok.name!r} has fingerprint {tok.fingerprint[:16]}…; "
+                    "rebuild the cache for this tokenizer"
+                )
+        return cache
+
+
+def default_cache_path(tokenizer_name: str, fingerprint: str, spec: HashSpec) -> Path:
+    """``<user cache dir>/polymem/token-caches/<name>-<fingerprint[:12]>-<spec_id>.npz``."""
+    import platformdirs
+
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in tokenizer_name)[:64]
+    root = Path(os.environ.get("POLYMEM_CACHE_DIR") or platformdirs.user_cache_dir("polymem"))
+    return root / "token-caches" / f"{safe}-{fingerprint[:12]}-{spec.spec_id}.npz"
+
+
+def _powers(base: int, max_len: int) -> np.ndarray:
+    out = np.empty(max_len + 1, dtype=np.uint64)
+    acc = 1
+    for p in range(max_len + 1):
+        out[p] = acc
+        acc = (acc * base) & ((1 << 64) - 1)
+    return out
+
+
+def _check_order(max_n: Any) -> None:
+    if not isinstance(max_n, (int, np.integer)) or isinstance(max_n, bool) or not 1 <= max_n <= MAX_ORDER:
+        raise PolymemError(f"max_n={max_n!r} must be an integer in [1, {MAX_ORDER}] (the n-gram orders hashed are 1..max_n)")

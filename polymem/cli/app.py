@@ -1,0 +1,35 @@
+"""The ``polymem`` typer app. Command groups live in ``polymem/cli/cmd_*.py``; each defines
+``register(app: typer.Typer) -> None`` and is registered here in name order."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import typer
+
+import polymem.cli as _cli_pkg
+from polymem.errors import PolymemError
+
+app = typer.Typer(
+    name="polymem",
+    help="Tokenizer-agnostic hashed n-gram memory tables, addressed by the bytes of an n-gram.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for _m in sorted(m.name for m in pkgutil.iter_modules(_cli_pkg.__path__) if m.name.startswith("cmd_")):
+    importlib.import_module(f"polymem.cli.{_m}").register(app)
+
+
+def main() -> None:
+    """Console entry point: library errors become one red line on stderr and exit code 2."""
+    try:
+        app()
+    except PolymemError as e:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False, markup=True)
+        sys.exit(2)

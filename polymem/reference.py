@@ -1,0 +1,71 @@
+"""Plain-Python reference implementations: slow, readable, and the definition the fast paths must match.
+
+Everything here works on Python ints and bytes, straight from the definitions in ``docs/hash-spec.md``:
+the n-gram hash is the hash of the *concatenated bytes* (no C/B caches), and rows follow the layout
+formulas literally. Tests compare numba, numpy and torch against these, bit for bit.
+
+Not for production use: ~1 µs per byte.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from polymem.hashing import MASK64, HashSpec, finalize
+
+
+def ngram_hashes(
+    spec: HashSpec,
+    token_bytes: Callable[[int], bytes | None],
+    ids: Sequence[int],
+    max_n: int,
+) -> list[list[int | None]]:
+    """out[i][n-1] = Hash(bytes(ids[i-n+1]) ‖ … ‖ bytes(ids[i])), or None if the n-gram reaches before the
+    start of ``ids`` or includes a token without bytes (special/control)."""
+    out: list[list[int | None]] = []
+    for i in range(len(ids)):
+        row: list[int | None] = []
+        for n in range(1, max_n + 1):
+            start = i - n + 1
+            if start < 0:
+                row.append(None)
+                continue
+            parts = [token_bytes(int(t)) for t in ids[start : i + 1]]
+            if any(p is None for p in parts):
+                row.append(None)
+                continue
+            row.append(spec.hash_bytes(b"".join(parts)))  # type: ignore[arg-type]
+        out.append(row)
+    return out
+
+
+def page_local_rows(h: int, *, heads: int, slots: int, pages: int) -> list[int]:
+    """row_k = (page·K + k)·S + slot_k, page = z0 mod P, slot_k = (16-bit field k%4 of z_{1+k//4})·S >> 16."""
+    page = finalize(h, 0) % pages
+    rows = []
+    for k in range(heads):
+        w = finalize(h, 1 + k // 4)
+        field = (w >> (16 * (k % 4))) & 0xFFFF
+        slot = (field * slots) >> 16
+        rows.append((page * heads + k) * slots + slot)
+    return rows
+
+
+def flat_rows(h: int, *, heads: int, slots: int, pages: int) -> list[int]:
+    """One entry e = z0 mod (P·S) holding all K heads: row_k = e·K + k."""
+    e = finalize(h, 0) % (pages * slots)
+    return [e * heads + k for k in range(heads)]
+
+
+def independent_rows(h: int, *, heads: int, slots: int, pages: int) -> list[int]:
+    """Engram-style: head k has its own sub-table of Q = P·S rows: row_k = k·Q + (z_{1+k} mod Q)."""
+    q = pages * slots
+    return [k * q + finalize(h, 1 + k) % q for k in range(heads)]
+
+
+def xor_mix(ids: Sequence[int], multipliers: Sequence[int]) -> int:
+    """Engram's token-id mix for the n-gram ending at ids[-1]: x_t·m0 ⊕ x_{t-1}·m1 ⊕ … (mod 2^64)."""
+    acc = 0
+    for j, m in enumerate(multipliers):
+        acc ^= (int(ids[len(ids) - 1 - j]) * m) & MASK64
+    return acc
