@@ -131,8 +131,8 @@ class TokenCache:
             return ngram_hashes_numpy(self.C, self.P, self.special, arr, max_n)
         if backend != "numba":
             raise PolymemError(f"backend {backend!r} is unknown; accepted: 'numba', 'numpy'")
-        ids2 = arr.reshape(-1, arr.shape[-1]) if arr.ndim else arr.reshape(1, 1)
-        h, v = _kernels.ngram_hashes(np.ascontiguousarray(ids2), self.C, self.P, self.special, max_n)
+        ids2 = _as_2d(arr)
+        h, v = _kernels.ngram_hashes(ids2, self.C, self.P, self.special, max_n)
         shape = arr.shape + (max_n,)
         return h.reshape(shape), v.reshape(shape)
 
@@ -140,9 +140,9 @@ class TokenCache:
         """Fused hashing + layout: ids [..., T] -> rows int64 [..., T, max_n, K]; -1 for invalid n-grams."""
         arr = self.check_ids(ids)
         _check_order(max_n)
-        ids2 = arr.reshape(-1, arr.shape[-1]) if arr.ndim else arr.reshape(1, 1)
+        ids2 = _as_2d(arr)
         rows = _kernels.ngram_rows(
-            np.ascontiguousarray(ids2), self.C, self.P, self.special, max_n,
+            ids2, self.C, self.P, self.special, max_n,
             layout.kind_code, layout.heads, layout.slots, layout.pages,
         )
         return rows.reshape(arr.shape + (max_n, layout.heads))
@@ -248,6 +248,12 @@ def _powers(base: int, max_len: int) -> np.ndarray:
         out[p] = acc
         acc = (acc * base) & ((1 << 64) - 1)
     return out
+
+
+def _as_2d(arr: np.ndarray) -> np.ndarray:
+    if arr.ndim == 0:
+        raise PolymemError("token ids must be a sequence [T] or a batch [B, T], got a scalar; wrap it in a list")
+    return np.ascontiguousarray(arr.reshape(int(np.prod(arr.shape[:-1])), arr.shape[-1]))
 
 
 def _check_order(max_n: Any) -> None:
