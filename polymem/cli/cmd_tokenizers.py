@@ -1,0 +1,58 @@
+"""``polymem tokenizers`` (list builtin names) and ``polymem tokenizers check SPEC --text FILE``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+tokenizers_app = typer.Typer(help="Tokenizers polymem can load, and their byte fidelity.", no_args_is_help=False)
+
+
+@tokenizers_app.callback(invoke_without_command=True)
+def list_tokenizers(ctx: typer.Context) -> None:
+    """List the builtin tokenizer names (paths and hf:NAME are accepted too)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from polymem.tokenizers import known_tokenizers
+
+    t = Table(title="builtin tokenizer names (also: paths to tokenizer.json / .model / .tiktoken, hf:ORG/NAME)")
+    t.add_column("name")
+    t.add_column("what")
+    for name, desc in known_tokenizers():
+        t.add_row(name, desc)
+    console.print(t)
+
+
+@tokenizers_app.command("check")
+def check(
+    spec: Annotated[str, typer.Argument(help="Tokenizer spec.")],
+    text: Annotated[Path, typer.Option("--text", exists=True, dir_okay=False, help="UTF-8 text file to tokenize.")],
+) -> None:
+    """Byte fidelity: do the token bytes concatenate back to the text? Exit 1 if not."""
+    from polymem.errors import PolymemError
+    from polymem.tokenizers import check_fidelity, load_tokenizer
+
+    tok = load_tokenizer(spec)
+    try:
+        body = text.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PolymemError(f"{str(text)!r} is not UTF-8 text ({e}); convert it, e.g. `iconv -t UTF-8`") from None
+    rep = check_fidelity(tok, [body])
+    n = len(tok.encode(body))
+    if rep.faithful:
+        how = "exactly" if rep.exact else "after the SentencePiece dummy-prefix space"
+        console.print(f"[green]faithful[/]: {tok.name} gives back the {len(body.encode()):,} bytes {how} ({n:,} tokens)")
+        return
+    console.print(f"[red]lossy[/]: {tok.name} does not give back the text: {rep.first_mismatch}")
+    if tok.lossy:
+        console.print("this tokenizer is known to be lossy (e.g. WordPiece): its n-gram hashes will not match other tokenizers'")
+    raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(tokenizers_app, name="tokenizers")

@@ -1,0 +1,73 @@
+"""Cross-tokenizer byte-equivalence check: find n-grams of two tokenizers with the same bytes and compare
+their hashes. This is the foundation's promise made visible (``polymem demo``) and a test oracle.
+
+Not here: corpus-scale coverage statistics (that is :mod:`polymem.coverage`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from polymem.cache import TokenCache
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    pairs: int  # (A n-gram, B n-gram) pairs with equal bytes
+    mismatched: int  # of those, pairs whose hashes differ (must be 0)
+    collisions: int  # hash equal but bytes different, over both tokenizers' n-grams (64-bit collisions)
+    distinct_ngrams: int  # distinct byte strings seen, both tokenizers
+    shared_distinct: int  # distinct byte strings that both tokenizers produced as an n-gram
+    examples: list[tuple[bytes, int, int, int]]  # (bytes, order in A, order in B, hash) with orders differing
+
+
+def ngram_bytes(token_bytes: list[bytes | None], ids: np.ndarray, max_n: int) -> list[list[bytes | None]]:
+    """Byte string of every suffix n-gram (None when invalid), straight from token bytes."""
+    out: list[list[bytes | None]] = []
+    for i in range(len(ids)):
+        row: list[bytes | None] = []
+        for n in range(1, max_n + 1):
+            parts = [token_bytes[int(t)] for t in ids[max(0, i - n + 1) : i + 1]]
+            row.append(None if i - n + 1 < 0 or any(p is None for p in parts) else b"".join(parts))  # type: ignore[arg-type]
+        out.append(row)
+    return out
+
+
+def crosscheck(
+    cache_a: TokenCache, bytes_a: list[bytes | None], ids_a: np.ndarray,
+    cache_b: TokenCache, bytes_b: list[bytes | None], ids_b: np.ndarray, max_n: int = 7,
+) -> CrossCheck:
+    """Compare every valid n-gram (n ≤ max_n) of stream A with every one of stream B by bytes and by hash."""
+    seen: dict[bytes, dict[str, object]] = {}  # bytes -> {"a": {(order, hash)}, "b": ...}
+    by_hash: dict[int, bytes] = {}
+    collisions = 0
+    for side, cache, tb, ids in (("a", cache_a, bytes_a, ids_a), ("b", cache_b, bytes_b, ids_b)):
+        h, v = cache.ngram_hashes(ids, max_n)
+        nb = ngram_bytes(tb, ids, max_n)
+        for i in range(len(ids)):
+            for n in range(max_n):
+                if not v[i, n]:
+                    continue
+                b, x = nb[i][n], int(h[i, n])
+                entry = seen.setdefault(b, {"a": set(), "b": set()})  # type: ignore[arg-type]
+                entry[side].add((n + 1, x))  # type: ignore[union-attr]
+                prev = by_hash.setdefault(x, b)  # type: ignore[arg-type]
+                if prev != b:
+                    collisions += 1
+    pairs = mismatched = shared = 0
+    examples: list[tuple[bytes, int, int, int]] = []
+    for b, entry in seen.items():
+        sa, sb = entry["a"], entry["b"]
+        if not sa or not sb:
+            continue
+        shared += 1
+        for oa, ha in sa:  # type: ignore[union-attr]
+            for ob, hb in sb:  # type: ignore[union-attr]
+                pairs += 1
+                mismatched += ha != hb
+                if oa != ob and len(examples) < 1000:
+                    examples.append((b, oa, ob, ha))
+    examples.sort(key=lambda e: (-abs(e[1] - e[2]), -len(e[0])))
+    return CrossCheck(pairs, mismatched, collisions, len(seen), shared, examples)
