@@ -34,6 +34,18 @@ def _fmix64(k):  # pragma: no cover - compiled
     return k
 
 
+_S32 = np.uint64(32)
+_M32 = np.uint64(0xFFFFFFFF)
+
+
+@njit(cache=True, inline="always")
+def _fastrange(z, m):  # pragma: no cover - compiled
+    """⌊z·m / 2^64⌋ for m < 2^32, from 32-bit halves (exact)."""
+    mu = np.uint64(m)
+    c = ((z & _M32) * mu) >> _S32
+    return np.int64(((z >> _S32) * mu + c) >> _S32)
+
+
 @njit(cache=True, inline="always")
 def _finalize(h, stream):  # pragma: no cover - compiled
     return _fmix64(h + np.uint64(stream + 1) * _GOLDEN)
@@ -53,24 +65,40 @@ def token_hashes(buf, offsets, table, base):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
+def _page_local(h, heads, slots, pages, out, o):  # pragma: no cover - compiled
+    page = _fastrange(_finalize(h, 0), pages)
+    rb = page * heads * slots
+    su = np.uint64(slots)
+    for g in range((heads + 3) // 4):
+        w = _finalize(h, 1 + g)
+        for f in range(4):
+            k = g * 4 + f
+            if k < heads:
+                out[o + k] = rb + k * slots + np.int64((((w >> np.uint64(16 * f)) & _M16) * su) >> _S16)
+
+
+@njit(cache=True, inline="always")
+def _flat(h, heads, slots, pages, out, o):  # pragma: no cover - compiled
+    e = _fastrange(_finalize(h, 0), pages * slots)
+    for k in range(heads):
+        out[o + k] = e * heads + k
+
+
+@njit(cache=True, inline="always")
+def _independent(h, heads, slots, pages, out, o):  # pragma: no cover - compiled
+    q = np.int64(pages) * slots
+    for k in range(heads):
+        out[o + k] = k * q + _fastrange(_finalize(h, 1 + k), q)
+
+
+@njit(cache=True, inline="always")
 def _rows_of(h, kind, heads, slots, pages, out, o):  # pragma: no cover - compiled
     if kind == KIND_PAGE_LOCAL:
-        page = np.int64(_finalize(h, 0) % np.uint64(pages))
-        w = _U0
-        for k in range(heads):
-            if k % 4 == 0:
-                w = _finalize(h, 1 + k // 4)
-            field = (w >> np.uint64(16 * (k % 4))) & _M16
-            slot = np.int64((field * np.uint64(slots)) >> _S16)
-            out[o + k] = (page * heads + k) * slots + slot
+        _page_local(h, heads, slots, pages, out, o)
     elif kind == KIND_FLAT:
-        e = np.int64(_finalize(h, 0) % np.uint64(pages * slots))
-        for k in range(heads):
-            out[o + k] = e * heads + k
+        _flat(h, heads, slots, pages, out, o)
     else:
-        q = np.int64(pages) * slots
-        for k in range(heads):
-            out[o + k] = k * q + np.int64(_finalize(h, 1 + k) % np.uint64(q))
+        _independent(h, heads, slots, pages, out, o)
 
 
 @njit(cache=True)
@@ -115,28 +143,43 @@ def ngram_hashes(ids, C, P, special, max_n):  # pragma: no cover - compiled
     return out_h, out_v
 
 
-@njit(cache=True)
-def ngram_rows(ids, C, P, special, max_n, kind, heads, slots, pages):  # pragma: no cover - compiled
-    """Fused hashing + layout: ids int64 [B, T] -> rows int64 [B, T, max_n, heads] (-1 where invalid)."""
-    B, T = ids.shape
-    out = np.empty(B * T * max_n * heads, dtype=np.int64)
-    for b in range(B):
-        for i in range(T):
-            h = _U0
-            m = _U1
-            base_o = ((b * T + i) * max_n) * heads
-            n_ok = 0
-            for n in range(max_n):
-                j = i - n
-                if j < 0:
-                    break
-                t = ids[b, j]
-                if special[t]:
-                    break
-                h = C[t] * m + h
-                m = m * P[t]
-                _rows_of(h, kind, heads, slots, pages, out, base_o + n * heads)
-                n_ok += 1
-            for x in range(base_o + n_ok * heads, base_o + max_n * heads):
-                out[x] = -1
-    return out.reshape((B, T, max_n, heads))
+def _make_ngram_rows(row_fn):
+    @njit(cache=True)
+    def kernel(ids, C, P, special, max_n, heads, slots, pages):  # pragma: no cover - compiled
+        B, T = ids.shape
+        out = np.empty(B * T * max_n * heads, dtype=np.int64)
+        for b in range(B):
+            for i in range(T):
+                h = _U0
+                m = _U1
+                base_o = ((b * T + i) * max_n) * heads
+                n_ok = 0
+                for n in range(max_n):
+                    j = i - n
+                    if j < 0:
+                        break
+                    t = ids[b, j]
+                    if special[t]:
+                        break
+                    h = C[t] * m + h
+                    m = m * P[t]
+                    row_fn(h, heads, slots, pages, out, base_o + n * heads)
+                    n_ok += 1
+                for x in range(base_o + n_ok * heads, base_o + max_n * heads):
+                    out[x] = -1
+        return out.reshape((B, T, max_n, heads))
+
+    return kernel
+
+
+_NGRAM_ROWS = {}
+
+
+def ngram_rows(ids, C, P, special, max_n, kind, heads, slots, pages):
+    """Fused hashing + layout: ids int64 [B, T] -> rows int64 [B, T, max_n, heads] (-1 where invalid).
+
+    One kernel per layout kind (compiled on first use), so the inner loop has no kind branch.
+    """
+    if kind not in _NGRAM_ROWS:
+        _NGRAM_ROWS[kind] = _make_ngram_rows({KIND_PAGE_LOCAL: _page_local, KIND_FLAT: _flat, KIND_INDEPENDENT: _independent}[kind])
+    return _NGRAM_ROWS[kind](ids, C, P, special, max_n, heads, slots, pages)

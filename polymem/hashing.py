@@ -62,6 +62,14 @@ def finalize(h: int, stream: int) -> int:
     return fmix64((h + (stream + 1) * GOLDEN) & MASK64)
 
 
+def fastrange(z: int, m: int) -> int:
+    """Map a uniform 64-bit ``z`` to [0, m) by multiply-high: ⌊z·m / 2^64⌋ (Lemire's fast range; no division).
+
+    Defined for 0 < m < 2^32, which layouts enforce.
+    """
+    return ((z & MASK64) * m) >> 64
+
+
 def make_byte_table(seed: int) -> tuple[int, ...]:
     """h(b) for b = 0..255: successive splitmix64 outputs from ``seed``, skipping 0 (never happens in practice).
 

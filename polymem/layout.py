@@ -43,10 +43,15 @@ class Layout:
     def __post_init__(self) -> None:
         if self.kind not in LAYOUT_KINDS:
             raise PolymemError(f"layout kind {self.kind!r} is unknown; accepted: {', '.join(LAYOUT_KINDS)}")
-        for name, lo, hi in (("pages", 1, 1 << 40), ("heads", 1, 64), ("slots", 1, 1 << 16), ("head_dim", 1, 1 << 16)):
+        for name, lo, hi in (("pages", 1, 1 << 32), ("heads", 1, 64), ("slots", 1, 1 << 16), ("head_dim", 1, 1 << 16)):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not lo <= v <= hi:
                 raise PolymemError(f"layout {name}={v!r} must be an integer in [{lo}, {hi}]")
+        if self.pages * self.slots >= 1 << 32:
+            raise PolymemError(
+                f"layout pages×slots = {self.pages}×{self.slots} must be below 2^32 (addresses are drawn by a 32-bit "
+                "multiply-high); use more heads or a wider head_dim for a table this large"
+            )
 
     @property
     def num_rows(self) -> int:
@@ -124,6 +129,13 @@ def finalize_np(h: np.ndarray, stream: int) -> np.ndarray:
     return _fmix64_np(h + np.uint64(stream + 1) * _GOLDEN)
 
 
+def fastrange_np(z: np.ndarray, m: int) -> np.ndarray:
+    """⌊z·m / 2^64⌋ for m < 2^32 (exact, from 32-bit halves)."""
+    mu = np.uint64(m)
+    c = ((z & np.uint64(0xFFFFFFFF)) * mu) >> np.uint64(32)
+    return (((z >> np.uint64(32)) * mu + c) >> np.uint64(32)).astype(np.int64)
+
+
 def rows_numpy(layout: Layout, hashes: np.ndarray) -> np.ndarray:
     """Vectorised numpy version of :meth:`Layout.rows` (no masking); same results bit for bit."""
     h = np.asarray(hashes, dtype=np.uint64)
@@ -131,15 +143,15 @@ def rows_numpy(layout: Layout, hashes: np.ndarray) -> np.ndarray:
     k = np.arange(K, dtype=np.int64)
     with np.errstate(over="ignore"):
         if layout.kind == "page-local":
-            page = (finalize_np(h, 0) % np.uint64(P)).astype(np.int64)
+            page = fastrange_np(finalize_np(h, 0), P)
             ws = np.stack([finalize_np(h, 1 + g) for g in range((K + 3) // 4)], axis=-1)  # [..., G]
             w = ws[..., k // 4]  # [..., K]
             field = (w >> (np.uint64(16) * (k % 4).astype(np.uint64))) & np.uint64(0xFFFF)
             slot = ((field * np.uint64(S)) >> np.uint64(16)).astype(np.int64)
             return (page[..., None] * K + k) * S + slot
         if layout.kind == "flat":
-            e = (finalize_np(h, 0) % np.uint64(P * S)).astype(np.int64)
+            e = fastrange_np(finalize_np(h, 0), P * S)
             return e[..., None] * K + k
         q = P * S
-        u = np.stack([(finalize_np(h, 1 + j) % np.uint64(q)).astype(np.int64) for j in range(K)], axis=-1)
+        u = np.stack([fastrange_np(finalize_np(h, 1 + j), q) for j in range(K)], axis=-1)
         return k * q + u

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from polymem.hashing import MASK64, HashSpec, finalize
+from polymem.hashing import MASK64, HashSpec, fastrange, finalize
 
 
 def ngram_hashes(
@@ -40,8 +40,8 @@ def ngram_hashes(
 
 
 def page_local_rows(h: int, *, heads: int, slots: int, pages: int) -> list[int]:
-    """row_k = (page·K + k)·S + slot_k, page = z0 mod P, slot_k = (16-bit field k%4 of z_{1+k//4})·S >> 16."""
-    page = finalize(h, 0) % pages
+    """row_k = (page·K + k)·S + slot_k, page = fastrange(z0, P), slot_k = (16-bit field k%4 of z_{1+k//4})·S >> 16."""
+    page = fastrange(finalize(h, 0), pages)
     rows = []
     for k in range(heads):
         w = finalize(h, 1 + k // 4)
@@ -52,15 +52,15 @@ def page_local_rows(h: int, *, heads: int, slots: int, pages: int) -> list[int]:
 
 
 def flat_rows(h: int, *, heads: int, slots: int, pages: int) -> list[int]:
-    """One entry e = z0 mod (P·S) holding all K heads: row_k = e·K + k."""
-    e = finalize(h, 0) % (pages * slots)
+    """One entry e = fastrange(z0, P·S) holding all K heads: row_k = e·K + k."""
+    e = fastrange(finalize(h, 0), pages * slots)
     return [e * heads + k for k in range(heads)]
 
 
 def independent_rows(h: int, *, heads: int, slots: int, pages: int) -> list[int]:
-    """Engram-style: head k has its own sub-table of Q = P·S rows: row_k = k·Q + (z_{1+k} mod Q)."""
+    """Engram-style: head k has its own sub-table of Q = P·S rows: row_k = k·Q + fastrange(z_{1+k}, Q)."""
     q = pages * slots
-    return [k * q + finalize(h, 1 + k) % q for k in range(heads)]
+    return [k * q + fastrange(finalize(h, 1 + k), q) for k in range(heads)]
 
 
 def xor_mix(ids: Sequence[int], multipliers: Sequence[int]) -> int:

@@ -1,8 +1,8 @@
 """The byte-level polynomial hash and layouts in torch, bit-identical to the numpy/numba/plain-Python paths.
 
 torch has no general uint64 arithmetic, so every uint64 value is carried in an int64 tensor with the same
-bits: + and × wrap identically in two's complement; right shifts are made logical with a mask; ``mod`` of an
-"unsigned" value uses ``((x >>> 1) mod m · 2 + (x & 1)) mod m``. Works on any device (CPU here, CUDA where
+bits: + and × wrap identically in two's complement; right shifts are made logical with a mask; the multiply-high of :func:`fastrange` is assembled
+from 32-bit halves. Works on any device (CPU here, CUDA where
 present); the tests compare it with the plain-Python reference.
 """
 
@@ -44,9 +44,10 @@ def finalize(h: torch.Tensor, stream: int) -> torch.Tensor:
     return fmix64(h + _s64((stream + 1) * GOLDEN))
 
 
-def umod(x: torch.Tensor, m: int) -> torch.Tensor:
-    """(x as uint64) mod m, for 0 < m < 2^62."""
-    return ((_lsr(x, 1) % m) * 2 + (x & 1)) % m
+def fastrange(z: torch.Tensor, m: int) -> torch.Tensor:
+    """⌊z·m / 2^64⌋ for z as uint64 and 0 < m < 2^32, from 32-bit halves (products wrap bit-exactly)."""
+    c = _lsr((z & 0xFFFFFFFF) * m, 32)
+    return _lsr(_lsr(z, 32) * m + c, 32)
 
 
 def ngram_hashes_torch(
@@ -85,18 +86,18 @@ def rows_torch(layout: Layout, h: torch.Tensor, valid: torch.Tensor | None = Non
     K, S, P = layout.heads, layout.slots, layout.pages
     k = torch.arange(K, device=h.device, dtype=torch.int64)
     if layout.kind == "page-local":
-        page = umod(finalize(h, 0), P)  # [...]
+        page = fastrange(finalize(h, 0), P)  # [...]
         ws = torch.stack([finalize(h, 1 + g) for g in range((K + 3) // 4)], dim=-1)  # [..., G]
         w = ws[..., k // 4]  # [..., K]
         field = (w >> (16 * (k % 4))) & 0xFFFF
         slot = (field * S) >> 16
         rows = (page.unsqueeze(-1) * K + k) * S + slot
     elif layout.kind == "flat":
-        e = umod(finalize(h, 0), P * S)
+        e = fastrange(finalize(h, 0), P * S)
         rows = e.unsqueeze(-1) * K + k
     else:
         q = P * S
-        rows = k * q + torch.stack([umod(finalize(h, 1 + j), q) for j in range(K)], dim=-1)
+        rows = k * q + torch.stack([fastrange(finalize(h, 1 + j), q) for j in range(K)], dim=-1)
     if valid is not None:
         rows = torch.where(valid.unsqueeze(-1), rows, torch.full_like(rows, -1))
     return rows
