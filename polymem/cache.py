@@ -30,6 +30,7 @@ from polymem.ngram import ngram_hashes_numpy
 CACHE_FORMAT = "polymem.token-cache"
 SUPPORTED_CACHE_VERSIONS = (1,)
 MAX_ORDER = 32
+_ARRAYS = ("header", "C", "L", "P", "special", "powers")
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,7 +170,10 @@ class TokenCache:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, header=header, C=self.C, L=self.L, P=self.P, special=self.special, powers=self.powers)
+                np.savez(
+                    f, allow_pickle=False, header=header, C=self.C, L=self.L, P=self.P, special=self.special,
+                    powers=self.powers,
+                )
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -188,9 +192,12 @@ class TokenCache:
             raise PolymemError(f"token cache {str(path)!r} does not exist; build it with `polymem build-cache`")
         try:
             with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in ("header", "C", "L", "P", "special", "powers")}
-        except KeyError as e:
-            raise FormatError(f"token cache {str(path)!r} lacks array {e.args[0]!r}; rebuild it") from None
+                missing = [k for k in _ARRAYS if k not in z.files]
+                if missing:
+                    raise FormatError(f"token cache {str(path)!r} lacks array {missing[0]!r}; rebuild it")
+                arrays = {k: z[k] for k in _ARRAYS}
+        except FormatError:
+            raise
         except Exception as e:  # zipfile.BadZipFile, ValueError, OSError
             raise FormatError(f"token cache {str(path)!r} is not a readable .npz ({e}); rebuild it") from None
         try:

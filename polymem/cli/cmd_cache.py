@@ -48,8 +48,8 @@ def build_cache(
     t.add_row("byte fidelity on sample", verdict)
     t.add_row("sample", f"{len(sample_ids):,} tokens, {int(valid.sum()):,} valid n-grams (n ≤ {max_n})")
     t.add_row("time", f"load {load_s:.2f} s, build {cache.build_seconds * 1000:.0f} ms")
-    t.add_row("written", str(path))
     console.print(t)
+    console.print(f"written {path}", soft_wrap=True, highlight=False)
 
 
 def demo(
