@@ -1,0 +1,283 @@
+"""The asset header (``attributes.polymem``) and storage geometry: build, parse, validate (docs/asset-format.md).
+
+Pure functions over JSON-able dicts; no files, no zarr. Every check raises :class:`FormatError` naming the
+field, the value found, what is accepted and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from polymem import nf4
+from polymem.errors import FormatError, PolymemError
+from polymem.hashing import HashSpec
+from polymem.layout import Layout
+
+ASSET_FORMAT = "polymem.asset"
+SUPPORTED_ASSET_VERSIONS = (1,)
+DTYPES = ("float32", "float16", "bfloat16", "nf4")
+_STORED = {"float32": "float32", "float16": "float16", "bfloat16": "uint16", "nf4": "uint8"}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+BLOCK_BYTES = 4096  # flash / OS page: NF4 pages are packed into blocks of this size and never straddle one
+SHARD_TARGET_BYTES = 64 << 20  # default shard size
+ARRAY_NAME = "pages"
+WRITING_MARKER = ".polymem-writing"
+MAX_ORDER = 32
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_dtype(dtype: Any) -> str:
+    if dtype not in DTYPES:
+        raise PolymemError(f"asset dtype {dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
+    return str(dtype)
+
+
+def check_orders(orders: Any) -> tuple[int, ...]:
+    try:
+        out = tuple(sorted({int(o) for o in orders}))
+    except (TypeError, ValueError):
+        raise PolymemError(f"orders {orders!r} must be integers, e.g. (1, 2, 3)") from None
+    if not out or out[0] < 1 or out[-1] > MAX_ORDER or any(isinstance(o, bool) for o in orders):
+        raise PolymemError(f"orders {orders!r} must be a non-empty set of integers in 1..{MAX_ORDER}, e.g. (1, 2, 3)")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Geometry:
+    """Where every page lives: chunk = one page (float) or one 4 KiB block of pages (nf4); shards of chunks."""
+
+    dtype: str
+    data_type: str  # zarr data type of the stored array
+    shape: tuple[int, ...]  # [P, K·S, r] or [B, block_bytes]
+    chunk_bytes: int
+    pages_per_chunk: int
+    page_bytes: int
+    chunks_per_shard: int
+    num_shards: int
+    pages: int  # P
+    rows_per_page: int  # K·S
+    head_dim: int  # r
+
+    @property
+    def num_chunks(self) -> int:
+        return self.shape[0]
+
+    @property
+    def chunk_shape(self) -> tuple[int, ...]:
+        return (1,) + self.shape[1:]
+
+    @property
+    def shard_shape(self) -> tuple[int, ...]:
+        return (self.chunks_per_shard,) + self.shape[1:]
+
+    def shard_key(self, s: int) -> str:
+        """Key of shard ``s`` relative to the group, e.g. ``pages/c/3/0/0``."""
+        return "/".join([ARRAY_NAME, "c", str(s)] + ["0"] * (len(self.shape) - 1))
+
+    def chunks_in_shard(self, s: int) -> int:
+        return min(self.chunks_per_shard, self.num_chunks - s * self.chunks_per_shard)
+
+    def shard_size(self, s: int) -> int:
+        return self.chunks_in_shard(s) * self.chunk_bytes + 16 * self.chunks_per_shard + 4
+
+    def storage_dict(self) -> dict[str, Any]:
+        return {
+            "array": ARRAY_NAME, "data_type": self.data_type, "shape": list(self.shape),
+            "chunk_bytes": self.chunk_bytes, "pages_per_chunk": self.pages_per_chunk, "page_bytes": self.page_bytes,
+            "chunks_per_shard": self.chunks_per_shard, "num_shards": self.num_shards,
+        }
+
+
+def geometry(layout: Layout, dtype: str, chunks_per_shard: int | None = None) -> Geometry:
+    """Derive the storage geometry of ``layout`` stored as ``dtype`` (docs/asset-format.md §4-5)."""
+    dtype = check_dtype(dtype)
+    KS, r, P = layout.rows_per_page, layout.head_dim, layout.pages
+    if dtype == "nf4":
+        page_bytes = KS * nf4.row_bytes(r)
+        if page_bytes <= BLOCK_BYTES:
+            ppc, chunk_bytes = BLOCK_BYTES // page_bytes, BLOCK_BYTES
+        else:
+            ppc, chunk_bytes = 1, math.ceil(page_bytes / BLOCK_BYTES) * BLOCK_BYTES
+        shape: tuple[int, ...] = (math.ceil(P / ppc), chunk_bytes)
+    else:
+        page_bytes = KS * r * _ITEMSIZE[dtype]
+        ppc, chunk_bytes, shape = 1, page_bytes, (P, KS, r)
+    if chunks_per_shard is None:
+        chunks_per_shard = SHARD_TARGET_BYTES // chunk_bytes
+    if not isinstance(chunks_per_shard, int) or isinstance(chunks_per_shard, bool) or chunks_per_shard < 1:
+        raise PolymemError(f"chunks_per_shard {chunks_per_shard!r} must be a positive integer")
+    cps = max(1, min(chunks_per_shard, shape[0]))
+    return Geometry(
+        dtype=dtype, data_type=_STORED[dtype], shape=shape, chunk_bytes=chunk_bytes, pages_per_chunk=ppc,
+        page_bytes=page_bytes, chunks_per_shard=cps, num_shards=math.ceil(shape[0] / cps), pages=P,
+        rows_per_page=KS, head_dim=r,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Header:
+    """The parsed ``attributes.polymem`` of an asset."""
+
+    spec: HashSpec
+    layout: Layout
+    orders: tuple[int, ...]
+    dtype: str
+    geometry: Geometry
+    provenance: dict[str, Any]
+    checksums: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = header_body(self.spec, self.layout, self.orders, self.dtype, self.geometry, self.provenance)
+        d["checksums"] = self.checksums
+        return d
+
+
+def header_body(
+    spec: HashSpec, layout: Layout, orders: tuple[int, ...], dtype: str, geom: Geometry, provenance: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The header without ``checksums`` (what the ``attributes`` checksum covers)."""
+    lay = layout.to_dict()
+    lay["orders"] = list(orders)
+    lay["joint"] = True
+    return {
+        "format": ASSET_FORMAT, "version": 1, "hash_spec": spec.to_dict(), "layout": lay, "dtype": dtype,
+        "storage": geom.storage_dict(), "provenance": dict(provenance),
+    }
+
+
+def check_provenance(provenance: Mapping[str, Any] | None) -> dict[str, Any]:
+    prov = dict(provenance or {})
+    try:
+        canonical_json(prov)
+    except (TypeError, ValueError) as e:
+        raise PolymemError(f"provenance must be plain JSON (str, int, float, bool, None, lists, dicts): {e}") from None
+    tok = prov.get("tokenizer")
+    if tok is not None and not (isinstance(tok, dict) and {"name", "fingerprint"} <= tok.keys()):
+        raise PolymemError(f"provenance['tokenizer'] = {tok!r} must be a dict with 'name' and 'fingerprint'")
+    if "tokens_seen" in prov and not (isinstance(prov["tokens_seen"], int) and prov["tokens_seen"] >= 0):
+        raise PolymemError(f"provenance['tokens_seen'] = {prov['tokens_seen']!r} must be a non-negative integer")
+    if "loss" in prov and not isinstance(prov["loss"], (int, float)):
+        raise PolymemError(f"provenance['loss'] = {prov['loss']!r} must be a number")
+    return prov
+
+
+def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
+    """Validate ``attributes`` of the group zarr.json; ``where`` names the asset in errors."""
+    d = attrs.get("polymem") if isinstance(attrs, Mapping) else None
+    if not isinstance(d, Mapping):
+        raise FormatError(
+            f"{where}: zarr.json has no attributes.polymem object, so it is not a polymem asset; "
+            "create one with `polymem init` or MemoryAsset.create"
+        )
+    fmt, ver = d.get("format"), d.get("version")
+    if fmt != ASSET_FORMAT:
+        raise FormatError(f"{where}: attribute format is {fmt!r}, expected {ASSET_FORMAT!r}")
+    if ver not in SUPPORTED_ASSET_VERSIONS:
+        raise FormatError(
+            f"{where}: asset format version {ver!r} is not supported; this polymem reads versions "
+            f"{list(SUPPORTED_ASSET_VERSIONS)}. Upgrade polymem to read newer assets."
+        )
+    for key in ("hash_spec", "layout", "dtype", "storage", "provenance", "checksums"):
+        if key not in d:
+            raise FormatError(f"{where}: attributes.polymem lacks field {key!r}; the asset is incomplete or edited")
+    checksums = d["checksums"]
+    if not isinstance(checksums, Mapping) or checksums.get("algorithm") != "sha256" or not isinstance(
+        checksums.get("shards"), Mapping
+    ):
+        raise FormatError(f"{where}: field 'checksums' is malformed (need algorithm 'sha256', attributes, shards)")
+    body = {k: v for k, v in d.items() if k != "checksums"}
+    try:
+        digest = sha256_hex(canonical_json(body))
+    except (TypeError, ValueError) as e:
+        raise FormatError(f"{where}: attributes are not plain JSON ({e})") from None
+    if digest != checksums.get("attributes"):
+        raise FormatError(
+            f"{where}: field 'attributes' checksum mismatch (stored {str(checksums.get('attributes'))[:12]}…, "
+            f"computed {digest[:12]}…): zarr.json attributes were edited or corrupted; restore the asset"
+        )
+    try:
+        spec = HashSpec.from_dict(d["hash_spec"])
+    except PolymemError as e:
+        raise FormatError(f"{where}: field 'hash_spec' is invalid: {e}") from None
+    lay = d["layout"]
+    if not isinstance(lay, Mapping):
+        raise FormatError(f"{where}: field 'layout' must be an object, got {lay!r}")
+    try:
+        layout = Layout.from_dict(lay)
+        orders = check_orders(lay.get("orders", ()))
+    except PolymemError as e:
+        raise FormatError(f"{where}: field 'layout' is invalid: {e}") from None
+    if lay.get("joint") is not True:
+        raise FormatError(f"{where}: field 'layout.joint' is {lay.get('joint')!r}; version 1 supports only true")
+    dtype = d["dtype"]
+    if dtype not in DTYPES:
+        raise FormatError(f"{where}: field 'dtype' is {dtype!r}; accepted: {', '.join(DTYPES)}")
+    st = d["storage"]
+    cps = st.get("chunks_per_shard") if isinstance(st, Mapping) else None
+    try:
+        geom = geometry(layout, dtype, cps)
+    except PolymemError as e:
+        raise FormatError(f"{where}: field 'storage' is invalid: {e}") from None
+    if dict(st) != geom.storage_dict():
+        bad = sorted(k for k in set(st) | set(geom.storage_dict()) if st.get(k) != geom.storage_dict().get(k))
+        raise FormatError(
+            f"{where}: field 'storage' disagrees with layout and dtype at {bad}: stored "
+            f"{ {k: st.get(k) for k in bad} }, expected { {k: geom.storage_dict().get(k) for k in bad} }"
+        )
+    prov = d["provenance"]
+    if not isinstance(prov, Mapping):
+        raise FormatError(f"{where}: field 'provenance' must be an object, got {prov!r}")
+    return Header(
+        spec=spec, layout=layout, orders=orders, dtype=dtype, geometry=geom, provenance=dict(prov),
+        checksums=dict(checksums),
+    )
+
+
+def check_array_metadata(meta: Mapping[str, Any], geom: Geometry, where: str) -> None:
+    """Check pages/zarr.json against the geometry: shape, data type, chunking, codec chain exactly `bytes`."""
+
+    def bad(field: str, got: Any, want: Any) -> FormatError:
+        return FormatError(f"{where}: pages/zarr.json field {field!r} is {got!r}, expected {want!r}; restore the asset")
+
+    if meta.get("node_type") != "array" or meta.get("zarr_format") != 3:
+        raise bad("node_type/zarr_format", (meta.get("node_type"), meta.get("zarr_format")), ("array", 3))
+    if list(meta.get("shape", [])) != list(geom.shape):
+        raise bad("shape", meta.get("shape"), list(geom.shape))
+    if meta.get("data_type") != geom.data_type:
+        raise bad("data_type", meta.get("data_type"), geom.data_type)
+    grid = meta.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape")
+    if list(grid or []) != list(geom.shard_shape):
+        raise bad("chunk_grid.chunk_shape", grid, list(geom.shard_shape))
+    kenc = meta.get("chunk_key_encoding", {})
+    if kenc.get("name") != "default" or kenc.get("configuration", {}).get("separator", "/") != "/":
+        raise bad("chunk_key_encoding", kenc, {"name": "default", "configuration": {"separator": "/"}})
+    codecs = meta.get("codecs", [])
+    if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
+        raise bad("codecs", codecs, "one sharding_indexed codec")
+    cfg = codecs[0].get("configuration", {})
+    want_inner = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    if geom.data_type == "uint8":  # zarr-python omits endian for one-byte types
+        if cfg.get("codecs") not in (want_inner, [{"name": "bytes"}], [{"name": "bytes", "configuration": {}}]):
+            raise bad("codecs[0].codecs", cfg.get("codecs"), [{"name": "bytes"}])
+    elif cfg.get("codecs") != want_inner:
+        raise bad("codecs[0].codecs", cfg.get("codecs"), want_inner)
+    if list(cfg.get("chunk_shape", [])) != list(geom.chunk_shape):
+        raise bad("codecs[0].chunk_shape", cfg.get("chunk_shape"), list(geom.chunk_shape))
+    want_index = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
+    if cfg.get("index_codecs") != want_index:
+        raise bad("codecs[0].index_codecs", cfg.get("index_codecs"), want_index)
+    if cfg.get("index_location", "end") != "end":
+        raise bad("codecs[0].index_location", cfg.get("index_location"), "end")
+    if meta.get("storage_transformers") not in (None, []):
+        raise bad("storage_transformers", meta.get("storage_transformers"), [])

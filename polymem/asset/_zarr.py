@@ -1,0 +1,82 @@
+"""zarr-python and tensorstore access to the ``pages`` array — the portable fallback path.
+
+This is the only place in polymem that imports zarr (tensorstore is optional). zarr-python writes the array
+metadata when an asset is created (so the file is what zarr itself would write) and reads pages for stores
+the fast path does not handle (fsspec URLs). Not here: header validation (``_format``), shard bytes
+(``_shards``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from polymem.asset._format import ARRAY_NAME, Geometry
+from polymem.errors import PolymemError
+
+
+def create_array_metadata(root: Path, geom: Geometry) -> None:
+    """Write ``root/pages/zarr.json`` with zarr-python (no chunks): bytes codec only, index at the end."""
+    import zarr
+    from zarr.codecs import BytesCodec
+
+    group = zarr.open_group(str(root), mode="w", zarr_format=3)
+    group.create_array(
+        ARRAY_NAME, shape=geom.shape, dtype=geom.data_type, chunks=geom.chunk_shape, shards=geom.shard_shape,
+        compressors=None, filters=None, serializer=BytesCodec(endian="little"), fill_value=0,
+        config={"write_empty_chunks": True},
+    )
+
+
+def write_with_zarr(root: Path, geom: Geometry, stored: np.ndarray) -> None:
+    """Write the whole stored array through zarr-python (slow; the reference the shard writer is tested against)."""
+    import zarr
+
+    # zarr 3.1's open_array ignores config=...; only the global setting keeps all-zero pages in the shards
+    with zarr.config.set({"array.write_empty_chunks": True}):
+        arr = zarr.open_array(str(root / ARRAY_NAME), mode="r+")
+        arr[...] = stored
+
+
+class ZarrReader:
+    """Chunks through zarr-python (any store zarr can open, including fsspec URLs)."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        import zarr
+
+        kw = {"storage_options": storage_options} if storage_options and "://" in url else {}
+        self._arr = zarr.open_array(url.rstrip("/") + "/" + ARRAY_NAME, mode="r", **kw)
+
+    def read_chunks(self, ids: np.ndarray) -> np.ndarray:
+        return np.asarray(self._arr.oindex[ids])
+
+    def invalidate(self, shards: "list[int] | None" = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TensorstoreReader:
+    """Chunks through tensorstore's zarr3 driver (local files only here)."""
+
+    def __init__(self, root: Path) -> None:
+        try:
+            import tensorstore as ts
+        except ImportError:
+            raise PolymemError("backend 'tensorstore' needs the tensorstore package: pip install 'polymem[fast]'") from None
+        spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root / ARRAY_NAME)}}
+        self._ts = ts
+        self._spec = spec
+        self._arr = ts.open(spec, read=True).result()
+
+    def read_chunks(self, ids: np.ndarray) -> np.ndarray:
+        return np.asarray(self._arr[ids].read().result())
+
+    def invalidate(self, shards: "list[int] | None" = None) -> None:
+        self._arr = self._ts.open(self._spec, read=True).result()
+
+    def close(self) -> None:
+        pass

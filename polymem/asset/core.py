@@ -1,0 +1,531 @@
+"""MemoryAsset: a hashed n-gram table as a portable zarr v3 group (docs/asset-format.md).
+
+    asset = MemoryAsset.create("table.pmem", HashSpec(), Layout.for_params(200_000_000), dtype="float16")
+    asset.write_pages([0, 7], pages)            # float32 [2, K*S, r]
+    vecs = MemoryAsset.open("table.pmem").lookup(hashes)   # float32 [..., K, r]
+
+Writes build a complete group in a sibling temp directory and rename it into place; page writes replace
+whole shards behind a marker file (§7). Reads go straight to memory-mapped shard files once the geometry was
+validated (local paths), or through zarr-python (fsspec URLs) / tensorstore.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from polymem.asset import _codec
+from polymem.asset._format import (
+    SUPPORTED_ASSET_VERSIONS, WRITING_MARKER, Geometry, Header, canonical_json, check_array_metadata,
+    check_dtype, check_orders, check_provenance, geometry, header_body, parse_header, sha256_hex,
+)
+from polymem.asset._shards import FastReader, check_shard_index, file_sha256, write_shard
+from polymem.errors import FormatError, PolymemError
+from polymem.hashing import HashSpec
+from polymem.layout import Layout
+from polymem import nf4
+from polymem.nf4 import QuantError, reconstruction_error
+
+BACKENDS = ("auto", "fast", "zarr", "tensorstore")
+PageSource = Callable[[int, int], np.ndarray]  # (first page, stop page) -> float32 [stop-first, K*S, r]
+
+
+# ------------------------------------------------------------------------------------------- raw access
+class _Raw:
+    """Bytes of the group's files, local (os) or remote (fsspec). Used for validation and verify."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.local: Path | None = None
+        if "://" not in location or location.startswith("file://"):
+            self.local = Path(location.removeprefix("file://"))
+            self._fs: Any = None
+            self._root = ""
+        else:
+            import fsspec
+
+            self._fs, self._root = fsspec.core.url_to_fs(location)
+
+    def _p(self, key: str) -> str:
+        return f"{self._root.rstrip('/')}/{key}"
+
+    def exists(self, key: str) -> bool:
+        return (self.local / key).is_file() if self.local else bool(self._fs.isfile(self._p(key)))
+
+    def cat(self, key: str) -> bytes:
+        if self.local:
+            return (self.local / key).read_bytes()
+        return bytes(self._fs.cat_file(self._p(key)))
+
+    def size(self, key: str) -> int:
+        return (self.local / key).stat().st_size if self.local else int(self._fs.size(self._p(key)))
+
+    def tail(self, key: str, n: int) -> bytes:
+        if self.local:
+            with open(self.local / key, "rb") as f:
+                f.seek(-n, os.SEEK_END)
+                return f.read(n)
+        size = self.size(key)
+        return bytes(self._fs.cat_file(self._p(key), start=size - n, end=size))
+
+    def sha256(self, key: str) -> str:
+        if self.local:
+            return file_sha256(self.local / key)
+        import hashlib
+
+        h = hashlib.sha256()
+        with self._fs.open(self._p(key), "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        return h.hexdigest()
+
+
+def _load_json(raw: _Raw, key: str, where: str) -> tuple[dict[str, Any], bytes]:
+    if not raw.exists(key):
+        what = "group metadata" if key == "zarr.json" else "array metadata"
+        hint = " (is this a polymem asset? create one with `polymem init`)" if key == "zarr.json" else "; restore the asset"
+        raise FormatError(f"{where}: {what} {key!r} is missing{hint}")
+    data = raw.cat(key)
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FormatError(f"{where}: {key!r} is not valid JSON ({e}); restore the asset") from None
+    if not isinstance(obj, dict):
+        raise FormatError(f"{where}: {key!r} must hold a JSON object")
+    return obj, data
+
+
+def _validate(raw: _Raw, where: str) -> Header:
+    """Everything `open` checks (docs/asset-format.md §6), without hashing shard contents."""
+    if raw.local is not None and not raw.local.is_dir():
+        raise FormatError(f"{where}: no asset directory here; create one with `polymem init {where}`")
+    if raw.exists(WRITING_MARKER):
+        raise FormatError(
+            f"{where}: a writer stopped while replacing shards (marker {WRITING_MARKER!r} present), so the asset "
+            "may be half-written and is refused; restore it from a copy or re-create it"
+        )
+    group, _ = _load_json(raw, "zarr.json", where)
+    if group.get("node_type") != "group" or group.get("zarr_format") != 3:
+        raise FormatError(f"{where}: zarr.json is not a zarr v3 group (node_type {group.get('node_type')!r})")
+    header = parse_header(group.get("attributes", {}), where)
+    geom = header.geometry
+    meta, meta_bytes = _load_json(raw, "pages/zarr.json", where)
+    if sha256_hex(meta_bytes) != header.checksums.get("array_metadata"):
+        check_array_metadata(meta, geom, where)  # names the field when it can
+        raise FormatError(f"{where}: field 'checksums.array_metadata' does not match pages/zarr.json; it was edited")
+    check_array_metadata(meta, geom, where)
+    shards = header.checksums["shards"]
+    for s in range(geom.num_shards):
+        key = geom.shard_key(s)
+        if key not in shards:
+            raise FormatError(f"{where}: field 'checksums.shards' has no entry for shard {key!r}")
+        if not raw.exists(key):
+            raise FormatError(f"{where}: shard {key!r} is missing; restore it or re-create the asset")
+        size, want = raw.size(key), geom.shard_size(s)
+        if size != want:
+            raise FormatError(
+                f"{where}: shard {key!r} is {size} bytes, expected {want} (truncated or overwritten); restore the asset"
+            )
+        check_shard_index(geom, s, raw.tail(key, 16 * geom.chunks_per_shard + 4), where)
+    return header
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_group_json(root: Path, body: dict[str, Any], checksums: dict[str, Any]) -> None:
+    """Write root/zarr.json (the group, attributes.polymem = header) via temp file + rename."""
+    header = dict(body)
+    header["checksums"] = checksums
+    doc = {"attributes": {"polymem": header}, "zarr_format": 3, "node_type": "group"}
+    tmp = root / ".zarr.json.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(doc, indent=2, allow_nan=False))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / "zarr.json")
+
+
+# ------------------------------------------------------------------------------------------ the asset
+class MemoryAsset:
+    """An opened asset. Build with :meth:`create`, :meth:`from_array`, :meth:`open`."""
+
+    def __init__(self, raw: _Raw, header: Header, backend: str) -> None:
+        self._raw = raw
+        self._header = header
+        self._backend = backend
+        self._reader = self._make_reader(backend)
+
+    # ---- properties
+    @property
+    def spec(self) -> HashSpec:
+        return self._header.spec
+
+    @property
+    def layout(self) -> Layout:
+        return self._header.layout
+
+    @property
+    def orders(self) -> tuple[int, ...]:
+        return self._header.orders
+
+    @property
+    def dtype(self) -> str:
+        return self._header.dtype
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return dict(self._header.provenance)
+
+    @property
+    def path(self) -> str:
+        return self._raw.location
+
+    @property
+    def geometry(self) -> Geometry:
+        return self._header.geometry
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """The stored ``attributes.polymem`` (JSON)."""
+        return self._header.to_dict()
+
+    def __repr__(self) -> str:
+        L = self.layout
+        return (
+            f"MemoryAsset({self.path!r}, {L.kind}, P={L.pages} K={L.heads} S={L.slots} r={L.head_dim}, "
+            f"orders={list(self.orders)}, dtype={self.dtype}, backend={self._backend})"
+        )
+
+    def _make_reader(self, backend: str) -> Any:
+        if backend not in BACKENDS:
+            raise PolymemError(f"backend {backend!r} is unknown; accepted: {', '.join(BACKENDS)}")
+        local = self._raw.local
+        if backend == "auto":
+            backend = "fast" if local is not None else "zarr"
+        if backend in ("fast", "tensorstore") and local is None:
+            raise PolymemError(f"backend {backend!r} reads local directories only; {self.path!r} is a URL — use 'zarr'")
+        self._backend = backend
+        if backend == "fast":
+            return FastReader(local, self.geometry)  # type: ignore[arg-type]
+        from polymem.asset import _zarr
+
+        if backend == "tensorstore":
+            return _zarr.TensorstoreReader(local)  # type: ignore[arg-type]
+        return _zarr.ZarrReader(str(local) if local is not None else self._raw.location)
+
+    # ---- constructors
+    @classmethod
+    def open(cls, path_or_url: str | os.PathLike[str], *, backend: str = "auto") -> "MemoryAsset":
+        """Open and validate an asset (local directory or fsspec URL such as ``s3://bucket/table.pmem``)."""
+        location = os.fspath(path_or_url)
+        raw = _Raw(location)
+        header = _validate(raw, location)
+        return cls(raw, header, backend)
+
+    @classmethod
+    def create(
+        cls, path: str | os.PathLike[str], spec: HashSpec, layout: Layout, *, dtype: str = "float32",
+        orders: "tuple[int, ...] | list[int]" = (1, 2, 3), provenance: Mapping[str, Any] | None = None,
+        overwrite: bool = False, chunks_per_shard: int | None = None,
+    ) -> "MemoryAsset":
+        """Create an all-zero table (zero pages are sparse holes on disk). Atomic."""
+        return cls._write_new(path, spec, layout, None, dtype=dtype, orders=orders, provenance=provenance,
+                              overwrite=overwrite, chunks_per_shard=chunks_per_shard)
+
+    @classmethod
+    def from_array(
+        cls, path: str | os.PathLike[str], table: np.ndarray, spec: HashSpec, layout: Layout, *,
+        orders: "tuple[int, ...] | list[int]", dtype: str = "float32", provenance: Mapping[str, Any] | None = None,
+        overwrite: bool = False, chunks_per_shard: int | None = None,
+    ) -> "MemoryAsset":
+        """Write ``table`` float [layout.num_rows, layout.head_dim] as a new asset. Atomic."""
+        shape = tuple(np.shape(table))
+        if shape != (layout.num_rows, layout.head_dim):
+            raise PolymemError(
+                f"table has shape {shape}, layout {layout.kind} P={layout.pages} K={layout.heads} S={layout.slots} "
+                f"needs ({layout.num_rows}, {layout.head_dim}) = [P*K*S, r]"
+            )
+        KS, r = layout.rows_per_page, layout.head_dim
+
+        def source(a: int, b: int) -> np.ndarray:
+            return np.asarray(table[a * KS : b * KS], dtype=np.float32).reshape(b - a, KS, r)
+
+        return cls._write_new(path, spec, layout, source, dtype=dtype, orders=orders, provenance=provenance,
+                              overwrite=overwrite, chunks_per_shard=chunks_per_shard)
+
+    @classmethod
+    def _write_new(
+        cls, path: str | os.PathLike[str], spec: HashSpec, layout: Layout, source: PageSource | None, *,
+        dtype: str, orders: Any, provenance: Mapping[str, Any] | None, overwrite: bool,
+        chunks_per_shard: int | None,
+    ) -> "MemoryAsset":
+        location = os.fspath(path)
+        if "://" in location and not location.startswith("file://"):
+            raise PolymemError(f"cannot write {location!r}: polymem writes local assets; write locally, then upload")
+        dest = Path(location.removeprefix("file://"))
+        if not isinstance(spec, HashSpec) or not isinstance(layout, Layout):
+            raise PolymemError("spec must be a polymem.HashSpec and layout a polymem.Layout")
+        dtype = check_dtype(dtype)
+        orders_t = check_orders(orders)
+        prov = check_provenance(provenance)
+        geom = geometry(layout, dtype, chunks_per_shard)
+        if dest.exists() and not overwrite:
+            raise PolymemError(f"{str(dest)!r} already exists; pass overwrite=True (CLI: --overwrite) or pick another path")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        try:
+            from polymem.asset import _zarr
+
+            _zarr.create_array_metadata(tmp, geom)
+            shards: dict[str, str] = {}
+            zero_digest: dict[int, str] = {}
+            for s in range(geom.num_shards):
+                key = geom.shard_key(s)
+                (tmp / key).parent.mkdir(parents=True, exist_ok=True)
+                if source is None:  # sparse zero shards; equal-sized ones have equal bytes, hash once
+                    n = geom.chunks_in_shard(s)
+                    digest = write_shard(tmp / key, geom, s, None, hash_zeros=n not in zero_digest)
+                    shards[key] = zero_digest.setdefault(n, digest)
+                else:
+                    ppc, cps = geom.pages_per_chunk, geom.chunks_per_shard
+                    a = s * cps * ppc
+                    b = min(geom.pages, (s * cps + geom.chunks_in_shard(s)) * ppc)
+                    pages = _codec.check_pages(source(a, b), geom, b - a)
+                    chunks = _codec.pages_to_chunks(_codec.encode_pages(pages, geom), geom)
+                    shards[key] = write_shard(tmp / key, geom, s, chunks)
+            body = header_body(spec, layout, orders_t, dtype, geom, prov)
+            checksums = {
+                "algorithm": "sha256", "attributes": sha256_hex(canonical_json(body)),
+                "array_metadata": file_sha256(tmp / "pages" / "zarr.json"), "shards": shards,
+            }
+            _write_group_json(tmp, body, checksums)
+            for d in [tmp, tmp / "pages", *(tmp / geom.shard_key(s) for s in range(geom.num_shards))]:
+                _fsync_dir(d if d.is_dir() else d.parent)
+            old: Path | None = None
+            if dest.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+                os.replace(dest, old / "asset")
+            os.replace(tmp, dest)
+            _fsync_dir(dest.parent)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return cls.open(dest)
+
+    # ---- reads
+    def _check_ids(self, page_ids: Any) -> np.ndarray:
+        ids = np.asarray(page_ids)
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            raise PolymemError(f"page ids must be integers, got dtype {ids.dtype}")
+        ids = ids.astype(np.int64, copy=False).reshape(-1)
+        if ids.size:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= self.layout.pages:
+                raise PolymemError(f"page id {lo if lo < 0 else hi} is out of range; this asset has pages 0..{self.layout.pages - 1}")
+        return ids
+
+    def read_pages(self, page_ids: Any) -> np.ndarray:
+        """int page ids [n] -> float32 [n, K*S, r], dequantised."""
+        shape = np.shape(page_ids)
+        ids = self._check_ids(page_ids)
+        g = self.geometry
+        if g.dtype != "nf4":
+            out = _codec.decode_chunks(self._reader.read_chunks(ids), g)
+        else:
+            ppc = g.pages_per_chunk
+            chunks = np.ascontiguousarray(self._reader.read_chunks(ids // ppc))  # [n, chunk_bytes]
+            pv = _codec.page_view(chunks, g)[np.arange(ids.shape[0]), ids % ppc]  # [n, page_bytes]
+            out = _codec.decode_chunks(pv, _single_page(g))
+        return out.reshape(shape + (g.rows_per_page, g.head_dim))
+
+    def iter_pages(self, batch_pages: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield (first page, float32 pages [n, K*S, r]) over the whole table, one shard at a time."""
+        g = self.geometry
+        step = batch_pages or g.chunks_per_shard * g.pages_per_chunk
+        for a in range(0, g.pages, step):
+            yield a, self.read_pages(np.arange(a, min(g.pages, a + step)))
+
+    def to_numpy(self) -> np.ndarray:
+        """The whole table, float32 [num_rows, r] (dequantised)."""
+        g = self.geometry
+        out = np.empty((self.layout.num_rows, g.head_dim), dtype=np.float32)
+        KS = g.rows_per_page
+        for a, pages in self.iter_pages():
+            out[a * KS : (a + pages.shape[0]) * KS] = pages.reshape(-1, g.head_dim)
+        return out
+
+    def lookup(self, hashes: Any, valid: Any = None) -> np.ndarray:
+        """uint64 n-gram hashes [...] -> float32 [..., K, r] (zeros where ``valid`` is False)."""
+        h = np.asarray(hashes)
+        if h.size and h.dtype != np.uint64:
+            if not np.issubdtype(h.dtype, np.integer):
+                raise PolymemError(f"hashes must be uint64, got dtype {h.dtype}")
+            h = h.astype(np.uint64)
+        rows = self.layout.rows(h, valid)  # [..., K]
+        flat = rows.reshape(-1)
+        ok = flat >= 0
+        KS, r = self.layout.rows_per_page, self.layout.head_dim
+        out = np.zeros((flat.shape[0], r), dtype=np.float32)
+        if ok.any():
+            pages, inv = np.unique(flat[ok] // KS, return_inverse=True)
+            data = self.read_pages(pages)  # [u, K*S, r]
+            out[ok] = data[inv.reshape(-1), flat[ok] % KS]
+        return out.reshape(rows.shape + (r,))
+
+    def nonzero_pages(self) -> int:
+        """Number of pages holding any non-zero value (scans the table)."""
+        return int(sum(int((p != 0).any(axis=(1, 2)).sum()) for _, p in self.iter_pages()))
+
+    # ---- writes
+    def write_pages(self, page_ids: Any, data: Any) -> None:
+        """Replace pages: ids [n] (distinct), data float32 [n, K*S, r]. Atomic (docs/asset-format.md §7)."""
+        root = self._raw.local
+        if root is None:
+            raise PolymemError(f"cannot write pages of {self.path!r}: remote assets are read-only; write locally, then upload")
+        ids = self._check_ids(page_ids)
+        g = self.geometry
+        pages = _codec.check_pages(data, g, ids.shape[0])
+        if np.unique(ids).shape[0] != ids.shape[0]:
+            raise PolymemError("page ids passed to write_pages must be distinct; merge duplicate pages first")
+        # the whole asset must still be what we opened
+        header = _validate(self._raw, self.path)
+        stored = _codec.encode_pages(pages, g)  # [n, ...]
+        ppc, cps = g.pages_per_chunk, g.chunks_per_shard
+        chunk_of = ids // ppc
+        shard_of = chunk_of // cps
+        reader = FastReader(root, g)
+        new_sums: dict[str, str] = {}
+        touched = sorted({int(s) for s in shard_of})
+        try:
+            for s in touched:
+                c0, n = s * cps, g.chunks_in_shard(s)
+                chunks = reader.read_chunks(np.arange(c0, c0 + n)).copy()
+                sel = np.flatnonzero(shard_of == s)
+                if g.dtype == "nf4":
+                    _codec.page_view(chunks, g)[chunk_of[sel] - c0, ids[sel] % ppc] = stored[sel]
+                else:
+                    chunks[chunk_of[sel] - c0] = stored[sel]
+                key = g.shard_key(s)
+                new_sums[key] = write_shard(root / (key + ".new"), g, s, chunks)
+        except BaseException:
+            for s in touched:
+                (root / (g.shard_key(s) + ".new")).unlink(missing_ok=True)
+            raise
+        finally:
+            reader.close()
+        # commit: marker, renames, new checksums, unmark
+        marker = root / WRITING_MARKER
+        with open(marker, "w") as f:
+            f.write(json.dumps({"replacing": sorted(new_sums)}))
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(root)
+        for key in new_sums:
+            os.replace(root / (key + ".new"), root / key)
+            _fsync_dir((root / key).parent)
+        checksums = dict(header.checksums)
+        checksums["shards"] = {**header.checksums["shards"], **new_sums}
+        body = header_body(header.spec, header.layout, header.orders, header.dtype, g, header.provenance)
+        _write_group_json(root, body, checksums)
+        marker.unlink()
+        _fsync_dir(root)
+        self._header = parse_header({"polymem": {**body, "checksums": checksums}}, self.path)
+        self._reader.invalidate(touched)
+
+    # ---- integrity
+    def problems(self) -> list[str]:
+        """Every integrity problem found (validation, then every shard's sha256). Empty = the asset is sound."""
+        try:
+            header = _validate(self._raw, self.path)
+        except FormatError as e:
+            return [str(e)]
+        out = []
+        for s in range(header.geometry.num_shards):
+            key = header.geometry.shard_key(s)
+            got = self._raw.sha256(key)
+            if got != header.checksums["shards"][key]:
+                out.append(
+                    f"{self.path}: shard {key!r} checksum mismatch (stored {header.checksums['shards'][key][:12]}…, "
+                    f"computed {got[:12]}…): its bytes changed; restore the asset"
+                )
+        return out
+
+    def verify(self) -> None:
+        """Raise FormatError naming the first bad shard or field."""
+        probs = self.problems()
+        if probs:
+            raise FormatError(probs[0] + (f" (and {len(probs) - 1} more problems)" if len(probs) > 1 else ""))
+
+    # ---- conversion
+    def quantize(self, out: str | os.PathLike[str], *, to: str = "nf4", overwrite: bool = False) -> tuple["MemoryAsset", QuantError]:
+        """Write a copy stored as ``to`` (streamed shard by shard); returns it and the per-row reconstruction error."""
+        to = check_dtype(to)
+        errs: list[QuantError] = []
+        geom_to = geometry(self.layout, to)
+
+        def source(a: int, b: int) -> np.ndarray:
+            x = self.read_pages(np.arange(a, b))
+            if to == "nf4":
+                xq = nf4.dequantize(nf4.quantize(x), self.layout.head_dim)
+            else:
+                xq = _codec.decode_chunks(_codec.encode_pages(x, geom_to), geom_to)
+            errs.append(reconstruction_error(x, xq))
+            return x
+
+        prov = self.provenance
+        prov["converted_from"] = {"dtype": self.dtype, "attributes_sha256": self._header.checksums["attributes"]}
+        asset = MemoryAsset._write_new(out, self.spec, self.layout, source, dtype=to, orders=self.orders,
+                                       provenance=prov, overwrite=overwrite, chunks_per_shard=None)
+        return asset, _merge_errors(errs)
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __enter__(self) -> "MemoryAsset":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _single_page(g: Geometry) -> Geometry:
+    """Geometry of nf4 pages handled one per 'chunk' (for decoding extracted pages)."""
+    from dataclasses import replace
+
+    return replace(g, pages_per_chunk=1, chunk_bytes=g.page_bytes) if g.dtype == "nf4" else g
+
+
+def _merge_errors(errs: list[QuantError]) -> QuantError:
+    n = sum(e.rows for e in errs)
+    if not n:
+        return QuantError(0.0, 0.0, 0.0, 0.0, 0)
+    return QuantError(
+        rms_mean=sum(e.rms_mean * e.rows for e in errs) / n, rms_max=max(e.rms_max for e in errs),
+        rel_mean=sum(e.rel_mean * e.rows for e in errs) / n, rel_max=max(e.rel_max for e in errs), rows=n,
+    )
+
+
+__all__ = ["BACKENDS", "MemoryAsset", "SUPPORTED_ASSET_VERSIONS"]

@@ -1,0 +1,109 @@
+"""NF4 (4-bit NormalFloat, QLoRA) row quantisation for memory tables (DESIGN §3, seed 000).
+
+A head row of r values (r even) becomes ``r/2 + 2`` bytes: r/2 code bytes, then one little-endian float16
+scale (the row's absolute maximum). Value ``j`` decodes to ``NF4_LEVELS[code_j] * scale``; byte ``i`` holds
+code ``2i`` in its low nibble and code ``2i+1`` in its high nibble. Worked example (r=4)::
+
+    row    = [1.0, -0.5, 0.0, 0.25]         scale = 1.0 (absmax, as float16 0x3c00)
+    codes  = [15, 2, 7, 10]                 nearest levels 1.0, -0.5251, 0.0, 0.2461
+    bytes  = 2f a7 00 3c                    0x2f = 15 | 2<<4, 0xa7 = 7 | 10<<4, then 00 3c
+
+The scale is a float16, so rows whose absolute maximum is below float16's smallest subnormal (~6e-8)
+decode to zero, and rows above 65504 are refused. The asset packs these rows into pages and 4 KiB blocks (``docs/asset-format.md`` §5); this module only
+encodes and decodes rows. Not here: files, zarr, torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from polymem.errors import PolymemError
+
+#: QLoRA's 16 NormalFloat levels (quantiles of N(0,1) scaled to [-1, 1], exact zero at code 7).
+NF4_LEVELS = np.array(
+    [
+        -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+        -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+        0.07958029955625534, 0.16093020141124725, 0.2461123913526535, 0.33791524171829224,
+        0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+    ],
+    dtype=np.float32,
+)
+_MIDPOINTS = ((NF4_LEVELS[1:] + NF4_LEVELS[:-1]) / 2).astype(np.float32)
+_FP16_MAX = 65504.0
+
+
+def row_bytes(head_dim: int) -> int:
+    """Bytes of one NF4 row of width ``head_dim``: codes plus a float16 scale (64 -> 34)."""
+    _check_dim(head_dim)
+    return head_dim // 2 + 2
+
+
+def _check_dim(head_dim: int) -> None:
+    if head_dim < 2 or head_dim % 2:
+        raise PolymemError(f"nf4 needs an even head_dim >= 2 (two codes per byte), got {head_dim}; use float16 instead")
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+    """float [..., r] -> uint8 [..., r/2 + 2] (codes, then float16 scale). Rows must be finite, |x| <= 65504."""
+    x = np.asarray(x, dtype=np.float32)
+    r = x.shape[-1]
+    _check_dim(r)
+    if not np.isfinite(x).all():
+        raise PolymemError("nf4 quantisation got NaN or inf values; clean the table first")
+    absmax = np.abs(x).max(axis=-1)  # [...]
+    if absmax.size and float(absmax.max()) > _FP16_MAX:
+        raise PolymemError(
+            f"a row's absolute maximum {float(absmax.max()):g} exceeds float16's range (65504); "
+            "the nf4 scale is a float16 — rescale the table or keep it in float32"
+        )
+    scale16 = absmax.astype(np.float16)  # [...] the stored scale
+    scale = scale16.astype(np.float32)
+    safe = np.where(scale > 0, scale, 1.0)[..., None]
+    normed = np.clip(x / safe, -1.0, 1.0)  # [..., r]
+    codes = np.searchsorted(_MIDPOINTS, normed, side="left").astype(np.uint8)  # ties -> lower code
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)  # [..., r/2]
+    out = np.empty(x.shape[:-1] + (r // 2 + 2,), dtype=np.uint8)
+    out[..., : r // 2] = packed
+    out[..., r // 2 :] = scale16.astype("<f2")[..., None].view(np.uint8).reshape(scale16.shape + (2,))
+    return out
+
+
+def dequantize(q: np.ndarray, head_dim: int) -> np.ndarray:
+    """uint8 [..., r/2 + 2] -> float32 [..., r]."""
+    q = np.asarray(q, dtype=np.uint8)
+    nb = row_bytes(head_dim)
+    if q.shape[-1] != nb:
+        raise PolymemError(f"nf4 rows of head_dim {head_dim} are {nb} bytes, got rows of {q.shape[-1]} bytes")
+    codes = np.empty(q.shape[:-1] + (head_dim,), dtype=np.uint8)
+    codes[..., 0::2] = q[..., : head_dim // 2] & 0x0F
+    codes[..., 1::2] = q[..., : head_dim // 2] >> 4
+    scale = np.ascontiguousarray(q[..., head_dim // 2 :]).view("<f2")[..., 0].astype(np.float32)  # [...]
+    return NF4_LEVELS[codes] * scale[..., None]
+
+
+@dataclass(frozen=True)
+class QuantError:
+    """Per-row reconstruction error of nf4: RMS of (x - x̂), and the same relative to the row's RMS."""
+
+    rms_mean: float
+    rms_max: float
+    rel_mean: float
+    rel_max: float
+    rows: int
+
+
+def reconstruction_error(x: np.ndarray, xhat: np.ndarray) -> QuantError:
+    """Errors over rows [..., r] (all-zero rows count as relative error 0)."""
+    x = np.asarray(x, dtype=np.float64).reshape(-1, np.shape(x)[-1])
+    d = np.asarray(xhat, dtype=np.float64).reshape(x.shape) - x
+    rms = np.sqrt((d * d).mean(axis=1))
+    norm = np.sqrt((x * x).mean(axis=1))
+    rel = np.where(norm > 0, rms / np.where(norm > 0, norm, 1.0), 0.0)
+    n = x.shape[0]
+    return QuantError(
+        rms_mean=float(rms.mean()) if n else 0.0, rms_max=float(rms.max()) if n else 0.0,
+        rel_mean=float(rel.mean()) if n else 0.0, rel_max=float(rel.max()) if n else 0.0, rows=n,
+    )

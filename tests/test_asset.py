@@ -1,0 +1,390 @@
+"""MemoryAsset: round-trips for every dtype, page-locality, golden bytes, corruption errors, atomic writes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from polymem import FormatError, HashSpec, Layout, MemoryAsset, PolymemError, nf4
+from polymem.asset._codec import bf16_decode, bf16_encode
+
+DTYPES = ["float32", "float16", "bfloat16", "nf4"]
+SPEC = HashSpec()
+
+
+def expected(table: np.ndarray, dtype: str) -> np.ndarray:
+    """What an asset of ``dtype`` must give back for a float32 table (independent of the asset code)."""
+    if dtype == "float32":
+        return table
+    if dtype == "float16":
+        return table.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        return bf16_reference(table)
+    return nf4.dequantize(nf4.quantize(table), table.shape[-1])
+
+
+def bf16_reference(x: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even to bfloat16 in plain Python (via the float32 bit pattern)."""
+    out = []
+    for v in np.asarray(x, np.float32).reshape(-1).tolist():
+        u = int(np.float32(v).view(np.uint32))
+        lower, upper = u & 0xFFFF, u >> 16
+        if lower > 0x8000 or (lower == 0x8000 and upper & 1):
+            upper += 1
+        out.append(np.uint32(upper << 16).view(np.float32))
+    return np.array(out, np.float32).reshape(np.shape(x))
+
+
+def random_table(layout: Layout, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((layout.num_rows, layout.head_dim)).astype(np.float32)
+
+
+LAYOUT = Layout(pages=11, heads=4, slots=2, head_dim=8)
+
+
+# --------------------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_round_trip_every_dtype(tmp_path, dtype):
+    t = random_table(LAYOUT)
+    a = MemoryAsset.from_array(tmp_path / "a", t, SPEC, LAYOUT, orders=(1, 2, 3), dtype=dtype, chunks_per_shard=3,
+                               provenance={"tokenizer": {"name": "toy", "fingerprint": "ab"}, "tokens_seen": 5})
+    b = MemoryAsset.open(tmp_path / "a")
+    assert (b.spec, b.layout, b.orders, b.dtype) == (SPEC, LAYOUT, (1, 2, 3), dtype)
+    assert b.provenance == {"tokenizer": {"name": "toy", "fingerprint": "ab"}, "tokens_seen": 5}
+    want = expected(t, dtype)
+    assert np.array_equal(b.to_numpy(), want)
+    assert np.array_equal(a.read_pages([10, 0, 3]), want.reshape(11, 8, 8)[[10, 0, 3]])
+    assert b.read_pages(np.zeros(0, np.int64)).shape == (0, 8, 8)
+    assert b.problems() == []
+
+
+def test_bf16_encode_is_round_to_nearest_even():
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.standard_normal(2000).astype(np.float32),
+                        np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8, -0.0, 3.0e38], np.float32)])
+    assert np.array_equal(bf16_decode(bf16_encode(x)), bf16_reference(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_create_is_all_zero_and_verifies(tmp_path, dtype):
+    a = MemoryAsset.create(tmp_path / "z", SPEC, LAYOUT, dtype=dtype, orders=(2, 3), chunks_per_shard=4)
+    assert a.orders == (2, 3) and a.provenance == {}
+    assert not a.to_numpy().any() and a.to_numpy().shape == (LAYOUT.num_rows, 8)
+    assert a.nonzero_pages() == 0 and a.problems() == []
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_pages_then_read(tmp_path, dtype):
+    t = random_table(LAYOUT, 2)
+    a = MemoryAsset.from_array(tmp_path / "a", t, SPEC, LAYOUT, orders=(1, 2), dtype=dtype, chunks_per_shard=2)
+    new = random_table(LAYOUT, 3).reshape(11, 8, 8)[:3]
+    a.write_pages([7, 1, 2], new)  # pages 1 and 2 share an nf4 block with page 0: it must survive
+    want = expected(t, dtype).reshape(11, 8, 8).copy()
+    want[[7, 1, 2]] = expected(new.reshape(-1, 8), dtype).reshape(3, 8, 8)
+    assert np.array_equal(a.read_pages(np.arange(11)), want)
+    b = MemoryAsset.open(tmp_path / "a")
+    assert np.array_equal(b.read_pages(np.arange(11)), want)
+    assert b.problems() == []
+    assert b.nonzero_pages() == 11
+    assert not any(p.name.endswith(".new") for p in (tmp_path / "a").rglob("*"))
+
+
+@settings(max_examples=15, deadline=None)
+@given(ids=st.lists(st.integers(0, 10), min_size=1, max_size=6, unique=True), seed=st.integers(0, 2**16))
+def test_write_read_property(tmp_path_factory, ids, seed):
+    path = tmp_path_factory.mktemp("p") / "a"
+    a = MemoryAsset.create(path, SPEC, LAYOUT, dtype="float16", chunks_per_shard=3)
+    data = np.random.default_rng(seed).standard_normal((len(ids), 8, 8)).astype(np.float32)
+    a.write_pages(ids, data)
+    got = a.read_pages(ids)
+    assert np.array_equal(got, data.astype(np.float16).astype(np.float32))
+    others = np.setdiff1d(np.arange(11), ids)
+    assert not a.read_pages(others).any()
+
+
+# --------------------------------------------------------------------------------------- page locality / lookup
+@pytest.mark.parametrize("kind", ["page-local", "flat", "independent-heads"])
+def test_lookup_matches_rows(tmp_path, kind):
+    layout = Layout(pages=16, heads=4, slots=4, head_dim=8, kind=kind)
+    t = random_table(layout, 4)
+    a = MemoryAsset.from_array(tmp_path / "a", t, SPEC, layout, orders=(1, 2, 3), dtype="float32")
+    hashes = np.random.default_rng(5).integers(0, 2**63, size=(3, 50), dtype=np.uint64)
+    rows = layout.rows(hashes)  # [3, 50, K]
+    got = a.lookup(hashes)
+    assert got.shape == (3, 50, 4, 8)
+    assert np.array_equal(got, t[rows])
+    valid = np.ones(hashes.shape, bool)
+    valid[0, :10] = False
+    assert not a.lookup(hashes, valid)[0, :10].any()
+    pages = layout.page_of(rows)
+    if kind == "page-local":  # every n-gram's K head rows on one page
+        assert (pages == pages[..., :1]).all()
+        # and head k reads from its own S-row block of that page
+        k = np.arange(4)
+        assert ((rows % layout.rows_per_page) // layout.slots == k).all()
+    elif kind == "independent-heads":
+        assert (pages != pages[..., :1])[..., 1:].all()
+
+
+def test_page_local_lookup_reads_one_page_per_ngram(tmp_path):
+    layout = Layout(pages=64, heads=8, slots=4, head_dim=4)
+    a = MemoryAsset.create(tmp_path / "a", SPEC, layout)
+    h = np.arange(1, 2001, dtype=np.uint64)
+    rows = layout.rows(h)
+    assert np.unique(layout.page_of(rows), axis=1).shape == (2000, 1) or (layout.page_of(rows).ptp(axis=1) == 0).all()
+    assert a.lookup(h).shape == (2000, 8, 4)
+
+
+# --------------------------------------------------------------------------------------- golden bytes
+GOLDEN_TABLE = np.arange(48, dtype=np.float32).reshape(12, 4) / 8 - 2.5
+GOLDEN_LAYOUT = Layout(pages=3, heads=2, slots=2, head_dim=4)
+GOLDEN = {
+    "float32": {
+        "attributes": "850b4b5ce01d9914a7726b84ab1419c5e376a8c2e93e53f2b5fed94877c990c9",
+        "pages/c/0/0/0": (
+            "000020c0000018c0000010c0000008c0000000c00000f0bf0000e0bf0000d0bf"
+            "0000c0bf0000b0bf0000a0bf000090bf000080bf000060bf000040bf000020bf"
+            "000000bf0000c0be000080be000000be000000000000003e0000803e0000c03e"
+            "0000003f0000203f0000403f0000603f0000803f0000903f0000a03f0000b03f"
+            "0000000000000000" "4000000000000000" "4000000000000000" "4000000000000000" "6aa37dd5"
+        ),
+        "pages/c/1/0/0": (
+            "0000c03f0000d03f0000e03f0000f03f00000040000008400000104000001840"
+            "0000204000002840000030400000384000004040000048400000504000005840"
+            "0000000000000000" "4000000000000000" "ffffffffffffffff" "ffffffffffffffff" "5e1cba3a"
+        ),
+    },
+    "nf4": {
+        "attributes": "af200aaa0b2f1cf13dedf37a1e076583700b9bb759ecdca78c5440ce126211a3",
+        "pages/c/0/0": (
+            "00000041" "00100040" "0011003e" "0011003c" "10420038" "b7fe0036" "edfe003b" "eeff803d"
+            "feff803f" "feffc040" "ffffc041" "ffffc042" + "00" * 4048
+            + "0000000000000000" "0010000000000000" "4c602bde"
+        ),
+    },
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "nf4"])
+def test_golden_bytes(tmp_path, dtype):
+    a = MemoryAsset.from_array(tmp_path / "g", GOLDEN_TABLE, SPEC, GOLDEN_LAYOUT, orders=(1, 2), dtype=dtype,
+                               chunks_per_shard=2, provenance={"corpus": "golden", "tokens_seen": 0})
+    g = GOLDEN[dtype]
+    shard_keys = sorted(k for k in g if k.startswith("pages/"))
+    assert sorted(a.header["checksums"]["shards"]) == shard_keys
+    for key in shard_keys:
+        data = (tmp_path / "g" / key).read_bytes()
+        assert data.hex() == g[key]
+        assert a.header["checksums"]["shards"][key] == hashlib.sha256(data).hexdigest()
+    assert a.header["checksums"]["attributes"] == g["attributes"]
+    group = json.loads((tmp_path / "g" / "zarr.json").read_text())
+    assert group["node_type"] == "group" and group["attributes"]["polymem"]["hash_spec"] == SPEC.to_dict()
+    assert group["attributes"]["polymem"]["layout"] == {
+        "kind": "page-local", "heads": 2, "slots": 2, "pages": 3, "head_dim": 4, "orders": [1, 2], "joint": True,
+    }
+
+
+def test_golden_bytes_are_in_the_spec():
+    doc = Path(__file__).resolve().parents[1] / "docs" / "asset-format.md"
+    if not doc.exists():
+        pytest.skip("docs/ not shipped with this install")
+    text = doc.read_text().replace(" ", "").replace("\n", "")
+    for dtype, g in GOLDEN.items():
+        assert g["attributes"] in text
+    assert "6aa37dd5" in text and "5e1cba3a" in text and "4c602bde" in text
+
+
+# --------------------------------------------------------------------------------------- corruption
+@pytest.fixture()
+def asset(tmp_path):
+    MemoryAsset.from_array(tmp_path / "a", random_table(LAYOUT), SPEC, LAYOUT, orders=(1, 2, 3), dtype="float16",
+                           chunks_per_shard=4)
+    return tmp_path / "a"
+
+
+def _edit_attrs(path: Path, fn) -> None:
+    doc = json.loads((path / "zarr.json").read_text())
+    fn(doc["attributes"]["polymem"])
+    (path / "zarr.json").write_text(json.dumps(doc, indent=2))
+
+
+def test_flipped_byte_named_by_verify(asset):
+    shard = asset / "pages/c/1/0/0"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0x01
+    shard.write_bytes(bytes(data))
+    a = MemoryAsset.open(asset)  # the cheap checks pass: only the contents changed
+    with pytest.raises(FormatError, match=r"shard 'pages/c/1/0/0' checksum mismatch"):
+        a.verify()
+
+
+def test_flipped_index_byte_refused_on_open(asset):
+    shard = asset / "pages/c/2/0/0"
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 0x40
+    shard.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match=r"shard 'pages/c/2/0/0' has a corrupt index"):
+        MemoryAsset.open(asset)
+
+
+def test_truncated_shard(asset):
+    shard = asset / "pages/c/0/0/0"
+    shard.write_bytes(shard.read_bytes()[:-7])
+    with pytest.raises(FormatError, match=r"shard 'pages/c/0/0/0' is \d+ bytes, expected \d+ \(truncated"):
+        MemoryAsset.open(asset)
+
+
+def test_missing_shard(asset):
+    (asset / "pages/c/2/0/0").unlink()
+    with pytest.raises(FormatError, match=r"shard 'pages/c/2/0/0' is missing"):
+        MemoryAsset.open(asset)
+
+
+def test_edited_attributes(asset):
+    _edit_attrs(asset, lambda h: h["provenance"].update(loss=0.1))
+    with pytest.raises(FormatError, match=r"field 'attributes' checksum mismatch"):
+        MemoryAsset.open(asset)
+
+
+def test_edited_layout_is_caught(asset):
+    _edit_attrs(asset, lambda h: h["layout"].update(slots=4))
+    with pytest.raises(FormatError, match=r"checksum mismatch"):
+        MemoryAsset.open(asset)
+
+
+def test_unknown_format_version_names_supported(asset):
+    _edit_attrs(asset, lambda h: h.update(version=2))
+    with pytest.raises(FormatError, match=r"version 2 is not supported; this polymem reads versions \[1\]"):
+        MemoryAsset.open(asset)
+
+
+def test_wrong_format_name(asset):
+    _edit_attrs(asset, lambda h: h.update(format="engram"))
+    with pytest.raises(FormatError, match=r"format is 'engram', expected 'polymem.asset'"):
+        MemoryAsset.open(asset)
+
+
+def test_edited_array_metadata(asset):
+    meta = json.loads((asset / "pages/zarr.json").read_text())
+    meta["codecs"][0]["configuration"]["codecs"].append({"name": "zstd", "configuration": {"level": 0}})
+    (asset / "pages/zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(FormatError, match=r"pages/zarr.json field 'codecs\[0\].codecs'"):
+        MemoryAsset.open(asset)
+
+
+def test_not_json(asset):
+    (asset / "zarr.json").write_bytes(b"\x80garbage")
+    with pytest.raises(FormatError, match=r"'zarr.json' is not valid JSON"):
+        MemoryAsset.open(asset)
+
+
+def test_not_an_asset(tmp_path):
+    with pytest.raises(FormatError, match="no asset directory"):
+        MemoryAsset.open(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FormatError, match="missing"):
+        MemoryAsset.open(tmp_path / "empty")
+
+
+def test_writing_marker_refuses_open(asset):
+    (asset / ".polymem-writing").write_text("{}")
+    with pytest.raises(FormatError, match="writer stopped"):
+        MemoryAsset.open(asset)
+
+
+def test_no_pickle_anywhere(asset):
+    root = Path(__file__).resolve().parents[1] / "polymem"
+    for p in [*root.joinpath("asset").glob("*.py"), root / "nf4.py", root / "iosim.py"]:
+        if p.exists():
+            assert "pickle" not in p.read_text().replace("allow_pickle=False", ""), p
+    for p in asset.rglob("zarr.json"):
+        json.loads(p.read_text())  # all metadata is JSON
+
+
+# --------------------------------------------------------------------------------------- input errors
+def test_input_errors(tmp_path, asset):
+    a = MemoryAsset.open(asset)
+    with pytest.raises(PolymemError, match="page id 11 is out of range"):
+        a.read_pages([11])
+    with pytest.raises(PolymemError, match="expected"):
+        a.write_pages([0], np.zeros((1, 8, 7), np.float32))
+    with pytest.raises(PolymemError, match="distinct"):
+        a.write_pages([1, 1], np.zeros((2, 8, 8), np.float32))
+    with pytest.raises(PolymemError, match="NaN or inf"):
+        a.write_pages([1], np.full((1, 8, 8), np.nan, np.float32))
+    with pytest.raises(PolymemError, match="already exists"):
+        MemoryAsset.create(asset, SPEC, LAYOUT)
+    with pytest.raises(PolymemError, match="dtype 'int8' is not supported"):
+        MemoryAsset.create(tmp_path / "x", SPEC, LAYOUT, dtype="int8")
+    with pytest.raises(PolymemError, match=r"needs \(88, 8\)"):
+        MemoryAsset.from_array(tmp_path / "x", np.zeros((3, 8)), SPEC, LAYOUT, orders=(1,))
+    with pytest.raises(PolymemError, match="orders"):
+        MemoryAsset.create(tmp_path / "x", SPEC, LAYOUT, orders=())
+    with pytest.raises(PolymemError, match="backend 'bogus' is unknown; accepted: auto, fast, zarr, tensorstore"):
+        MemoryAsset.open(asset, backend="bogus")
+    assert not (tmp_path / "x").exists()
+
+
+def test_overwrite_replaces_atomically(tmp_path, asset):
+    t = random_table(LAYOUT, 9)
+    MemoryAsset.from_array(asset, t, SPEC, LAYOUT, orders=(1,), dtype="float32", overwrite=True)
+    b = MemoryAsset.open(asset)
+    assert b.dtype == "float32" and np.array_equal(b.to_numpy(), t)
+    assert [p.name for p in asset.parent.iterdir() if p.name.startswith(".")] == []
+
+
+# --------------------------------------------------------------------------------------- killed writers
+_WRITER = textwrap.dedent(
+    """
+    import sys, numpy as np
+    from polymem import MemoryAsset
+    a = MemoryAsset.open(sys.argv[1])
+    new = np.full((a.layout.pages, a.layout.rows_per_page, a.layout.head_dim), 1.0, np.float32)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    a.write_pages(np.arange(a.layout.pages), new)
+    print("done", flush=True)
+    """
+)
+
+
+def test_killed_page_writer_leaves_old_asset_or_none(tmp_path):
+    layout = Layout(pages=4096, heads=8, slots=4, head_dim=64)  # 32 MiB of float32 over 16 shards
+    path = tmp_path / "a"
+    MemoryAsset.create(path, SPEC, layout, dtype="float32", chunks_per_shard=256)
+    outcomes = set()
+    for delay in (0.0, 0.05, 0.15, 0.3, 0.6):
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        try:
+            a = MemoryAsset.open(path)
+        except FormatError as e:
+            assert "writer stopped" in str(e)
+            outcomes.add("refused")
+            break  # a refused asset stays refused; that is the 'none' outcome
+        assert a.problems() == []
+        firsts = a.read_pages(np.arange(0, 4096, 256))[:, 0, 0]
+        assert (firsts == 0).all() or (firsts == 1).all(), firsts  # all old or all new, never mixed
+        outcomes.add("new" if firsts[0] == 1 else "old")
+        if "new" in outcomes:
+            break
+    assert outcomes  # at least one kill was observed and each left a consistent asset
