@@ -64,54 +64,50 @@ def token_hashes(buf, offsets, table, base):  # pragma: no cover - compiled
     return out
 
 
-@njit(cache=True, inline="always")
-def _page_local(h, heads, slots, pages, out, o):  # pragma: no cover - compiled
-    page = _fastrange(_finalize(h, 0), pages)
-    rb = page * heads * slots
-    su = np.uint64(slots)
-    for g in range((heads + 3) // 4):
-        w = _finalize(h, 1 + g)
-        for f in range(4):
-            k = g * 4 + f
-            if k < heads:
-                out[o + k] = rb + k * slots + np.int64((((w >> np.uint64(16 * f)) & _M16) * su) >> _S16)
-
-
-@njit(cache=True, inline="always")
-def _flat(h, heads, slots, pages, out, o):  # pragma: no cover - compiled
-    e = _fastrange(_finalize(h, 0), pages * slots)
-    for k in range(heads):
-        out[o + k] = e * heads + k
-
-
-@njit(cache=True, inline="always")
-def _independent(h, heads, slots, pages, out, o):  # pragma: no cover - compiled
-    q = np.int64(pages) * slots
-    for k in range(heads):
-        out[o + k] = k * q + _fastrange(_finalize(h, 1 + k), q)
-
-
-@njit(cache=True, inline="always")
-def _rows_of(h, kind, heads, slots, pages, out, o):  # pragma: no cover - compiled
-    if kind == KIND_PAGE_LOCAL:
-        _page_local(h, heads, slots, pages, out, o)
-    elif kind == KIND_FLAT:
-        _flat(h, heads, slots, pages, out, o)
-    else:
-        _independent(h, heads, slots, pages, out, o)
-
-
+# Row kernels write a planar [K, M] array: one simple loop per head over all n-grams, which LLVM vectorises
+# (AVX-512 has native 64-bit multiplies); the per-n-gram [M, K] order did not vectorise and ran ~6× slower.
+# Callers get a [M, K] view of it (a transpose, no copy).
 @njit(cache=True)
-def rows_from_hashes(h, valid, kind, heads, slots, pages):  # pragma: no cover - compiled
-    """h: uint64 [M], valid: bool [M] -> int64 [M*heads] (-1 where invalid)."""
+def rows_planar(h, valid, kind, heads, slots, pages):  # pragma: no cover - compiled
+    """h uint64 [M], valid bool [M] -> rows int64 [heads, M] (-1 where invalid)."""
     M = h.shape[0]
-    out = np.empty(M * heads, dtype=np.int64)
-    for i in range(M):
-        if valid[i]:
-            _rows_of(h[i], kind, heads, slots, pages, out, i * heads)
-        else:
-            for k in range(heads):
-                out[i * heads + k] = -1
+    out = np.empty((heads, M), dtype=np.int64)
+    base = np.empty(M, dtype=np.int64)  # page·K·S (page-local), entry e (flat); -1 if invalid
+    if kind == KIND_PAGE_LOCAL:
+        KS = heads * slots
+        for i in range(M):
+            base[i] = _fastrange(_finalize(h[i], 0), pages) * KS if valid[i] else -1
+        w = np.empty(M, dtype=np.uint64)
+        su = np.uint64(slots)
+        for g in range((heads + 3) // 4):
+            off = np.uint64(g + 2) * _GOLDEN  # stream 1+g
+            for i in range(M):
+                w[i] = _fmix64(h[i] + off)
+            for f in range(4):
+                k = 4 * g + f
+                if k >= heads:
+                    break
+                sh = np.uint64(16 * f)
+                ks = k * slots
+                row = out[k]
+                for i in range(M):
+                    r = base[i] + ks + np.int64((((w[i] >> sh) & _M16) * su) >> _S16)
+                    row[i] = r if base[i] >= 0 else -1
+    elif kind == KIND_FLAT:
+        for i in range(M):
+            base[i] = _fastrange(_finalize(h[i], 0), pages * slots) * heads if valid[i] else -1
+        for k in range(heads):
+            row = out[k]
+            for i in range(M):
+                row[i] = base[i] + k if base[i] >= 0 else -1
+    else:
+        q = np.int64(pages) * slots
+        for k in range(heads):
+            row = out[k]
+            off = np.uint64(k + 2) * _GOLDEN  # stream 1+k
+            for i in range(M):
+                r = k * q + _fastrange(_fmix64(h[i] + off), q)
+                row[i] = r if valid[i] else -1
     return out
 
 
@@ -143,43 +139,12 @@ def ngram_hashes(ids, C, P, special, max_n):  # pragma: no cover - compiled
     return out_h, out_v
 
 
-def _make_ngram_rows(row_fn):
-    @njit(cache=True)
-    def kernel(ids, C, P, special, max_n, heads, slots, pages):  # pragma: no cover - compiled
-        B, T = ids.shape
-        out = np.empty(B * T * max_n * heads, dtype=np.int64)
-        for b in range(B):
-            for i in range(T):
-                h = _U0
-                m = _U1
-                base_o = ((b * T + i) * max_n) * heads
-                n_ok = 0
-                for n in range(max_n):
-                    j = i - n
-                    if j < 0:
-                        break
-                    t = ids[b, j]
-                    if special[t]:
-                        break
-                    h = C[t] * m + h
-                    m = m * P[t]
-                    row_fn(h, heads, slots, pages, out, base_o + n * heads)
-                    n_ok += 1
-                for x in range(base_o + n_ok * heads, base_o + max_n * heads):
-                    out[x] = -1
-        return out.reshape((B, T, max_n, heads))
-
-    return kernel
-
-
-_NGRAM_ROWS = {}
-
-
 def ngram_rows(ids, C, P, special, max_n, kind, heads, slots, pages):
-    """Fused hashing + layout: ids int64 [B, T] -> rows int64 [B, T, max_n, heads] (-1 where invalid).
+    """Hashing + layout: ids int64 [B, T] -> rows int64 [B, T, max_n, heads] (-1 where invalid).
 
-    One kernel per layout kind (compiled on first use), so the inner loop has no kind branch.
+    A view of a planar [heads, B, T, max_n] array (see :func:`rows_planar`).
     """
-    if kind not in _NGRAM_ROWS:
-        _NGRAM_ROWS[kind] = _make_ngram_rows({KIND_PAGE_LOCAL: _page_local, KIND_FLAT: _flat, KIND_INDEPENDENT: _independent}[kind])
-    return _NGRAM_ROWS[kind](ids, C, P, special, max_n, heads, slots, pages)
+    h, v = ngram_hashes(ids, C, P, special, max_n)
+    B, T = ids.shape
+    planar = rows_planar(h.reshape(-1), v.reshape(-1), kind, heads, slots, pages)
+    return planar.reshape((heads, B, T, max_n)).transpose(1, 2, 3, 0)

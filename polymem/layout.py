@@ -79,15 +79,15 @@ class Layout:
         return cls(pages=params // per_page, heads=heads, slots=slots, head_dim=head_dim, kind=kind)
 
     def rows(self, hashes: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
-        """uint64 hashes [...] -> int64 rows [..., K]; -1 where ``valid`` is False."""
+        """uint64 hashes [...] -> int64 rows [..., K]; -1 where ``valid`` is False (may be a non-contiguous view)."""
         h = np.ascontiguousarray(hashes, dtype=np.uint64)
         v = np.ones(h.shape, dtype=bool) if valid is None else np.ascontiguousarray(valid, dtype=bool)
         if v.shape != h.shape:
             raise PolymemError(f"valid has shape {v.shape}, hashes {h.shape}; they must match")
-        out = _kernels.rows_from_hashes(
+        planar = _kernels.rows_planar(
             h.reshape(-1), v.reshape(-1), _KIND_CODE[self.kind], self.heads, self.slots, self.pages
-        )
-        return out.reshape(h.shape + (self.heads,))
+        )  # [K, M]
+        return planar.T.reshape(h.shape + (self.heads,))  # a view when possible
 
     def page_of(self, rows: np.ndarray) -> np.ndarray:
         """Page index of each row (same page geometry for every kind: K·S rows per page)."""
