@@ -1,0 +1,118 @@
+"""Reading and writing tables as assets from the torch side.
+
+``save_table`` writes a :class:`polymem.MemoryAsset` (zarr) when :mod:`polymem.asset` is importable, and
+otherwise — or when the path ends in ``.safetensors`` — a *table file*: ``NAME.safetensors`` (one fp32
+tensor ``table``) plus a JSON header in the safetensors metadata (format ``polymem.table-file`` v1: hash spec,
+layout, orders, provenance). ``open_table`` opens either and returns an object with the asset contract's
+read side (``spec, layout, orders, dtype, provenance, path, read_pages, to_numpy``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from polymem.errors import FormatError, PolymemError
+from polymem.hashing import HashSpec
+from polymem.layout import Layout
+
+TABLE_FILE_FORMAT = "polymem.table-file"
+
+
+def _asset_cls():
+    try:
+        from polymem.asset import MemoryAsset  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return MemoryAsset
+
+
+class TableFile:
+    """A table stored as one safetensors file; duck-types the read side of :class:`polymem.MemoryAsset`."""
+
+    def __init__(self, path: Path, table: np.ndarray, spec: HashSpec, layout: Layout, orders, provenance) -> None:
+        self.path, self._table, self.spec, self.layout = path, table, spec, layout
+        self.orders, self.provenance, self.dtype = tuple(orders), dict(provenance or {}), "float32"
+
+    def to_numpy(self) -> np.ndarray:
+        return self._table
+
+    def read_pages(self, page_ids) -> np.ndarray:
+        n = self.layout.rows_per_page
+        t = self._table.reshape(self.layout.pages, n, self.layout.head_dim)
+        return t[np.asarray(page_ids, dtype=np.int64)]
+
+
+def _hash_spec_from_dict(d: dict[str, Any]) -> HashSpec:
+    from_dict = getattr(HashSpec, "from_dict", None)
+    if from_dict is not None:
+        return from_dict(d)
+    return HashSpec(base=int(d["base"], 16), byte_seed=int(d["byte_seed"], 16), normalizer=d["normalizer"],
+                    version=int(d["version"]))
+
+
+def save_table(
+    path: str | os.PathLike[str], table: np.ndarray, spec: HashSpec, layout: Layout, *,
+    orders=(1, 2, 3), provenance: dict[str, Any] | None = None, overwrite: bool = False,
+) -> Path:
+    """Write ``table`` (fp32 [num_rows, r]) as an asset (zarr) or, for ``*.safetensors``, a table file."""
+    path = Path(path)
+    table = np.ascontiguousarray(table, dtype=np.float32)
+    if path.exists() and not overwrite:
+        raise PolymemError(f"{str(path)!r} exists; pass --overwrite (overwrite=True) or choose another path")
+    Asset = _asset_cls()
+    if Asset is not None and path.suffix != ".safetensors":
+        Asset.from_array(path, table, spec, layout, orders=tuple(orders), dtype="float32",
+                         provenance=provenance, overwrite=overwrite)
+        return path
+    if path.suffix != ".safetensors":
+        path = path.with_suffix(".safetensors")
+    from safetensors.numpy import save_file
+
+    header = {"format": TABLE_FILE_FORMAT, "version": 1, "hash_spec": spec.to_dict(), "layout": layout.to_dict(),
+              "orders": list(orders), "provenance": provenance or {}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file({"table": table}, tmp, metadata={"polymem": json.dumps(header, sort_keys=True)})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def open_table(path: str | os.PathLike[str]) -> Any:
+    """Open an asset directory (zarr) or a table file (``.safetensors``)."""
+    p = Path(path)
+    if p.suffix == ".safetensors" or (not p.exists() and p.with_suffix(".safetensors").exists()):
+        p = p if p.suffix == ".safetensors" else p.with_suffix(".safetensors")
+        if not p.is_file():
+            raise PolymemError(f"table file {str(p)!r} does not exist; make one with `polymem train --out ...`")
+        from safetensors import safe_open
+
+        with safe_open(str(p), framework="numpy") as f:
+            meta = f.metadata() or {}
+            if "polymem" not in meta:
+                raise FormatError(f"{str(p)!r} is a safetensors file without a polymem header; it is not a table file")
+            header = json.loads(meta["polymem"])
+            if header.get("format") != TABLE_FILE_FORMAT or header.get("version") != 1:
+                raise FormatError(
+                    f"{str(p)!r} has format {header.get('format')!r} v{header.get('version')!r}; "
+                    f"this polymem reads {TABLE_FILE_FORMAT!r} v1"
+                )
+            table = f.get_tensor("table")
+        spec, layout = _hash_spec_from_dict(header["hash_spec"]), Layout.from_dict(header["layout"])
+        return TableFile(p, table, spec, layout, header["orders"], header.get("provenance"))
+    Asset = _asset_cls()
+    if Asset is None:
+        raise PolymemError(f"{str(p)!r} is not a .safetensors table file and polymem.asset is not available")
+    if not p.exists() and "://" not in str(path):
+        raise PolymemError(f"asset {str(p)!r} does not exist; make one with `polymem train --out {p}`")
+    return Asset.open(path)

@@ -1,0 +1,165 @@
+"""Memory tables as torch modules: where a site's rows come from.
+
+* :class:`HashTable` — an fp32 ``[num_rows, r]`` tensor in memory, either trainable (a parameter with
+  *sparse* gradients: only rows read in the batch get a gradient entry) or frozen (no gradient, never changes).
+* :class:`AssetTable` — frozen, rows read page by page from a :class:`polymem.MemoryAsset` on each forward
+  (an NF4 asset is dequantised by the asset's page reader), so the table never has to fit in memory.
+
+All tables answer ``gather(rows)``: int64 rows ``[...]`` (-1 = invalid n-gram) -> fp32 ``[..., r]`` with zeros
+for invalid rows. Not here: hashing (:mod:`polymem.torch.hashing`), projections and gates (:mod:`.site`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from polymem.errors import PolymemError
+from polymem.hashing import HashSpec
+from polymem.layout import Layout
+
+
+class _RowGather(torch.autograd.Function):
+    """out[i] = W[rows[i]] (0 where rows[i] < 0); the gradient of W is a sparse COO tensor whose indices are
+    exactly the valid rows read (one entry per read, summed when coalesced)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # rows long [M]
+        valid = rows >= 0
+        out = weight.index_select(0, rows.clamp_min(0))  # [M, r]
+        out = out * valid.unsqueeze(-1).to(out.dtype)
+        ctx.save_for_backward(rows, valid)
+        ctx.shape = weight.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):  # grad_out [M, r]
+        rows, valid = ctx.saved_tensors
+        idx = rows[valid]  # [m]
+        g = torch.sparse_coo_tensor(idx.unsqueeze(0), grad_out[valid].float(), ctx.shape, check_invariants=False)
+        return g, None
+
+
+def table_fingerprint(table: np.ndarray | torch.Tensor, spec: HashSpec, layout: Layout) -> str:
+    """sha256 over the spec, the layout and the fp32 table bytes (hex, first 32 chars)."""
+    arr = table.detach().float().cpu().numpy() if isinstance(table, torch.Tensor) else np.asarray(table, np.float32)
+    h = hashlib.sha256()
+    h.update(json.dumps({"spec": spec.to_dict(), "layout": layout.to_dict()}, sort_keys=True).encode())
+    h.update(np.ascontiguousarray(arr, dtype=np.float32).tobytes())
+    return h.hexdigest()[:32]
+
+
+class MemoryTable(nn.Module):
+    """Common interface. ``spec``, ``layout``, ``orders`` (the n-gram orders the table was trained with)."""
+
+    spec: HashSpec
+    layout: Layout
+    orders: tuple[int, ...]
+    trainable: bool
+    source: dict[str, Any]
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:  # rows long [...] -> fp32 [..., r]
+        raise NotImplementedError
+
+    def fingerprint(self) -> str:
+        raise NotImplementedError
+
+    def to_numpy(self) -> np.ndarray:
+        raise NotImplementedError
+
+
+class HashTable(MemoryTable):
+    """fp32 table in memory. ``trainable=True``: a parameter with sparse gradients; else a frozen parameter."""
+
+    def __init__(
+        self, weight: torch.Tensor | np.ndarray | None, *, spec: HashSpec, layout: Layout,
+        orders: tuple[int, ...] = (1, 2, 3), trainable: bool = True, source: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if weight is None:  # rows start at zero: step 0 equals the model without memory (PageGram)
+            weight = torch.zeros(layout.num_rows, layout.head_dim)
+        w = torch.as_tensor(weight).float()
+        if tuple(w.shape) != (layout.num_rows, layout.head_dim):
+            raise PolymemError(
+                f"table has shape {tuple(w.shape)}, layout {layout.to_dict()} needs "
+                f"({layout.num_rows}, {layout.head_dim}); pass the layout the table was made with"
+            )
+        self.weight = nn.Parameter(w.contiguous(), requires_grad=trainable)
+        self.spec, self.layout, self.orders = spec, layout, tuple(orders)
+        self.source = dict(source or {"kind": "memory"})
+
+    @property
+    def trainable(self) -> bool:
+        return self.weight.requires_grad
+
+    def set_trainable(self, flag: bool) -> None:
+        self.weight.requires_grad_(flag)
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        flat = rows.reshape(-1)  # [M]
+        if self.weight.requires_grad and torch.is_grad_enabled():
+            out = _RowGather.apply(self.weight, flat)
+        else:
+            out = self.weight.index_select(0, flat.clamp_min(0)) * (flat >= 0).unsqueeze(-1)
+        return out.view(*rows.shape, self.layout.head_dim)  # [..., r]
+
+    def fingerprint(self) -> str:
+        return table_fingerprint(self.weight, self.spec, self.layout)
+
+    def to_numpy(self) -> np.ndarray:
+        return self.weight.detach().cpu().numpy().copy()
+
+
+class AssetTable(MemoryTable):
+    """Frozen rows read from a :class:`polymem.MemoryAsset` on every forward (pages of the rows needed only).
+
+    Rows are read on the CPU through ``asset.read_pages`` (which dequantises NF4 pages) and moved to the
+    device of the request. Slower than an in-memory table; meant for tables larger than RAM or for checks.
+    """
+
+    def __init__(self, asset: Any) -> None:
+        super().__init__()
+        self.asset = asset
+        self.spec, self.layout = asset.spec, asset.layout
+        self.orders = tuple(int(o) for o in asset.orders)
+        self.source = {"kind": "asset", "path": str(getattr(asset, "path", "")), "dtype": str(asset.dtype)}
+        self._fp: str | None = None
+
+    trainable = False
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        K, S, r = self.layout.heads, self.layout.slots, self.layout.head_dim
+        flat = rows.reshape(-1).cpu().numpy()  # [M]
+        valid = flat >= 0
+        pages, inv = np.unique(flat[valid] // (K * S), return_inverse=True)  # [n], [m]
+        out = np.zeros((flat.size, r), dtype=np.float32)
+        if pages.size:
+            block = np.asarray(self.asset.read_pages(pages), dtype=np.float32)  # [n, K*S, r]
+            out[valid] = block[inv, flat[valid] % (K * S)]
+        return torch.from_numpy(out).to(rows.device).view(*rows.shape, r)
+
+    def fingerprint(self) -> str:
+        if self._fp is None:
+            fp = getattr(self.asset, "fingerprint", None)
+            self._fp = str(fp() if callable(fp) else fp) if fp else table_fingerprint(
+                self.asset.to_numpy(), self.spec, self.layout)
+        return self._fp
+
+    def to_numpy(self) -> np.ndarray:
+        return np.asarray(self.asset.to_numpy(), dtype=np.float32)
+
+
+def random_like(table: np.ndarray | torch.Tensor, *, seed: int) -> torch.Tensor:
+    """A random table of the same shape and row-norm distribution: Gaussian directions, scaled by the donor's
+    row norms in a random order (zero rows stay as common as in the donor). The transfer control arm."""
+    w = torch.as_tensor(np.asarray(table) if not isinstance(table, torch.Tensor) else table).float()
+    g = torch.Generator().manual_seed(int(seed))
+    norms = w.norm(dim=1)  # [R]
+    norms = norms[torch.randperm(norms.numel(), generator=g)]
+    d = torch.randn(w.shape, generator=g)
+    return d / d.norm(dim=1, keepdim=True).clamp_min(1e-12) * norms.unsqueeze(1)
