@@ -68,6 +68,11 @@ def test_round_trip_every_dtype(tmp_path, dtype):
     assert np.array_equal(b.to_numpy(), want)
     assert np.array_equal(a.read_pages([10, 0, 3]), want.reshape(11, 8, 8)[[10, 0, 3]])
     assert b.read_pages(np.zeros(0, np.int64)).shape == (0, 8, 8)
+    for p in range(11):  # the lean single-page path agrees with the batched one
+        assert np.array_equal(b.read_pages([p])[0], want.reshape(11, 8, 8)[p])
+    assert np.array_equal(b.read_pages(np.array([[1, 2], [3, 4]])), want.reshape(11, 8, 8)[[[1, 2], [3, 4]]])
+    with pytest.raises(PolymemError, match="page id -1 is out of range"):
+        b.read_pages([-1])
     assert b.problems() == []
 
 
@@ -388,3 +393,25 @@ def test_killed_page_writer_leaves_old_asset_or_none(tmp_path):
         if "new" in outcomes:
             break
     assert outcomes  # at least one kill was observed and each left a consistent asset
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_read_stored_and_read_rows(tmp_path, dtype):
+    t = random_table(LAYOUT, 11)
+    a = MemoryAsset.from_array(tmp_path / "a", t, SPEC, LAYOUT, orders=(1,), dtype=dtype, chunks_per_shard=3)
+    st = a.read_stored([4, 9])
+    pages = t.reshape(11, 8, 8)[[4, 9]]
+    if dtype == "nf4":
+        assert st.dtype == np.uint8 and st.tobytes() == nf4.quantize(pages).tobytes()
+    elif dtype == "bfloat16":
+        assert st.dtype == np.uint16 and np.array_equal(st, bf16_encode(pages))
+    else:
+        assert np.array_equal(st, pages.astype(dtype))
+    rows = np.array([[0, -1, 87], [40, 41, -1]])
+    got = a.read_rows(rows)
+    want = expected(t, dtype)
+    assert got.shape == (2, 3, 8)
+    assert np.array_equal(got[0, 0], want[0]) and np.array_equal(got[0, 2], want[87])
+    assert np.array_equal(got[1, :2], want[[40, 41]]) and not got[0, 1].any() and not got[1, 2].any()
+    with pytest.raises(PolymemError, match="row 88 is out of range"):
+        a.read_rows([88])

@@ -91,6 +91,18 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _groups(keys: np.ndarray) -> "list[tuple[int, np.ndarray]]":
+    """[(key, positions of that key)] for an int array (one group when all keys are equal)."""
+    if keys.shape[0] == 0:
+        return []
+    k0 = int(keys[0])
+    if keys.shape[0] == 1 or (keys == k0).all():
+        return [(k0, np.arange(keys.shape[0]))]
+    order = np.argsort(keys, kind="stable")
+    bounds = np.flatnonzero(np.diff(keys[order])) + 1
+    return [(int(keys[grp[0]]), grp) for grp in np.split(order, bounds)]
+
+
 class FastReader:
     """Chunks straight from local shard files: one mmap per shard (opened lazily, ``MADV_RANDOM``)."""
 
@@ -116,6 +128,18 @@ class FastReader:
             self._maps[s], self._views[s] = mm, v
         return v
 
+    def read_page(self, p: int) -> np.ndarray:
+        """One page as stored, [1, K*S, r] (float dtypes) or uint8 [1, page_bytes] (nf4); a copy. Lean on purpose."""
+        g = self._geom
+        c, j = divmod(p, g.pages_per_chunk)
+        s, i = divmod(c, g.chunks_per_shard)
+        v = self._views[s]
+        if v is None:
+            v = self._view(s)
+        if g.pages_per_chunk == 1 and g.dtype != "nf4":
+            return v[i : i + 1].copy()
+        return v[i : i + 1, j * g.page_bytes : (j + 1) * g.page_bytes].copy()
+
     def read_chunks(self, ids: np.ndarray) -> np.ndarray:
         """int64 chunk ids [n] (in range) -> stored-dtype chunks [n, *chunk_shape[1:]] (a copy)."""
         cps = self._geom.chunks_per_shard
@@ -125,14 +149,32 @@ class FastReader:
         if self._geom.num_shards == 1:
             return self._view(0)[ids]
         out = np.empty((ids.shape[0],) + self._chunk_shape, dtype=self._dtype)
-        if not ids.shape[0]:
+        for s, sel in _groups(ids // cps):
+            out[sel] = self._view(s)[ids[sel] - s * cps]
+        return out
+
+    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """int64 table rows [n] (in range) -> stored rows: [n, r] (float dtypes) or uint8 [n, r/2+2] (nf4).
+
+        Gathers the rows straight out of the mapped shards, without copying whole pages.
+        """
+        g = self._geom
+        KS, cps, ppc = g.rows_per_page, g.chunks_per_shard, g.pages_per_chunk
+        if g.dtype != "nf4":
+            out = np.empty((rows.shape[0], g.head_dim), dtype=self._dtype)
+            rows_per_shard = cps * KS
+            for s, sel in _groups(rows // rows_per_shard):
+                v = self._view(s)
+                out[sel] = v.reshape(-1, g.head_dim)[rows[sel] - s * rows_per_shard]
             return out
-        shard = ids // cps
-        order = np.argsort(shard, kind="stable")
-        bounds = np.flatnonzero(np.diff(shard[order])) + 1
-        for grp in np.split(order, bounds):
-            s = int(shard[grp[0]])
-            out[grp] = self._view(s)[ids[grp] - s * cps]
+        rb = g.page_bytes // KS
+        out = np.empty((rows.shape[0], rb), dtype=np.uint8)
+        page = rows // KS
+        chunk = page // ppc
+        for s, sel in _groups(chunk // cps):
+            flat = self._view(s).reshape(-1)
+            off = (chunk[sel] - s * cps) * g.chunk_bytes + (page[sel] % ppc) * g.page_bytes + (rows[sel] % KS) * rb
+            out[sel] = flat[off[:, None] + np.arange(rb)]
         return out
 
     def invalidate(self, shards: "list[int] | None" = None) -> None:

@@ -171,6 +171,8 @@ class MemoryAsset:
         self._header = header
         self._backend = backend
         self._reader = self._make_reader(backend)
+        self._pages = header.layout.pages
+        self._lean = self._reader.read_page if isinstance(self._reader, FastReader) else None
 
     # ---- properties
     @property
@@ -336,30 +338,49 @@ class MemoryAsset:
         return cls.open(dest)
 
     # ---- reads
-    def _check_ids(self, page_ids: Any) -> np.ndarray:
+    def _check_ids(self, page_ids: Any) -> tuple[np.ndarray, tuple[int, ...]]:
+        """Page ids -> (int64 [n], the input's shape); range-checked."""
+        P = self.layout.pages
+        if type(page_ids) is list and len(page_ids) == 1 and type(page_ids[0]) is int:  # lean single-page path
+            p = page_ids[0]
+            if not 0 <= p < P:
+                raise PolymemError(f"page id {p} is out of range; this asset has pages 0..{P - 1}")
+            return np.array(page_ids, dtype=np.int64), (1,)
         ids = np.asarray(page_ids)
         if ids.size and not np.issubdtype(ids.dtype, np.integer):
             raise PolymemError(f"page ids must be integers, got dtype {ids.dtype}")
+        shape = ids.shape
         ids = ids.astype(np.int64, copy=False).reshape(-1)
         if ids.size:
             lo, hi = int(ids.min()), int(ids.max())
-            if lo < 0 or hi >= self.layout.pages:
-                raise PolymemError(f"page id {lo if lo < 0 else hi} is out of range; this asset has pages 0..{self.layout.pages - 1}")
-        return ids
+            if lo < 0 or hi >= P:
+                raise PolymemError(f"page id {lo if lo < 0 else hi} is out of range; this asset has pages 0..{P - 1}")
+        return ids, shape
+
+    def read_stored(self, page_ids: Any) -> np.ndarray:
+        """Pages as stored, not decoded: [..., K*S, r] float32/float16/uint16 (bfloat16 bits), or uint8
+        [..., page_bytes] for nf4 (rows of r/2 code bytes + fp16 scale, docs/asset-format.md §5)."""
+        if type(page_ids) is list and len(page_ids) == 1 and type(page_ids[0]) is int and self._lean is not None:
+            p = page_ids[0]  # the hot single-page path: no numpy id arrays, one slice of the mapped shard
+            if 0 <= p < self._pages:
+                return self._lean(p)
+        ids, shape = self._check_ids(page_ids)
+        g = self.geometry
+        if g.dtype != "nf4":
+            return self._reader.read_chunks(ids).reshape(shape + (g.rows_per_page, g.head_dim))
+        ppc = g.pages_per_chunk
+        chunks = np.ascontiguousarray(self._reader.read_chunks(ids // ppc))  # [n, chunk_bytes]
+        return _codec.page_view(chunks, g)[np.arange(ids.shape[0]), ids % ppc].reshape(shape + (g.page_bytes,))
 
     def read_pages(self, page_ids: Any) -> np.ndarray:
         """int page ids [n] -> float32 [n, K*S, r], dequantised."""
-        shape = np.shape(page_ids)
-        ids = self._check_ids(page_ids)
         g = self.geometry
-        if g.dtype != "nf4":
-            out = _codec.decode_chunks(self._reader.read_chunks(ids), g)
-        else:
-            ppc = g.pages_per_chunk
-            chunks = np.ascontiguousarray(self._reader.read_chunks(ids // ppc))  # [n, chunk_bytes]
-            pv = _codec.page_view(chunks, g)[np.arange(ids.shape[0]), ids % ppc]  # [n, page_bytes]
-            out = _codec.decode_chunks(pv, _single_page(g))
-        return out.reshape(shape + (g.rows_per_page, g.head_dim))
+        stored = self.read_stored(page_ids)
+        if g.dtype == "nf4":
+            lead = stored.shape[:-1]
+            rows = stored.reshape(lead + (g.rows_per_page, g.page_bytes // g.rows_per_page))
+            return nf4.dequantize(rows, g.head_dim)
+        return _codec.decode_chunks(stored, g)
 
     def iter_pages(self, batch_pages: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """Yield (first page, float32 pages [n, K*S, r]) over the whole table, one shard at a time."""
@@ -385,14 +406,35 @@ class MemoryAsset:
                 raise PolymemError(f"hashes must be uint64, got dtype {h.dtype}")
             h = h.astype(np.uint64)
         rows = self.layout.rows(h, valid)  # [..., K]
+        return self.read_rows(rows)
+
+    def read_rows(self, rows: Any) -> np.ndarray:
+        """Table rows int [...] (-1 = none) -> float32 [..., r] (zeros for -1), dequantised."""
+        rows = np.asarray(rows, dtype=np.int64)
         flat = rows.reshape(-1)
+        g = self.geometry
+        KS, r = g.rows_per_page, g.head_dim
+        if flat.size and int(flat.max()) >= self.layout.num_rows:
+            raise PolymemError(f"row {int(flat.max())} is out of range; this asset has rows 0..{self.layout.num_rows - 1}")
         ok = flat >= 0
-        KS, r = self.layout.rows_per_page, self.layout.head_dim
+        all_ok = bool(ok.all())
+        sel = flat if all_ok else flat[ok]
+        if isinstance(self._reader, FastReader):
+            stored = self._reader.read_rows(sel)  # [n, r] or nf4 [n, r/2+2]
+        else:  # fallback readers fetch whole pages
+            pages, inv = np.unique(sel // KS, return_inverse=True)
+            st = self.read_stored(pages)
+            if g.dtype == "nf4":
+                st = st.reshape(pages.shape[0], KS, -1)
+            stored = st[inv.reshape(-1), sel % KS]
+        if g.dtype == "nf4":
+            vec = nf4.dequantize(stored, r)
+        else:
+            vec = _codec.decode_chunks(stored, g)
+        if all_ok:
+            return vec.reshape(rows.shape + (r,))
         out = np.zeros((flat.shape[0], r), dtype=np.float32)
-        if ok.any():
-            pages, inv = np.unique(flat[ok] // KS, return_inverse=True)
-            data = self.read_pages(pages)  # [u, K*S, r]
-            out[ok] = data[inv.reshape(-1), flat[ok] % KS]
+        out[ok] = vec
         return out.reshape(rows.shape + (r,))
 
     def nonzero_pages(self) -> int:
@@ -405,7 +447,7 @@ class MemoryAsset:
         root = self._raw.local
         if root is None:
             raise PolymemError(f"cannot write pages of {self.path!r}: remote assets are read-only; write locally, then upload")
-        ids = self._check_ids(page_ids)
+        ids, _ = self._check_ids(page_ids)
         g = self.geometry
         pages = _codec.check_pages(data, g, ids.shape[0])
         if np.unique(ids).shape[0] != ids.shape[0]:
@@ -509,13 +551,6 @@ class MemoryAsset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _single_page(g: Geometry) -> Geometry:
-    """Geometry of nf4 pages handled one per 'chunk' (for decoding extracted pages)."""
-    from dataclasses import replace
-
-    return replace(g, pages_per_chunk=1, chunk_bytes=g.page_bytes) if g.dtype == "nf4" else g
 
 
 def _merge_errors(errs: list[QuantError]) -> QuantError:
