@@ -1,0 +1,316 @@
+"""Document readers: text files, directories, JSONL (optionally gzipped) and stdin, one `Document` at a time.
+
+    >>> corpus = Corpus(["notes.txt", "data/", "dump.jsonl.gz", "-"], text_field="text")
+    >>> for doc in corpus:            # streams: one file (or one JSONL line) in memory at a time
+    ...     use(doc.id, doc.text)
+    >>> corpus.skipped                # [Skipped(source, reason), ...]: what was left out and why
+
+What is a document:
+    PATH.txt / .md / any explicitly named file   the whole file is one document
+    PATH.jsonl                                    one document per line: a JSON object whose `text_field`
+                                                  (default "text") is a string; its "id" (if any) names it
+    PATH.gz                                       the same, gzip-compressed (PATH.txt.gz, PATH.jsonl.gz, ...)
+    DIR                                           recursively, files ending in .txt .md .jsonl (and .gz of
+                                                  these), in sorted order; hidden entries and other files are
+                                                  passed over (counted in `ignored_files`)
+    -                                             standard input: one text document, or JSONL lines with
+                                                  stdin_format="jsonl"
+
+Bad input never raises mid-stream; it is recorded in `skipped` and the stream goes on:
+    unreadable file (permissions, I/O error, corrupt gzip), binary file (a NUL byte in its first 8 KiB),
+    JSONL line that is not JSON / not an object / lacks the text field / whose field is not a string,
+    empty document. Invalid UTF-8 is decoded with U+FFFD replacement and counted (`replaced`), or with
+    invalid_utf8="skip" the document is skipped. Only a path that does not exist raises (PolymemError), up
+    front, since it is a typo rather than bad data.
+
+What this module does not do: tokenise, deduplicate, or hold the corpus in memory.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from polymem.errors import PolymemError
+
+TEXT_SUFFIXES = (".txt", ".md")
+JSONL_SUFFIXES = (".jsonl",)
+CORPUS_SUFFIXES = TEXT_SUFFIXES + JSONL_SUFFIXES
+INVALID_UTF8_POLICIES = ("replace", "skip")
+STDIN_FORMATS = ("text", "jsonl")
+_BINARY_PROBE = 8192  # bytes inspected for a NUL byte
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document: `id` (file path, or the JSONL "id" / "path:line"), its text, and where it came from."""
+
+    id: str
+    text: str
+    source: str  # file path or "path:line" or "<stdin>"
+    replaced: bool = False  # invalid UTF-8 was replaced by U+FFFD
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.text.encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A document (or whole file) left out, and why."""
+
+    source: str
+    reason: str
+
+
+@dataclass
+class Corpus:
+    """An iterable over the documents under `paths` (see the module docstring); records what it skipped.
+
+    Iterating twice reads the files twice (and resets `skipped`, `replaced`, `ignored_files`); stdin can
+    only be read once.
+    """
+
+    paths: Sequence[str | os.PathLike[str]]
+    text_field: str = "text"
+    invalid_utf8: str = "replace"
+    stdin_format: str = "text"
+    stdin: BinaryIO | None = None  # default sys.stdin.buffer; tests pass a BytesIO
+    skipped: list[Skipped] = field(default_factory=list, init=False)
+    replaced: int = field(default=0, init=False)  # documents whose invalid UTF-8 was replaced
+    ignored_files: int = field(default=0, init=False)  # files in directories with other extensions
+
+    def __post_init__(self) -> None:
+        if isinstance(self.paths, (str, os.PathLike)):
+            self.paths = [self.paths]
+        self.paths = list(self.paths)
+        if not self.paths:
+            raise PolymemError("no input paths given; pass files, directories, .jsonl(.gz) files, or - for stdin")
+        if self.invalid_utf8 not in INVALID_UTF8_POLICIES:
+            raise PolymemError(
+                f"invalid_utf8={self.invalid_utf8!r} is not a policy; accepted: {', '.join(INVALID_UTF8_POLICIES)}"
+            )
+        if self.stdin_format not in STDIN_FORMATS:
+            raise PolymemError(
+                f"stdin_format={self.stdin_format!r} is unknown; accepted: {', '.join(STDIN_FORMATS)}"
+            )
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise PolymemError(f"text_field={self.text_field!r} must be a non-empty string such as 'text'")
+        if sum(1 for p in self.paths if str(p) == "-") > 1:
+            raise PolymemError("'-' (stdin) was given more than once; stdin can be read only once")
+        missing = [str(p) for p in self.paths if str(p) != "-" and not os.path.lexists(p)]
+        if missing:
+            raise PolymemError(
+                f"input path {missing[0]!r} does not exist"
+                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                + "; pass existing files or directories, or - for stdin"
+            )
+
+    # ---------------------------------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[Document]:
+        self.skipped = []
+        self.replaced = 0
+        self.ignored_files = 0
+        for p in self.paths:
+            if str(p) == "-":
+                yield from self._read_stdin()
+            elif os.path.isdir(p):
+                for f in self._walk(Path(p)):
+                    yield from self._read_file(f)
+            else:
+                yield from self._read_file(Path(p))
+
+    def skipped_by_reason(self) -> dict[str, int]:
+        """{reason kind: count}, the kind being the reason up to its first ':' (e.g. 'binary file')."""
+        return dict(Counter(s.reason.split(":")[0] for s in self.skipped))
+
+    # ---------------------------------------------------------------------------------------- sources
+    def _walk(self, root: Path) -> Iterator[Path]:
+        for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: self._skip(str(e.filename), _oserr(e))):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                if name.startswith("."):
+                    continue
+                if _kind(name) is None:
+                    self.ignored_files += 1
+                    continue
+                yield Path(dirpath) / name
+
+    def _read_stdin(self) -> Iterator[Document]:
+        stream = self.stdin if self.stdin is not None else sys.stdin.buffer
+        if self.stdin_format == "jsonl":
+            yield from self._jsonl_lines(stream, "<stdin>")
+            return
+        try:
+            data = stream.read()
+        except OSError as e:
+            self._skip("<stdin>", _oserr(e))
+            return
+        doc = self._text_document(data, "<stdin>", "<stdin>")
+        if doc is not None:
+            yield doc
+
+    def _read_file(self, path: Path) -> Iterator[Document]:
+        src = str(path)
+        kind = _kind(path.name) or "text"  # an explicitly named file of another type is read as text
+        gz = path.name.lower().endswith(".gz")
+        try:
+            f: BinaryIO = gzip.open(path, "rb") if gz else open(path, "rb")  # noqa: SIM115 - closed below
+        except OSError as e:
+            self._skip(src, _oserr(e))
+            return
+        try:
+            if kind == "jsonl":
+                yield from self._jsonl_lines(f, src)
+            else:
+                data = f.read()
+                doc = self._text_document(data, src, src)
+                if doc is not None:
+                    yield doc
+        except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            self._skip(src, f"unreadable file: {type(e).__name__}: {e}" if not gz else f"corrupt gzip: {e}")
+        finally:
+            f.close()
+
+    def _jsonl_lines(self, f: BinaryIO, src: str) -> Iterator[Document]:
+        head = f.peek(_BINARY_PROBE)[:_BINARY_PROBE] if hasattr(f, "peek") else b""
+        if b"\x00" in head:
+            self._skip(src, f"binary file: NUL byte at offset {head.index(0)}; expected JSON lines")
+            return
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            where = f"{src}:{lineno}"
+            line = self._decode(raw, where)
+            if line is None:
+                continue
+            text, replaced = line
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                self._skip(where, f"invalid JSON: {e.msg} at column {e.colno}")
+                continue
+            if not isinstance(obj, dict):
+                self._skip(where, f"not a JSON object: got {_json_type(obj)}; expected {{\"{self.text_field}\": ...}}")
+                continue
+            if self.text_field not in obj:
+                fields = ", ".join(sorted(map(str, obj))[:8]) or "none"
+                self._skip(
+                    where, f"no {self.text_field!r} field: the object has {fields}; choose the field with --text-field"
+                )
+                continue
+            value = obj[self.text_field]
+            if not isinstance(value, str):
+                self._skip(where, f"field {self.text_field!r} holds {_json_type(value)}, expected a string")
+                continue
+            value, fixed = self._fix_surrogates(value, where)
+            if value is None:
+                continue
+            doc_id = obj.get("id")
+            doc = self._document(
+                str(doc_id) if isinstance(doc_id, (str, int)) else where, value, where, replaced or fixed
+            )
+            if doc is not None:
+                yield doc
+
+    # ---------------------------------------------------------------------------------------- helpers
+    def _text_document(self, data: bytes, doc_id: str, src: str) -> Document | None:
+        nul = data.find(b"\x00", 0, _BINARY_PROBE)
+        if nul >= 0:
+            self._skip(src, f"binary file: NUL byte at offset {nul}; expected UTF-8 text")
+            return None
+        decoded = self._decode(data, src)
+        if decoded is None:
+            return None
+        return self._document(doc_id, decoded[0], src, decoded[1])
+
+    def _document(self, doc_id: str, text: str, src: str, replaced: bool) -> Document | None:
+        if not text:
+            self._skip(src, "empty document: no text")
+            return None
+        if replaced:
+            self.replaced += 1
+        return Document(id=doc_id, text=text, source=src, replaced=replaced)
+
+    def _decode(self, data: bytes, src: str) -> tuple[str, bool] | None:
+        try:
+            return data.decode("utf-8"), False
+        except UnicodeDecodeError as e:
+            if self.invalid_utf8 == "skip":
+                self._skip(src, f"invalid UTF-8: byte {e.start} ({data[e.start:e.start + 1]!r}); "
+                                "use invalid_utf8='replace' to keep it with U+FFFD")
+                return None
+            return data.decode("utf-8", errors="replace"), True
+
+    def _fix_surrogates(self, text: str, src: str) -> tuple[str | None, bool]:
+        """JSON may carry lone surrogates ("\\ud800") that have no UTF-8; treat them like invalid UTF-8."""
+        try:
+            text.encode("utf-8")
+            return text, False
+        except UnicodeEncodeError as e:
+            if self.invalid_utf8 == "skip":
+                self._skip(src, f"invalid UTF-8: lone surrogate U+{ord(text[e.start]):04X} at character {e.start}")
+                return None, False
+            return text.encode("utf-8", errors="replace").decode("utf-8"), True
+
+    def _skip(self, source: str, reason: str) -> None:
+        self.skipped.append(Skipped(source=source, reason=reason))
+
+
+def iter_documents(
+    paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
+    *,
+    text_field: str = "text",
+    invalid_utf8: str = "replace",
+    skipped: list[Skipped] | None = None,
+) -> Iterator[Document]:
+    """Yield the documents under `paths` (see :class:`Corpus`); append what was skipped to `skipped`."""
+    corpus = Corpus(paths if not isinstance(paths, (str, os.PathLike)) else [paths], text_field=text_field,
+                    invalid_utf8=invalid_utf8)
+    try:
+        yield from corpus
+    finally:
+        if skipped is not None:
+            skipped.extend(corpus.skipped)
+
+
+def as_documents(texts: Iterable[str | Document]) -> Iterator[Document]:
+    """Wrap plain strings as Documents ("doc 0", "doc 1", ...); pass Documents through."""
+    for i, t in enumerate(texts):
+        if isinstance(t, Document):
+            yield t
+        elif isinstance(t, str):
+            yield Document(id=f"doc {i}", text=t, source=f"doc {i}")
+        else:
+            raise PolymemError(
+                f"text {i} is a {type(t).__name__}, expected str or polymem.corpus.Document; decode bytes first"
+            )
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+             bool: "a boolean", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _kind(name: str) -> str | None:
+    low = name.lower()
+    if low.endswith(".gz"):
+        low = low[:-3]
+    if low.endswith(TEXT_SUFFIXES):
+        return "text"
+    if low.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    return None
+
+
+def _oserr(e: OSError) -> str:
+    return f"unreadable file: {e.strerror or type(e).__name__}"
