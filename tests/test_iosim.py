@@ -129,3 +129,26 @@ def test_cli_iosim_json(tmp_path):
     assert by["independent-heads"]["uncached_reads"] <= 8 * by["page-local"]["ngrams"]
     assert [c["bytes"] for c in by["flat"]["cache"]] == [1 << 20, 4 << 20]
     assert (tmp_path / "r.png").exists()
+
+
+def test_cli_iosim_takes_geometry_from_asset(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from polymem import MemoryAsset
+    from polymem.cli.app import app
+
+    layout = Layout(pages=300, heads=4, slots=2, head_dim=8)
+    MemoryAsset.create(tmp_path / "a", HashSpec(), layout, dtype="float16", orders=(1, 3))
+    (tmp_path / "t.txt").write_text("the cat sat on the mat; the cat sat on the hat. " * 20)
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(app, ["iosim", str(tmp_path / "t.txt"), "--tokenizer", "bytes", "--asset",
+                                 str(tmp_path / "a"), "--cache-mb", "1", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["layout"]["pages"] == 300 and doc["layout"]["orders"] == [1, 3] and doc["dtype"] == "float16"
+    assert doc["block_bytes"] == 4 * 2 * 8 * 2
+    by = {x["kind"]: x for x in doc["results"]}
+    T = by["page-local"]["tokens"]
+    assert by["page-local"]["uncached_reads"] == T + (T - 2)  # order 1 everywhere, order 3 from the 3rd byte
