@@ -1,0 +1,163 @@
+"""`polymem coverage`: how much of a target tokenizer's n-gram memory a donor tokenizer's table can serve."""
+
+from __future__ import annotations
+
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+class _InvalidUtf8(str, Enum):
+    replace = "replace"
+    skip = "skip"
+
+
+class _StdinFormat(str, Enum):
+    text = "text"
+    jsonl = "jsonl"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("coverage")(coverage_cmd)
+
+
+def coverage_cmd(
+    paths: Annotated[list[str], typer.Argument(
+        help="Text files, directories (recursively: .txt .md .jsonl and .gz of these), .jsonl(.gz) files with a "
+             "text field, or - for stdin. One document per file or per JSONL line.", metavar="PATH...")],
+    target: Annotated[str, typer.Option("--target", "-t", help="The tokenizer whose n-grams should be served "
+                                        "(e.g. mistral-v1, a tokenizer.json, a .model, a .tiktoken).")],
+    reference: Annotated[str, typer.Option("--reference", "-r", help="The donor tokenizer whose table would "
+                                           "serve them (e.g. cl100k_base).")],
+    max_n: Annotated[int, typer.Option("--max-n", help="Measure target (and reference) n-gram orders 1..max-n "
+                                       "(1-32; seed 002 uses 7).")] = 7,
+    json_out: Annotated[str | None, typer.Option("--json", help="Write the report as JSON to this file "
+                                                 "(- for stdout); schema in docs/coverage.md.")] = None,
+    csv_out: Annotated[Path | None, typer.Option("--csv", help="Write one row per target order as CSV.")] = None,
+    plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a stacked-bar PNG like seed 002's Fig. 2.")]
+    = None,
+    workers: Annotated[int, typer.Option("--workers", "-j", min=1, help="Processes counting in parallel.")] = 1,
+    text_field: Annotated[str, typer.Option("--text-field", help="The JSONL field holding the text.")] = "text",
+    exact_bytes: Annotated[bool, typer.Option("--exact-bytes", help="Compare n-grams as byte strings instead of "
+                                              "64-bit hashes (slow reference path; same results).")] = False,
+    occurrence: Annotated[bool, typer.Option("--occurrence/--no-occurrence", help="Also measure the "
+                                             "occurrence-weighted corpus-level coverage (keeps the corpus's "
+                                             "distinct reference n-gram hashes in memory).")] = True,
+    invalid_utf8: Annotated[_InvalidUtf8, typer.Option("--invalid-utf8", help="Invalid UTF-8 in a document: "
+                                                       "replace with U+FFFD (counted) or skip the document.")]
+    = _InvalidUtf8.replace,
+    stdin_format: Annotated[_StdinFormat, typer.Option("--stdin-format", help="What - reads: one text document, "
+                                                       "or JSONL lines.")] = _StdinFormat.text,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table.")] = False,
+) -> None:
+    """How many of the TARGET tokenizer's n-grams did the REFERENCE tokenizer ever write? (seed 002, Table 2)
+
+    Per document, the share of the target's unique n-grams (per order n) found among the reference's n-grams
+    of any order, compared by their bytes; plus the breakdown by reference order, the occurrence-weighted
+    corpus-level share, and the same measure under Engram's XOR token-id hash. See docs/coverage.md.
+    """
+    from rich.console import Console
+
+    from polymem.corpus import Corpus
+    from polymem.coverage import check_max_n, coverage
+
+    check_max_n(max_n)
+    out = Console(stderr=json_out == "-")
+    err = Console(stderr=True)
+    corpus = Corpus(paths, text_field=text_field, invalid_utf8=invalid_utf8.value,
+                    stdin_format=stdin_format.value)
+    with _progress(err, quiet) as update:
+        report = coverage(target, reference, corpus, max_n, exact_bytes=exact_bytes, occurrence=occurrence,
+                          workers=workers, progress=update)
+    if json_out == "-":
+        sys.stdout.write(report.to_json() + "\n")
+    elif json_out:
+        report.to_json(json_out)
+    if csv_out:
+        report.to_csv(csv_out)
+    if plot_out:
+        report.plot(plot_out)
+    if not quiet:
+        render(report, out)
+        for what, path in (("JSON", json_out if json_out != "-" else None), ("CSV", csv_out), ("plot", plot_out)):
+            if path:
+                out.print(f"[dim]{what} written to {path}[/]")
+
+
+class _progress:
+    """A rich progress line (documents, docs/s, MB, MB/s) on stderr; a no-op callback when quiet."""
+
+    def __init__(self, console: Any, quiet: bool) -> None:
+        self.console, self.quiet = console, quiet
+
+    def __enter__(self) -> Any:
+        if self.quiet:
+            return None
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.p = Progress(SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.fields[stats]}"),
+                          TimeElapsedColumn(), console=self.console, transient=True)
+        self.p.__enter__()
+        self.task = self.p.add_task("counting", stats="")
+        self.t0 = time.perf_counter()
+
+        def update(docs: int, nbytes: int) -> None:
+            dt = max(time.perf_counter() - self.t0, 1e-9)
+            self.p.update(self.task, stats=f"{docs} docs ({docs / dt:.1f}/s), {nbytes / 1e6:.1f} MB "
+                                           f"({nbytes / 1e6 / dt:.2f} MB/s)")
+
+        return update
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.quiet:
+            self.p.__exit__(*exc)
+
+
+def render(report: Any, console: Any) -> None:
+    """The terminal view: headline table, by-reference-order table, fidelity and skipped summary."""
+    from rich.table import Table
+
+    def f(v: float | None) -> str:
+        return "–" if v is None else f"{v:.3f}"
+
+    N = report.max_n
+    t = Table(title=f"coverage of {report.target.name} n-grams by {report.reference.name} "
+                    f"({report.docs} docs, {report.method})", title_justify="left")
+    for col in ("n", "per-doc mean", "pooled", "occurrence", "XOR ids", "unique target n-grams"):
+        t.add_column(col, justify="right")
+    for i in range(N):
+        occ = None if report.occurrence_weighted is None else report.occurrence_weighted[i]
+        t.add_row(str(i + 1), f(report.per_doc_mean[i]), f(report.pooled[i]), f(occ), f(report.xor_baseline[i]),
+                  f"{report.unique_target_ngrams[i]:,}")
+    console.print(t)
+    b = Table(title="by smallest reference order m (per-doc mean; rows sum to the per-doc mean)",
+              title_justify="left")
+    b.add_column("target n", justify="right")
+    for m in range(N):
+        b.add_column(f"m={m + 1}", justify="right")
+    for i in range(N):
+        b.add_row(str(i + 1), *(f(report.by_reference_n[i][m]) for m in range(N)))
+    console.print(b)
+    tok = report.tokens
+    console.print(
+        f"{report.docs} documents, {report.bytes / 1e6:.2f} MB; tokens: {report.target.name} {tok['target']:,}, "
+        f"{report.reference.name} {tok['reference']:,}; {report.elapsed_s:.1f} s with {report.workers} worker(s)"
+    )
+    for side in ("target", "reference"):
+        fid = report.fidelity[side]
+        name = getattr(report, side).name
+        state = "[green]byte-faithful[/]" if fid["faithful"] else f"[red]NOT byte-faithful[/] ({fid['first_mismatch']})"
+        extra = f", {fid['dummy_prefix']} with a dummy-prefix space" if fid["dummy_prefix"] else ""
+        console.print(f"fidelity {side} {name}: {state} on {fid['docs']} docs ({fid['exact']} exact{extra})")
+    if report.replaced_utf8:
+        console.print(f"[yellow]{report.replaced_utf8} document(s) had invalid UTF-8, replaced by U+FFFD[/]")
+    if report.skipped:
+        console.print(f"[yellow]skipped {len(report.skipped)}:[/]")
+        for s in report.skipped[:10]:
+            console.print(f"  {s['source']}: {s['reason']}", highlight=False, markup=False)
+        if len(report.skipped) > 10:
+            console.print(f"  … and {len(report.skipped) - 10} more (all listed in --json)")

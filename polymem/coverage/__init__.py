@@ -1,0 +1,30 @@
+"""Cross-tokenizer n-gram coverage (DESIGN §6, seed 002 Table 2 / Fig. 2): how many of a target tokenizer's
+n-grams a donor (reference) tokenizer's table was ever written with, compared by bytes.
+
+    >>> report = polymem.coverage("mistral-v1", "cl100k_base", texts, max_n=7)
+    >>> report.per_doc_mean, report.occurrence_weighted, report.xor_baseline
+
+Modules: ``run`` (the :func:`coverage` driver, workers, fidelity), ``counter`` (hash and exact-bytes counters),
+``report`` (:class:`CoverageReport`, JSON/CSV/PNG), ``_kernels`` (numba sets).
+"""
+
+from polymem.coverage.counter import ExactCounter, HashCounter, Tally
+from polymem.coverage.report import REPORT_FORMAT, REPORT_VERSION, CoverageReport, TokenizerInfo
+from polymem.coverage.run import check_max_n, coverage
+
+__all__ = [
+    "REPORT_FORMAT", "REPORT_VERSION", "CoverageReport", "ExactCounter", "HashCounter", "Tally", "TokenizerInfo",
+    "check_max_n", "coverage",
+]
+
+
+class _CallableModule(__import__("types").ModuleType):
+    """``polymem.coverage`` is both this package and the function: once the package is imported, Python binds
+    the attribute ``polymem.coverage`` to the package, shadowing polymem's lazy export of the function. Calling
+    the package calls :func:`coverage`, so ``polymem.coverage(...)`` works either way."""
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return coverage(*args, **kwargs)
+
+
+__import__("sys").modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,302 @@
+"""numba kernels for coverage: per-document open-addressing sets over 64-bit n-gram keys, XOR mixes,
+a partitioned set for the corpus-wide reference n-grams, and the byte-fidelity comparison.
+
+Tables are power-of-two arrays of uint64 keys with linear probing; key 0 means "empty", so a real key of 0
+is stored as ``ZERO_KEY`` (a byte hash is 0 with probability 2^-64; the substitution is applied the same way
+to every key, so it can only ever merge two n-grams that the 64-bit hash already collides). Slots are
+``fmix64(key) & mask`` (XOR mixes of small token ids have structured low bits). All arithmetic is uint64 with
+np.uint64 constants (mixing uint64 and int64 in numba gives float64).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_U0 = np.uint64(0)
+_U1 = np.uint64(1)
+_S33 = np.uint64(33)
+_F1 = np.uint64(0xFF51AFD7ED558CCD)
+_F2 = np.uint64(0xC4CEB9FE1A85EC53)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+ZERO_KEY = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, inline="always")
+def _fmix64(k):  # pragma: no cover - compiled
+    k ^= k >> _S33
+    k *= _F1
+    k ^= k >> _S33
+    k *= _F2
+    k ^= k >> _S33
+    return k
+
+
+@njit(cache=True)
+def xor_keys(ids, valid, mults):  # pragma: no cover - compiled
+    """Engram's XOR mix of the n-gram ending at i, with its order folded in (Engram's tables are disjoint per order):
+
+        mix(i, n) = ids[i]*m_0 ^ ids[i-1]*m_1 ^ ... ^ ids[i-n+1]*m_{n-1}
+        X[i, n-1] = fmix64(mix(i, n) + n*GOLDEN)
+
+    so equal keys mean the same mix at the same order. ids int64 [T], valid bool [T, N] (the byte path's
+    validity: before the start or with a special token -> invalid) -> uint64 [T, N]; invalid entries are 0.
+    """
+    T, N = valid.shape
+    out = np.zeros((T, N), dtype=np.uint64)
+    for i in range(T):
+        acc = _U0
+        for n in range(N):
+            if not valid[i, n]:
+                break
+            acc ^= np.uint64(ids[i - n]) * mults[n]
+            out[i, n] = _fmix64(acc + np.uint64(n + 1) * _GOLDEN)
+    return out
+
+
+_LOW = np.uint64(0x1F)  # the low 5 bits of a reference-table entry hold the smallest reference order - 1
+_HIGH = ~np.uint64(0x1F)
+
+
+@njit(cache=True)
+def doc_scan(
+    tH, tV, rH, rV,  # target / reference keys uint64 [T, N] and validity bool [T, N]
+    rt,  # scratch uint64 [pow2 >= 1.5*Tr*N]: the reference set, entries (key & ~31) | (smallest order - 1)
+    tt,  # scratch uint64 [>= pow2(1.5*Tt), 2]: one target order's set, rows (key, count << 16 | found << 8)
+    tlist,  # scratch int64 [same as tt]: slots of the distinct target entries, in insertion order
+    record,  # True: emit distinct reference keys and the not-found target (key, order, count) for the corpus pass
+    uniq, hits, positions, pos_hits,  # out (+=): int64 [N], [N, N], [N], [N]
+    ref_out, pend_h, pend_n, pend_c,  # out buffers: uint64 [>= Tr*N]; uint64/int8/int64 [>= Tt*N]
+):  # pragma: no cover - compiled
+    """One document: unique-set hits per (target order n, smallest matching reference order m), plus positions.
+
+    The reference table compares the top 59 bits of a key (its low 5 bits carry the smallest order), so one
+    probe is one 8-byte read; a false match needs two of the document's n-grams to agree on 59 random bits.
+    Returns (number of distinct reference keys written to ref_out, number of pending entries written).
+    """
+    N = tH.shape[1]
+    rt[:] = 0
+    rmask = np.uint64(rt.shape[0] - 1)
+    n_ref = 0
+    for i in range(rH.shape[0]):
+        for m in range(N):
+            if not rV[i, m]:
+                break  # validity is monotone in the order: a longer n-gram reaches further back
+            h = rH[i, m]
+            hi = h & _HIGH
+            if hi == _U0:
+                hi = ZERO_KEY & _HIGH
+            s = _fmix64(hi) & rmask
+            while True:
+                k = rt[s]
+                if k == _U0:
+                    rt[s] = hi | np.uint64(m)
+                    if record:
+                        ref_out[n_ref] = h
+                        n_ref += 1
+                    break
+                if (k & _HIGH) == hi:
+                    if np.uint64(m) < (k & _LOW):
+                        rt[s] = hi | np.uint64(m)
+                    break
+                s = (s + _U1) & rmask
+    # the target, one order at a time: the table holds one order's n-grams, so it stays cache-sized
+    n_pend = 0
+    Tt = tH.shape[0]
+    cap_t = _pow2(3 * Tt // 2 + 1)
+    tmask = np.uint64(cap_t - 1)
+    for n in range(N):
+        tt[:cap_t, 0] = 0
+        n_list = 0
+        for i in range(n, Tt):
+            if not tV[i, n]:
+                continue
+            h = tH[i, n]
+            if h == _U0:
+                h = ZERO_KEY
+            positions[n] += 1
+            s = _fmix64(h) & tmask
+            while True:
+                k = tt[s, 0]
+                if k == _U0:
+                    # a new unique target n-gram: look it up among the reference's n-grams of every order
+                    hi = h & _HIGH
+                    if hi == _U0:
+                        hi = ZERO_KEY & _HIGH
+                    f = 0
+                    r = _fmix64(hi) & rmask
+                    while True:
+                        rk = rt[r]
+                        if rk == _U0:
+                            break
+                        if (rk & _HIGH) == hi:
+                            f = np.int64(rk & _LOW) + 1
+                            break
+                        r = (r + _U1) & rmask
+                    tt[s, 0] = h
+                    tt[s, 1] = (_U1 << np.uint64(16)) | (np.uint64(f) << np.uint64(8))
+                    uniq[n] += 1
+                    if f:
+                        hits[n, f - 1] += 1
+                        pos_hits[n] += 1
+                    tlist[n_list] = s
+                    n_list += 1
+                    break
+                if k == h:
+                    tt[s, 1] += _U1 << np.uint64(16)
+                    if (tt[s, 1] >> np.uint64(8)) & np.uint64(0xFF):
+                        pos_hits[n] += 1
+                    break
+                s = (s + _U1) & tmask
+        if record:
+            for j in range(n_list):
+                s = tlist[j]
+                p = tt[s, 1]
+                if (p >> np.uint64(8)) & np.uint64(0xFF) == _U0:
+                    pend_h[n_pend] = tt[s, 0]
+                    pend_n[n_pend] = n
+                    pend_c[n_pend] = np.int64(p >> np.uint64(16))
+                    n_pend += 1
+    return n_ref, n_pend
+
+
+@njit(cache=True, inline="always")
+def _pow2(n):  # pragma: no cover - compiled
+    p = 16
+    while p < n:
+        p *= 2
+    return p
+
+
+# --------------------------------------------------------------------------- partitioned corpus-wide key set
+# A set of uint64 keys as 2^b sub-tables of S slots (uint64 [2^b, S], 0 = empty). A key's sub-table is the top
+# b bits of fmix64(key), its first slot the low bits. Keys are first partitioned by sub-table (a counting
+# sort), then inserted or looked up one sub-table at a time, so the probes stay within a cache-sized block
+# instead of missing all over a table of hundreds of MiB.
+
+
+@njit(cache=True)
+def _partition(keys, bshift):  # pragma: no cover - compiled
+    """Counting sort of keys by sub-table: (keys, their fmix64, sub-table start offsets [2^b + 1]), grouped."""
+    B = 1 << (64 - bshift)
+    n = keys.shape[0]
+    mixed = np.empty(n, dtype=np.uint64)
+    counts = np.zeros(B + 1, dtype=np.int64)
+    for i in range(n):
+        h = keys[i]
+        if h == _U0:
+            h = ZERO_KEY
+        x = _fmix64(h)
+        mixed[i] = x
+        counts[np.int64(x >> np.uint64(bshift)) + 1] += 1
+    for b in range(B):
+        counts[b + 1] += counts[b]
+    fill = counts[:-1].copy()
+    pk = np.empty(n, dtype=np.uint64)
+    pm = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        x = mixed[i]
+        b = np.int64(x >> np.uint64(bshift))
+        j = fill[b]
+        h = keys[i]
+        pk[j] = h if h != _U0 else ZERO_KEY
+        pm[j] = x
+        fill[b] = j + 1
+    return pk, pm, counts
+
+
+@njit(cache=True)
+def pset_insert(tab, keys, bshift):  # pragma: no cover - compiled
+    """Insert keys into the partitioned set ``tab`` (uint64 [2^b, S]); returns how many were new."""
+    pk, pm, counts = _partition(keys, bshift)
+    smask = np.uint64(tab.shape[1] - 1)
+    new = 0
+    for b in range(tab.shape[0]):
+        for j in range(counts[b], counts[b + 1]):
+            h = pk[j]
+            s = pm[j] & smask
+            while True:
+                k = tab[b, s]
+                if k == _U0:
+                    tab[b, s] = h
+                    new += 1
+                    break
+                if k == h:
+                    break
+                s = (s + _U1) & smask
+    return new
+
+
+@njit(cache=True)
+def pset_contains(tab, keys, bshift):  # pragma: no cover - compiled
+    """bool [len(keys)]: keys[i] in the partitioned set ``tab`` (looked up one sub-table at a time)."""
+    B = tab.shape[0]
+    n = keys.shape[0]
+    mixed = np.empty(n, dtype=np.uint64)
+    counts = np.zeros(B + 1, dtype=np.int64)
+    for i in range(n):
+        h = keys[i]
+        if h == _U0:
+            h = ZERO_KEY
+        x = _fmix64(h)
+        mixed[i] = x
+        counts[np.int64(x >> np.uint64(bshift)) + 1] += 1
+    for b in range(B):
+        counts[b + 1] += counts[b]
+    fill = counts[:-1].copy()
+    idx = np.empty(n, dtype=np.int64)
+    pk = np.empty(n, dtype=np.uint64)
+    pm = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        x = mixed[i]
+        b = np.int64(x >> np.uint64(bshift))
+        j = fill[b]
+        h = keys[i]
+        pk[j] = h if h != _U0 else ZERO_KEY
+        pm[j] = x
+        idx[j] = i
+        fill[b] = j + 1
+    smask = np.uint64(tab.shape[1] - 1)
+    out = np.zeros(n, dtype=np.bool_)
+    for b in range(B):
+        for j in range(counts[b], counts[b + 1]):
+            h = pk[j]
+            s = pm[j] & smask
+            while True:
+                k = tab[b, s]
+                if k == _U0:
+                    break
+                if k == h:
+                    out[idx[j]] = True
+                    break
+                s = (s + _U1) & smask
+    return out
+
+
+@njit(cache=True)
+def compare_token_bytes(ids, buf, offsets, text):  # pragma: no cover - compiled
+    """Compare the concatenated token bytes of ``ids`` (token t = buf[offsets[t]:offsets[t+1]]) with ``text``.
+
+    Returns (status, offset): status 0 exact, 1 equal to b" " + text (a dummy prefix), 2 mismatch at
+    byte ``offset`` of the token stream (compared against the text, or against b" " + text when the stream
+    starts with a space the text lacks).
+    """
+    total = 0
+    for t in ids:
+        total += offsets[t + 1] - offsets[t]
+    shift = 0
+    if total == text.shape[0] + 1:
+        shift = 1  # the loop below requires the extra first byte to be a space
+    pos = 0
+    for t in ids:
+        for j in range(offsets[t], offsets[t + 1]):
+            q = pos - shift
+            if q >= 0:
+                if q >= text.shape[0] or buf[j] != text[q]:
+                    return 2, pos
+            elif buf[j] != 32:
+                return 2, pos
+            pos += 1
+    if pos - shift != text.shape[0]:
+        return 2, pos
+    return shift, 0

@@ -1,0 +1,342 @@
+"""polymem.coverage: hand-checked cases, hash path == exact-bytes path, real tokenizers, workers, errors, CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+import polymem
+from polymem.cli.app import app
+from polymem.corpus import Corpus, Document
+from polymem.coverage import CoverageReport, ExactCounter, HashCounter
+from polymem.errors import PolymemError
+from polymem.tokenizers import Tokenizer, load_tokenizer
+
+from conftest import generated_text, sample_text
+
+REPO = Path(__file__).resolve().parent.parent
+METRICS = ("per_doc_mean", "pooled", "occurrence_weighted", "xor_baseline", "xor_pooled")
+
+
+class Greedy(Tokenizer):
+    """A toy tokenizer: greedy longest match over a small vocabulary of strings (ids = list positions)."""
+
+    def __init__(self, vocab: Sequence[str], name: str = "toy") -> None:
+        self.vocab = list(vocab)
+        self.longest = max(len(v) for v in self.vocab)
+        super().__init__(name=name, family="bytes", vocab_size=len(self.vocab), dummy_prefix=False, lossy=False)
+
+    def _encode(self, text: str) -> list[int]:
+        ids, i = [], 0
+        index = {v: k for k, v in enumerate(self.vocab)}
+        while i < len(text):
+            for L in range(min(self.longest, len(text) - i), 0, -1):
+                if text[i:i + L] in index:
+                    ids.append(index[text[i:i + L]])
+                    i += L
+                    break
+            else:
+                raise ValueError(f"{text[i]!r} is not in the toy vocabulary")
+        return ids
+
+    def _compute_all_token_bytes(self) -> list[bytes | None]:
+        return [v.encode() for v in self.vocab]
+
+
+def rounded(values: Sequence[float | None] | None, nd: int = 4) -> list[float | None] | None:
+    return None if values is None else [None if v is None else round(v, nd) for v in values]
+
+
+def close(a: CoverageReport, b: CoverageReport, nd: int = 4) -> None:
+    for k in METRICS:
+        assert rounded(getattr(a, k), nd) == rounded(getattr(b, k), nd), k
+    for n in range(a.max_n):
+        assert rounded(a.by_reference_n[n], nd) == rounded(b.by_reference_n[n], nd)
+    assert a.unique_target_ngrams == b.unique_target_ngrams
+    assert a.target_positions == b.target_positions
+    assert a.tokens == b.tokens and a.docs == b.docs
+
+
+# ------------------------------------------------------------------------------------------- hand-checked
+# Seed 002's example: T_A = {0:'aa', 1:'a', 2:'b'}, T_B = {0:'a', 1:'b'}; "aabb" -> A: (aa, b, b), B: (a, a, b, b).
+#
+# Target A, reference B, max_n = 4. Reference n-grams (any order): a b | aa ab bb | aab abb | aabb.
+#   n=1: {aa, b}        aa = B 2-gram, b = B 1-gram                         -> 2/2 = 1.0; by m: [1/2, 1/2, 0, 0]
+#   n=2: {aab, bb}      aab = B 3-gram, bb = B 2-gram                        -> 1.0;      by m: [0, 1/2, 1/2, 0]
+#   n=3: {aabb}         B 4-gram (seed: "the 3-gram of T_A is the 4-gram of T_B") -> 1.0; by m: [0, 0, 0, 1]
+#   n=4: none (3 tokens)                                                     -> None
+#   XOR (ids, same order): A 1-grams {0, 2} vs B 1-grams {0, 1}: id 0 matches ('aa' vs 'a', an accident) -> 1/2;
+#   A 2-grams (0,2), (2,2) vs B (0,0), (0,1), (1,1): none -> 0; n=3: 0.
+# Target B, reference A. Reference n-grams: aa b | aab bb | aabb.
+#   n=1: {a, b}         b only                        -> 1/2;  by m: [1/2, 0, 0, 0]
+#   n=2: {aa, ab, bb}   aa (A 1-gram), bb (A 2-gram)  -> 2/3;  by m: [1/3, 1/3, 0, 0]
+#   n=3: {aab, abb}     aab (A 2-gram)                -> 1/2;  by m: [0, 1/2, 0, 0]
+#   n=4: {aabb}         A 3-gram                      -> 1.0;  by m: [0, 0, 1, 0]
+#   occurrence-weighted, positions: n=1 a a b b -> 2/4; n=2 aa ab bb -> 2/3; n=3 aab abb -> 1/2; n=4 -> 1.
+#   XOR: B 1-gram ids {0, 1} vs A {0, 2}: id 0 ('a' vs 'aa') -> 1/2; higher orders 0.
+TA, TB = Greedy(["aa", "a", "b"], "T_A"), Greedy(["a", "b"], "T_B")
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["hash", "exact-bytes"])
+def test_seed_aabb_example(exact: bool) -> None:
+    r = polymem.coverage(TA, TB, ["aabb"], max_n=4, exact_bytes=exact)
+    assert r.per_doc_mean == [1.0, 1.0, 1.0, None]
+    assert r.by_reference_n == [[0.5, 0.5, 0, 0], [0, 0.5, 0.5, 0], [0, 0, 0, 1.0], [None] * 4]
+    assert r.occurrence_weighted == [1.0, 1.0, 1.0, None]
+    assert r.xor_baseline == [0.5, 0.0, 0.0, None]
+    assert r.tokens == {"target": 3, "reference": 4} and r.unique_target_ngrams == [2, 2, 1, 0]
+
+    r = polymem.coverage(TB, TA, ["aabb"], max_n=4, exact_bytes=exact)
+    assert rounded(r.per_doc_mean) == rounded([1 / 2, 2 / 3, 1 / 2, 1.0])
+    assert rounded(r.pooled) == rounded([1 / 2, 2 / 3, 1 / 2, 1.0])
+    assert [rounded(row) for row in r.by_reference_n] == [
+        rounded(row) for row in ([0.5, 0, 0, 0], [1 / 3, 1 / 3, 0, 0], [0, 0.5, 0, 0], [0, 0, 1.0, 0])
+    ]
+    assert rounded(r.occurrence_weighted) == rounded([2 / 4, 2 / 3, 1 / 2, 1.0])
+    assert r.xor_baseline == [0.5, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["hash", "exact-bytes"])
+def test_occurrence_counts_matches_from_other_documents(exact: bool) -> None:
+    # target T_A, reference C = {a, b, ab}.  doc "ab": A (a, b), C (ab) -> 1-grams a, b miss in-document, 2-gram ab
+    # hits; doc "ba": A (b, a), C (b, a) -> all hit.  Unique-set: n=1 (0/2 + 2/2)/2 = 0.5; pooled 2/4.
+    # Occurrence-weighted: doc 1's a and b occur in doc 2's reference stream -> 4/4 = 1.0.
+    C = Greedy(["a", "b", "ab"], "C")
+    r = polymem.coverage(TA, C, ["ab", "ba"], max_n=2, exact_bytes=exact)
+    assert r.per_doc_mean == [0.5, 1.0] and r.pooled == [0.5, 1.0]
+    assert r.occurrence_weighted == [1.0, 1.0]
+    assert r.docs_with_order == [2, 2]
+
+
+def test_same_tokenizer_covers_everything(bpe_json: Tokenizer) -> None:
+    texts = [sample_text(), generated_text(400, seed=1)]
+    r = polymem.coverage(bpe_json, bpe_json, texts, max_n=5)
+    for k in METRICS:
+        assert getattr(r, k) == [1.0] * 5, k  # same ids, so even the XOR hash matches
+    # every n-gram is found at its own order n, so its smallest reference order is ≤ n (a 2-gram " "+" " can
+    # also be the 1-gram "  " elsewhere)
+    assert all(sum(row[n + 1:]) == 0 for n, row in enumerate(r.by_reference_n))
+
+
+# ------------------------------------------------------------------------------------------- hash == exact
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.text("ab ", min_size=1, max_size=60), min_size=1, max_size=4),
+    st.lists(st.text("ab ", min_size=2, max_size=4), max_size=6),
+    st.lists(st.text("ab ", min_size=2, max_size=4), max_size=6),
+    st.integers(1, 6),
+)
+def test_hash_path_equals_exact_path_on_toy_tokenizers(
+    docs: list[str], extra_t: list[str], extra_r: list[str], max_n: int
+) -> None:
+    T = Greedy(sorted({"a", "b", " ", *extra_t}), "t")
+    R = Greedy(sorted({"a", "b", " ", *extra_r}), "r")
+    close(polymem.coverage(T, R, docs, max_n), polymem.coverage(T, R, docs, max_n, exact_bytes=True), nd=12)
+
+
+@pytest.fixture(scope="module")
+def real_docs() -> list[str]:
+    text = sample_text() + "\n" + generated_text(1500, seed=3)
+    lines = text.splitlines(keepends=True)
+    return ["".join(lines[i:i + 7]) for i in range(0, len(lines), 7)]
+
+
+@pytest.fixture(scope="module")
+def real_report(mistral_v1: Tokenizer, cl100k: Tokenizer, real_docs: list[str]) -> CoverageReport:
+    return polymem.coverage(mistral_v1, cl100k, real_docs, max_n=7)
+
+
+def test_hash_and_exact_bytes_agree_on_real_tokenizers(
+    mistral_v1: Tokenizer, cl100k: Tokenizer, real_docs: list[str], real_report: CoverageReport
+) -> None:
+    exact = polymem.coverage(mistral_v1, cl100k, real_docs, max_n=7, exact_bytes=True)
+    close(real_report, exact, nd=4)
+    assert exact.method == "exact-bytes" and real_report.method == "hash"
+
+
+def test_report_invariants(real_report: CoverageReport, real_docs: list[str]) -> None:
+    r = real_report
+    assert r.docs == len(real_docs) and r.max_n == 7 and r.skipped == []
+    assert r.bytes == sum(len(d.encode()) for d in real_docs)
+    for n in range(7):
+        assert abs(sum(r.by_reference_n[n]) - r.per_doc_mean[n]) < 1e-9
+        assert abs(sum(r.by_reference_n_pooled[n]) - r.pooled[n]) < 1e-9
+        assert all(r.by_reference_n[n][m] == 0 for m in range(7) if m > n + 3)  # a Mistral n-gram is never 4+ cl100k tokens longer here
+        assert 0.0 < r.per_doc_mean[n] < 1.0 and 0 <= r.xor_baseline[n] < 0.2
+    # 1-grams: cl100k covers most Mistral tokens; the corpus-wide pass can only find more than one document
+    assert r.occurrence_weighted[0] > r.pooled[0]
+    assert r.target.name == "mistral-v1" and r.reference.name == "cl100k_base"
+    assert r.target.fingerprint == load_tokenizer("mistral-v1").fingerprint
+
+
+def test_fidelity_is_reported_and_dummy_prefix_kept(mistral_v1: Tokenizer, cl100k: Tokenizer) -> None:
+    # Mistral: "Hello world" -> ["▁Hello", "▁world"] = b" Hello", b" world"; cl100k: b"Hello", b" world".
+    # The dummy-prefix space stays in the target's first token, so b" Hello" finds no reference n-gram.
+    r = polymem.coverage(mistral_v1, cl100k, ["Hello world"], max_n=2)
+    assert r.per_doc_mean == [0.5, 0.0]
+    assert r.fidelity["target"] == {"docs": 1, "exact": 0, "dummy_prefix": 1, "mismatched": 0,
+                                    "first_mismatch": None, "faithful": True}
+    assert r.fidelity["reference"]["exact"] == 1 and r.fidelity["reference"]["faithful"]
+
+
+def test_a_lossy_tokenizer_is_reported_not_faithful(wordpiece_json_path: Path, cl100k: Tokenizer) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TokenCache.build warns about the lossy tokenizer
+        r = polymem.coverage(wordpiece_json_path, cl100k, ["Hello World, again.", "More text here."], max_n=3)
+    fid = r.fidelity["target"]
+    assert not fid["faithful"] and fid["mismatched"] == 2 and fid["first_mismatch"].startswith("doc 0: byte 1 of ")
+    assert "got b' hello world , again .'" in fid["first_mismatch"]
+    assert r.target.lossy
+
+
+def test_workers_give_identical_results(mistral_v1: Tokenizer, cl100k: Tokenizer, real_docs: list[str],
+                                        real_report: CoverageReport) -> None:
+    r2 = polymem.coverage(mistral_v1, cl100k, real_docs, max_n=7, workers=2)
+    assert r2.workers == 2
+    close(real_report, r2, nd=12)
+    assert r2.fidelity == real_report.fidelity
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_document_order_does_not_matter(rnd: random.Random) -> None:
+    docs = ["ab ba", "b a ab", "aab", "bb a", "a"]
+    T, R = Greedy(["aa", "a", "b", " "], "t"), Greedy(["a", "b", " ", "ab", " a"], "r")
+    base = polymem.coverage(T, R, docs, 3)
+    shuffled = docs[:]
+    rnd.shuffle(shuffled)
+    close(base, polymem.coverage(T, R, shuffled, 3), nd=12)
+
+
+def test_counters_directly_from_token_ids() -> None:
+    # the low-level interface: caches and ids, no tokenizer
+    ca = polymem.TokenCache.from_token_bytes([b"aa", b"a", b"b"], name="A", fingerprint="a")
+    cb = polymem.TokenCache.from_token_bytes([b"a", b"b"], name="B", fingerprint="b")
+    h = HashCounter(ca, cb, 4)
+    e = ExactCounter([b"aa", b"a", b"b"], [b"a", b"b"], 4)
+    for c in (h, e):
+        c.add(np.array([0, 2, 2]), np.array([0, 0, 1, 1]))
+    th, te = h.finish_one(), e.finish_one()
+    assert th.hits.tolist() == te.hits.tolist() == [[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 0, 1], [0, 0, 0, 0]]
+
+
+# ------------------------------------------------------------------------------------------- output formats
+def test_json_round_trip_and_schema_documented(real_report: CoverageReport, tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    real_report.to_json(path)
+    d = json.loads(path.read_text())
+    assert d["format"] == "polymem.coverage-report" and d["version"] == 1
+    assert CoverageReport.from_dict(d) == real_report
+    schema = (REPO / "docs" / "coverage.md").read_text(encoding="utf-8")
+    for key in d:
+        assert f"`{key}`" in schema, f"report field {key!r} is not documented in docs/coverage.md"
+    with pytest.raises(polymem.FormatError, match="not a coverage report"):
+        CoverageReport.from_dict({**d, "version": 99})
+
+
+def test_csv_and_plot(real_report: CoverageReport, tmp_path: Path) -> None:
+    text = real_report.to_csv(tmp_path / "r.csv")
+    rows = text.strip().splitlines()
+    assert rows[0].startswith("n,per_doc_mean,pooled,occurrence_weighted,xor_baseline")
+    assert len(rows) == 8 and rows[1].split(",")[1] == f"{real_report.per_doc_mean[0]:.6f}"
+    png = real_report.plot(tmp_path / "fig2.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("bad", [0, 50, -1, True, 7.0, "7"])
+def test_max_n_out_of_range_is_a_clear_error(bad: object) -> None:
+    with pytest.raises(PolymemError, match=r"max_n=.* is out of range.*from 1 to 32"):
+        polymem.coverage(TA, TB, ["aabb"], max_n=bad)  # type: ignore[arg-type]
+
+
+def test_empty_corpus_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(PolymemError, match=r"empty corpus: no documents to measure \(0 skipped"):
+        polymem.coverage(TA, TB, [], max_n=2)
+    (tmp_path / "bin.txt").write_bytes(b"\x00\x01")
+    with pytest.raises(PolymemError, match=r"empty corpus.*1 skipped: .*bin.txt: binary file"):
+        polymem.coverage(TA, TB, Corpus([tmp_path]), max_n=2)
+
+
+def test_bad_documents_are_skipped_not_fatal(mistral_v1: Tokenizer, cl100k: Tokenizer) -> None:
+    docs = ["fine text", "", "lone \ud800 surrogate", Document(id="d", text="more", source="src")]
+    r = polymem.coverage(mistral_v1, cl100k, docs, max_n=2)
+    assert r.docs == 2
+    got = {s["source"]: s["reason"] for s in r.skipped}
+    assert got["doc 1"] == "empty document: no text"
+    assert got["doc 2"].startswith("tokenizer error: text has a lone surrogate")
+    with pytest.raises(PolymemError, match="workers=0 must be an integer"):
+        polymem.coverage(TA, TB, ["aabb"], workers=0)
+
+
+# ------------------------------------------------------------------------------------------- CLI
+@pytest.fixture()
+def corpus_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "corpus"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text(sample_text(), encoding="utf-8")
+    (d / "sub" / "b.jsonl").write_text(
+        "".join(json.dumps({"id": i, "text": generated_text(80, seed=i)}) + "\n" for i in range(3)) + "oops\n",
+        encoding="utf-8",
+    )
+    (d / "c.md").write_bytes("na\xefve caf\xe9\n".encode("latin-1"))
+    (d / "blob.txt").write_bytes(b"\x7fELF\x00\x00\x01")
+    return d
+
+
+def test_cli_end_to_end(corpus_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, [
+        "coverage", "--target", "mistral-v1", "--reference", "cl100k_base", "--max-n", "4", str(corpus_dir),
+        "--json", str(out / "r.json"), "--csv", str(out / "r.csv"), "--plot", str(out / "r.png"),
+    ])
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())  # rich wraps long lines
+    assert "coverage of mistral-v1 n-grams by cl100k_base (5 docs, hash)" in flat
+    assert "1 document(s) had invalid UTF-8" in flat and "blob.txt: binary file" in flat
+    r = json.loads((out / "r.json").read_text())
+    assert r["docs"] == 5 and r["max_n"] == 4 and len(r["by_reference_n"]) == 4 and r["replaced_utf8"] == 1
+    assert sorted(s["reason"].split(":")[0] for s in r["skipped"]) == ["binary file", "invalid JSON"]
+    assert (out / "r.csv").read_text().count("\n") == 5 and (out / "r.png").stat().st_size > 0
+
+
+def test_cli_stdin_json_to_stdout_and_jsonl_text_field(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["coverage", "-t", "bytes", "-r", "cl100k_base", "--max-n", "3", "-", "--json",
+                                   "-", "-q"], input="hello hello world\n")
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.stdout)
+    assert r["docs"] == 1 and r["target"]["name"] == "bytes"
+    p = tmp_path / "x.jsonl"
+    p.write_text(json.dumps({"body": "some words"}) + "\n", encoding="utf-8")
+    res = CliRunner().invoke(app, ["coverage", "-t", "bytes", "-r", "bytes", "--text-field", "body", str(p),
+                                   "--json", "-", "-q"])
+    assert json.loads(res.stdout)["per_doc_mean"] == [1.0] * 7
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-n", "0"], "max_n=0 is out of range"),
+    (["--max-n", "50"], "max_n=50 is out of range"),
+])
+def test_cli_errors(corpus_dir: Path, args: list[str], message: str) -> None:
+    res = CliRunner().invoke(app, ["coverage", "-t", "bytes", "-r", "bytes", str(corpus_dir), *args])
+    assert isinstance(res.exception, PolymemError) and message in str(res.exception)
+
+
+def test_cli_error_exit_code_and_message(tmp_path: Path) -> None:
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    cmd = [sys.executable, "-c", "from polymem.cli.app import main; main()", "coverage", "-t", "bytes", "-r", "bytes"]
+    res = subprocess.run([*cmd, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "error: empty corpus" in " ".join(res.stderr.split())
+    res = subprocess.run([*cmd, str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "nope' does not exist" in " ".join(res.stderr.split())
