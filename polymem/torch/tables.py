@@ -83,7 +83,7 @@ class HashTable(MemoryTable):
         super().__init__()
         if weight is None:  # rows start at zero: step 0 equals the model without memory (PageGram)
             weight = torch.zeros(layout.num_rows, layout.head_dim)
-        w = torch.as_tensor(weight).float()
+        w = torch.as_tensor(weight).detach().float().clone()  # the table owns its weights
         if tuple(w.shape) != (layout.num_rows, layout.head_dim):
             raise PolymemError(
                 f"table has shape {tuple(w.shape)}, layout {layout.to_dict()} needs "

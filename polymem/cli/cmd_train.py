@@ -1,0 +1,92 @@
+"""``polymem train``: train a small causal LM with a memory site from scratch and write its table as an asset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console()
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+
+
+def train(
+    tokenizer: Annotated[str, typer.Option("--tokenizer", "-t", help="Tokenizer spec (cl100k_base, mistral-v1, bytes, a path…).")],
+    corpus: Annotated[list[Path], typer.Option("--corpus", "-c", exists=True, help="Corpus files/folders (.txt, .md, .jsonl[.gz]); repeatable.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Asset to write (a zarr folder; NAME.safetensors for a single-file table).")],
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 620,
+    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per step.")] = 8,
+    block_size: Annotated[int, typer.Option(min=8, help="Tokens per sequence.")] = 256,
+    n_layer: Annotated[int, typer.Option(min=1)] = 4,
+    d_model: Annotated[int, typer.Option(min=16)] = 256,
+    n_head: Annotated[int, typer.Option(min=1)] = 4,
+    layers: Annotated[str, typer.Option(help="Blocks that get a memory site before them, comma-separated.")] = "1",
+    max_n: Annotated[int, typer.Option("--max-n", min=1, max=32, help="n-gram orders 1..N.")] = 3,
+    params: Annotated[int, typer.Option(min=1, help="Table size in scalars (rows × head dim).")] = 12_000_000,
+    heads: Annotated[int, typer.Option(min=1, max=64, help="K, head rows per n-gram.")] = 8,
+    slots: Annotated[int, typer.Option(min=1, help="S, slots per head per page.")] = 4,
+    head_dim: Annotated[int, typer.Option(min=1, help="r, width of a head row.")] = 32,
+    gate: Annotated[str, typer.Option(help="scalar (PageGram, init 0.5) or context (Engram).")] = "scalar",
+    conv: Annotated[bool, typer.Option(help="Engram's causal depthwise conv after the gate.")] = False,
+    lr: Annotated[float, typer.Option(min=0.0, help="Dense AdamW peak learning rate.")] = 2e-3,
+    table_lr_mult: Annotated[float, typer.Option(min=0.0, help="Table learning rate = lr × this (row-wise RMS rule).")] = 70.0,
+    seed: Annotated[int, typer.Option(help="Model init and data order.")] = 0,
+    heldout_every: Annotated[int, typer.Option(min=2, help="Every k-th document is held out (never trained on).")] = 10,
+    max_eval_tokens: Annotated[Optional[int], typer.Option(min=1, help="Cap on held-out tokens scored.")] = None,
+    bf16: Annotated[bool, typer.Option(help="bf16 autocast (the table stays fp32).")] = True,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="torch CPU threads (1 is faster on a busy shared CPU).")] = None,
+    device: Annotated[str, typer.Option(help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, …")] = "auto",
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the summary as JSON here.")] = None,
+) -> None:
+    """Train a small causal LM with memory site(s) from scratch and write the table as an asset with provenance."""
+    import torch
+
+    from polymem.errors import PolymemError
+    from polymem.train import MemoryConfig, TrainConfig, train_donor
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        layer_ids = tuple(int(x) for x in layers.split(",") if x.strip())
+    except ValueError:
+        raise PolymemError(f"--layers {layers!r} must be comma-separated block indices, e.g. 1 or 1,3") from None
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
+                      d_model=d_model, lr=lr, table_lr_mult=table_lr_mult, seed=seed, bf16=bf16, device=device)
+    mem = MemoryConfig(layers=layer_ids, max_n=max_n, params=params, heads=heads, slots=slots, head_dim=head_dim,
+                       gate=gate, conv=conv)
+    with _progress() as prog:
+        task = prog.add_task("train", total=steps, info="")
+
+        every = max(1, steps // 20)
+
+        def on_step(i: int, loss: float) -> None:
+            prog.update(task, completed=i + 1, info=f"loss {loss:.3f}")
+            if not console.is_terminal and ((i + 1) % every == 0 or i + 1 == steps):  # a log line under nohup
+                console.print(f"step {i + 1}/{steps} loss {loss:.3f} ({prog.tasks[0].elapsed or 0:.0f} s)")
+
+        summary = train_donor(tokenizer, corpus, out, cfg=cfg, mem=mem, heldout_every=heldout_every,
+                              max_eval_tokens=max_eval_tokens, overwrite=overwrite, on_step=on_step,
+                              on_phase=lambda s: prog.update(task, description=s))
+    t = Table(title=f"donor table {summary['path']}", show_header=False, title_justify="left")
+    for k in ("tokenizer", "train_tokens_available", "heldout_tokens", "rows", "rows_touched", "final_loss",
+              "heldout_bpb", "heldout_bpb_memory_off", "tokens_per_s", "elapsed_s"):
+        v = summary[k]
+        t.add_row(k, f"{v:.4f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
+    console.print(t)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)

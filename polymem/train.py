@@ -1,0 +1,313 @@
+"""Training small causal LMs with memory sites: data preparation, the training loop, bits-per-byte evaluation,
+and ``train_donor`` (train a table from scratch and write it as an asset with provenance).
+
+Recipe (DESIGN §5, seed 000): nanoGPT-style model (:mod:`polymem.torch.model`), one memory site before block 1,
+rows start at zero, fp32 table updated sparsely by a row-wise RMS rule at ``table_lr_mult`` × the dense learning
+rate, AdamW for dense weights (β = 0.9, 0.95; weight decay 0.1 on matrices), warmup-stable-decay schedule
+(5 % warmup, linear decay over the last 20 %), gradient clipping 1.0 on dense weights, bf16 autocast.
+
+Held-out split: every ``heldout_every``-th document (index i with i % heldout_every == heldout_every - 1) is
+held out, never trained on. Bits per byte = Σ cross-entropy (nats) / ln 2 / Σ bytes of the predicted tokens,
+over held-out tokens with bytes (document separators are not scored).
+
+Not here: the transfer arms (:mod:`polymem.transfer`), the CLI (:mod:`polymem.cli.cmd_train`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from polymem.errors import PolymemError
+from polymem.hashing import HashSpec
+from polymem.layout import Layout
+
+
+# ------------------------------------------------------------------------------------------------ config
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    steps: int = 600  # optimizer steps
+    batch_size: int = 8  # sequences per step
+    block_size: int = 256  # tokens per sequence
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 256
+    lr: float = 2e-3  # dense AdamW peak learning rate
+    table_lr_mult: float = 70.0  # table lr = lr × this (PageGram's best; row-wise RMS rule)
+    weight_decay: float = 0.1  # on dense matrices only; never on the table
+    warmup_frac: float = 0.05
+    decay_frac: float = 0.2  # linear decay to 0 over the last 20 % of steps
+    grad_clip: float = 1.0
+    seed: int = 0  # model init and data order
+    bf16: bool = True  # bf16 autocast (the table and its updates stay fp32)
+    eval_batch: int = 16
+    device: str = "auto"  # "auto": CUDA when present, else CPU
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def lr_factor(self, step: int) -> float:
+        w = max(1, int(self.warmup_frac * self.steps))
+        d = max(1, int(self.decay_frac * self.steps))
+        if step < w:
+            return (step + 1) / w
+        if step >= self.steps - d:
+            return max(0.0, (self.steps - step) / d)
+        return 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryConfig:
+    layers: tuple[int, ...] = (1,)  # memory sites before these blocks
+    max_n: int = 3  # orders 1..max_n
+    params: int = 12_000_000  # table size in scalars (rows × head_dim)
+    heads: int = 8  # K
+    slots: int = 4  # S
+    head_dim: int = 32  # r
+    gate: str = "scalar"
+    conv: bool = False
+
+    def layout(self) -> Layout:
+        return Layout.for_params(self.params, heads=self.heads, slots=self.slots, head_dim=self.head_dim)
+
+
+# ------------------------------------------------------------------------------------------------ data
+def read_documents(paths: Sequence[str | Path], text_field: str = "text") -> list[str]:
+    """All document texts of ``paths`` (files, directories, .jsonl[.gz]) in order."""
+    from polymem.corpus import Corpus
+
+    texts = [d.text for d in Corpus([str(p) for p in paths], text_field=text_field)]
+    if not texts:
+        raise PolymemError(f"no documents found in {[str(p) for p in paths]}; pass .txt/.md/.jsonl(.gz) files or folders")
+    return texts
+
+
+def split_documents(texts: Sequence[str], heldout_every: int = 10) -> tuple[list[str], list[str]]:
+    """(train, held-out): document i is held out when i % heldout_every == heldout_every - 1."""
+    if heldout_every < 2:
+        raise PolymemError(f"heldout_every={heldout_every} must be >= 2 (every k-th document is held out)")
+    if len(texts) < heldout_every:
+        raise PolymemError(f"{len(texts)} documents: need at least {heldout_every} to hold one out (lower heldout_every)")
+    train = [t for i, t in enumerate(texts) if i % heldout_every != heldout_every - 1]
+    held = [t for i, t in enumerate(texts) if i % heldout_every == heldout_every - 1]
+    return train, held
+
+
+@dataclass
+class TokenData:
+    """A corpus tokenized with one tokenizer: train and held-out streams joined by a separator id."""
+
+    tokenizer: Any  # polymem Tokenizer
+    cache: Any  # polymem TokenCache (HashSpec())
+    train: np.ndarray  # int64 [N_train]
+    heldout: np.ndarray  # int64 [N_held]
+    used_ids: np.ndarray  # int64 sorted ids present in train ∪ held-out (the compact vocabulary)
+    sep: int | None  # separator id between documents (a special id: n-grams never cross documents)
+    train_bytes: int = 0
+    heldout_bytes: int = 0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.tokenizer.name
+
+    @classmethod
+    def build(cls, tokenizer: Any, train_texts: Sequence[str], heldout_texts: Sequence[str], *,
+              spec: HashSpec | None = None, cache: Any = None) -> "TokenData":
+        from polymem.cache import TokenCache
+        from polymem.tokenizers import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+        cache = cache or TokenCache.build(tok, spec or HashSpec())
+        specials = np.flatnonzero(cache.special)
+        sep = int(specials[0]) if specials.size else None
+
+        def stream(texts: Sequence[str]) -> np.ndarray:
+            parts: list[np.ndarray] = []
+            for t in texts:
+                parts.append(np.asarray(tok.encode(t), dtype=np.int64))
+                if sep is not None:
+                    parts.append(np.array([sep], dtype=np.int64))
+            return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+        tr, he = stream(train_texts), stream(heldout_texts)
+        used = np.unique(np.concatenate([tr, he]))
+        return cls(
+            tokenizer=tok, cache=cache, train=tr, heldout=he, used_ids=used, sep=sep,
+            train_bytes=sum(len(t.encode()) for t in train_texts),
+            heldout_bytes=sum(len(t.encode()) for t in heldout_texts),
+        )
+
+
+def batch_starts(n_tokens: int, *, block_size: int, batch_size: int, steps: int, seed: int) -> np.ndarray:
+    """Random window starts [steps, batch_size]: the data order, a function of the seed only."""
+    hi = n_tokens - block_size - 1
+    if hi <= 0:
+        raise PolymemError(f"the training stream has {n_tokens} tokens, fewer than block_size+1={block_size + 1}; use more text or a smaller block")
+    return np.random.default_rng(seed).integers(0, hi, size=(steps, batch_size))
+
+
+def get_batch(stream: np.ndarray, starts: np.ndarray, block_size: int, device: torch.device | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    idx = starts[:, None] + np.arange(block_size + 1)[None, :]  # [B, T+1]
+    w = torch.from_numpy(stream[idx]).to(device or "cpu")
+    return w[:, :-1].contiguous(), w[:, 1:].contiguous()  # x, y [B, T]
+
+
+# ------------------------------------------------------------------------------------------------ model
+def build_model(data: TokenData, cfg: TrainConfig, *, seed: int | None = None):
+    """The nanoGPT-style backbone for ``data``'s tokenizer, initialised from ``seed`` (default cfg.seed)."""
+    from polymem.torch.model import GPT, GPTConfig
+
+    torch.manual_seed(cfg.seed if seed is None else seed)
+    gcfg = GPTConfig(vocab_size=data.cache.vocab_size, n_used=int(data.used_ids.size), block_size=cfg.block_size,
+                     n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model)
+    return GPT(gcfg, torch.from_numpy(data.used_ids)).to(cfg.torch_device())
+
+
+def _autocast(cfg: TrainConfig):
+    return torch.autocast(cfg.torch_device().type, dtype=torch.bfloat16, enabled=cfg.bf16)
+
+
+def _optimizers(model, handle, cfg: TrainConfig):
+    from polymem.torch.optim import SparseRowRMS
+
+    dense = [p for p in model.parameters() if p.requires_grad]
+    if handle is not None:
+        dense += [p for p in handle.sites.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in dense if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in dense if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=False)
+    table = handle.table_parameters() if handle is not None and handle.train in ("table", "all") else []
+    topt = SparseRowRMS(table, lr=cfg.lr * cfg.table_lr_mult) if table else None
+    return opt, topt, dense
+
+
+def train_loop(
+    model, handle, data: TokenData, cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = None,
+    rows_in_loader: bool = False,
+) -> dict[str, Any]:
+    """Train ``model`` (with ``handle``'s sites, if any) for cfg.steps on data.train. Returns losses and speed."""
+    opt, topt, dense = _optimizers(model, handle, cfg)
+    starts = batch_starts(data.train.size, block_size=cfg.block_size, batch_size=cfg.batch_size, steps=cfg.steps, seed=cfg.seed)
+    dev = cfg.torch_device()
+    model.train()
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    for step in range(cfg.steps):
+        f = cfg.lr_factor(step)
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr * f
+        if topt is not None:
+            for g in topt.param_groups:
+                g["lr"] = cfg.lr * cfg.table_lr_mult * f
+        x, y = get_batch(data.train, starts[step], cfg.block_size, dev)
+        if rows_in_loader and handle is not None:  # hashing in the data loader (numba) instead of on device
+            rows = data.cache.ngram_rows(x.cpu().numpy(), handle.table.layout, handle.max_n)
+            handle.set_rows(torch.from_numpy(np.ascontiguousarray(rows)).to(dev))
+        with _autocast(cfg):
+            loss = model(x, y).mean()
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(dense, cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if topt is not None:
+            topt.step()
+            topt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, losses[-1])
+    el = time.perf_counter() - t0
+    tokens = cfg.steps * cfg.batch_size * cfg.block_size
+    return {"losses": losses, "tokens": tokens, "elapsed_s": el, "tokens_per_s": tokens / max(el, 1e-9)}
+
+
+@torch.no_grad()
+def evaluate_bpb(model, data: TokenData, cfg: TrainConfig, *, stream: np.ndarray | None = None,
+                 max_tokens: int | None = None) -> float:
+    """Held-out bits per byte: non-overlapping windows of block_size+1 tokens (each token predicted once)."""
+    s = data.heldout if stream is None else stream
+    if max_tokens is not None:
+        s = s[: max_tokens + 1]
+    T = cfg.block_size
+    n_win = (s.size - 1) // T
+    if n_win == 0:
+        raise PolymemError(f"held-out stream has {s.size} tokens, fewer than block_size+1={T + 1}")
+    starts = np.arange(n_win) * T
+    dev = cfg.torch_device()
+    L = torch.from_numpy(data.cache.L.astype(np.int64)).to(dev)
+    special = torch.from_numpy(data.cache.special).to(dev)
+    model.eval()
+    nats, nbytes = 0.0, 0
+    for i in range(0, n_win, cfg.eval_batch):
+        x, y = get_batch(s, starts[i:i + cfg.eval_batch], T, dev)
+        with _autocast(cfg):
+            ce = model(x, y)  # [B, T] nats
+        scored = ~special[y]
+        nats += float(ce[scored].double().sum())
+        nbytes += int(L[y][scored].sum())
+    model.train()
+    return nats / math.log(2) / max(nbytes, 1)
+
+
+# ------------------------------------------------------------------------------------------------ donor
+def train_donor(
+    tokenizer: Any, corpus: Sequence[str | Path], out: str | Path, *, cfg: TrainConfig = TrainConfig(),
+    mem: MemoryConfig = MemoryConfig(), heldout_every: int = 10, max_eval_tokens: int | None = None,
+    overwrite: bool = False, on_step: Callable[[int, float], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Train a backbone with a fresh all-zero table from scratch and write the table to ``out`` (an asset,
+    or a ``.safetensors`` table file). Returns a summary (held-out bpb with and without memory, speed)."""
+    from polymem.torch.site import attach
+    from polymem.torch.tablefile import save_table
+
+    say = on_phase or (lambda s: None)
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise PolymemError(f"{str(out)!r} exists; pass --overwrite or another --out")
+    t0 = time.perf_counter()
+    say("reading corpus")
+    train_texts, held_texts = split_documents(read_documents(corpus), heldout_every)
+    say("tokenizing")
+    data = TokenData.build(tokenizer, train_texts, held_texts)
+    model = build_model(data, cfg)
+    layout = mem.layout()
+    handle = attach(model, layout, data.cache, layers=list(mem.layers), train="all", max_n=mem.max_n,
+                    gate=mem.gate, conv=mem.conv, init_seed=cfg.seed + 1000)
+    handle.table.orders = tuple(range(1, mem.max_n + 1))
+    say("training")
+    res = train_loop(model, handle, data, cfg, on_step=on_step)
+    say("evaluating")
+    bpb = evaluate_bpb(model, data, cfg, max_tokens=max_eval_tokens)
+    with handle.disabled():
+        bpb_off = evaluate_bpb(model, data, cfg, max_tokens=max_eval_tokens)
+    table = handle.table.to_numpy()
+    touched = int((np.abs(table).sum(1) > 0).sum())
+    prov = {
+        "tokenizer": {"name": data.name, "fingerprint": data.cache.fingerprint},
+        "corpus": ", ".join(str(p) for p in corpus), "heldout_every": heldout_every,
+        "tokens_seen": res["tokens"], "loss": float(np.mean(res["losses"][-20:])),
+        "heldout_bpb": bpb, "heldout_bpb_memory_off": bpb_off, "rows_touched": touched,
+        "train_config": asdict(cfg), "memory_config": asdict(mem), "created_by": "polymem train",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    say("writing asset")
+    path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, mem.max_n + 1)),
+                      provenance=prov, overwrite=overwrite)
+    handle.detach()
+    return {"path": str(path), "tokenizer": data.name, "train_tokens_available": int(data.train.size),
+            "heldout_tokens": int(data.heldout.size), "n_used": int(data.used_ids.size),
+            "params_backbone": sum(p.numel() for p in model.parameters()), "layout": layout.to_dict(),
+            "heldout_bpb": bpb, "heldout_bpb_memory_off": bpb_off, "rows_touched": touched,
+            "rows": layout.num_rows, "tokens_per_s": res["tokens_per_s"], "train_s": res["elapsed_s"],
+            "final_loss": prov["loss"], "elapsed_s": time.perf_counter() - t0}
