@@ -74,7 +74,7 @@ def main() -> None:
             a, b, c = pl.per_token()[i], ih.per_token()[i], fl.per_token()[i]
             lines.append(f"| {name} | {lab} | {a:.3f} | {b:.3f} | {c:.3f} | {b / a if a else float('inf'):.1f}× |")
             print(lines[-1])
-        out["runs"].append({"params": ptxt, "labels": labels, "seconds": secs, **sim.to_dict()})
+        out["runs"].append({**sim.to_dict(), "name": ptxt, "labels": labels, "seconds": secs})
     print("\n" + "\n".join(lines))
     out["markdown"] = "\n".join(lines)
     if args.json:
@@ -94,7 +94,7 @@ def main() -> None:
                 ax.axhline(res["uncached_reads_per_token"], color=f"C{i}", ls="--", lw=0.8)
             ax.set_xscale("log")
             ax.set_yscale("log")
-            ax.set_title(f"{run['params']} params ({run['table_bytes'] / 2**30:.1f} GiB {run['dtype']})", fontsize=9)
+            ax.set_title(f"{run['name']} params ({run['table_bytes'] / 2**30:.1f} GiB {run['dtype']})", fontsize=9)
             ax.set_xlabel("LRU page cache (MiB)")
             ax.grid(True, which="both", alpha=0.3)
         axes[0][0].set_ylabel("storage reads per token (dashed: uncached)")

@@ -415,3 +415,30 @@ def test_read_stored_and_read_rows(tmp_path, dtype):
     assert np.array_equal(got[1, :2], want[[40, 41]]) and not got[0, 1].any() and not got[1, 2].any()
     with pytest.raises(PolymemError, match="row 88 is out of range"):
         a.read_rows([88])
+
+
+def test_spec_check_and_token_cache_lookup(tmp_path):
+    from polymem import SpecMismatchError, TokenCache
+
+    layout = Layout(pages=50, heads=2, slots=2, head_dim=4)
+    t = random_table(layout, 12)
+    a = MemoryAsset.from_array(tmp_path / "a", t, SPEC, layout, orders=(1, 2))
+    a.check_spec(HashSpec())
+    with pytest.raises(SpecMismatchError, match="differs from the asset's"):
+        a.check_spec(HashSpec(normalizer="ascii-lower"))
+    cache = TokenCache.from_token_bytes([b"ab", b"c", b"abc"], a.spec, name="toy", fingerprint="f")
+    h, v = cache.ngram_hashes(np.array([0, 1, 2]), max_n=2)
+    # byte-equivalent: the bigram (ab, c) and the unigram (abc) read the same K rows
+    assert h[1, 1] == h[2, 0]
+    got = a.lookup(h, v)
+    assert np.array_equal(got[1, 1], got[2, 0]) and got[1, 1].any()
+    assert not got[0, 1].any()  # bigram before the start: invalid -> zeros
+
+
+def test_stale_new_files_are_cleaned(tmp_path, asset):
+    stale = asset / "pages/c/2/0/0.new"
+    stale.write_bytes(b"junk")
+    a = MemoryAsset.open(asset)  # ignored by readers
+    assert a.problems() == []
+    a.write_pages([0], np.zeros((1, 8, 8), np.float32))
+    assert not stale.exists()

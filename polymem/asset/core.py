@@ -26,7 +26,7 @@ from polymem.asset._format import (
     check_dtype, check_orders, check_provenance, geometry, header_body, parse_header, sha256_hex,
 )
 from polymem.asset._shards import FastReader, check_shard_index, file_sha256, write_shard
-from polymem.errors import FormatError, PolymemError
+from polymem.errors import FormatError, PolymemError, SpecMismatchError
 from polymem.hashing import HashSpec
 from polymem.layout import Layout
 from polymem import nf4
@@ -441,6 +441,20 @@ class MemoryAsset:
         """Number of pages holding any non-zero value (scans the table)."""
         return int(sum(int((p != 0).any(axis=(1, 2)).sum()) for _, p in self.iter_pages()))
 
+    def check_spec(self, spec: HashSpec) -> None:
+        """Raise SpecMismatchError unless hashes made with ``spec`` address this table."""
+        if spec != self.spec:
+            raise SpecMismatchError(
+                f"hash spec {spec.spec_id} differs from the asset's {self.spec.spec_id} ({self.path}); hash with "
+                "asset.spec, e.g. TokenCache.build(tokenizer, asset.spec) or asset.token_cache(tokenizer)"
+            )
+
+    def token_cache(self, tokenizer: Any) -> Any:
+        """A :class:`polymem.TokenCache` for ``tokenizer`` under this asset's hash spec."""
+        from polymem.cache import TokenCache
+
+        return TokenCache.build(tokenizer, self.spec)
+
     # ---- writes
     def write_pages(self, page_ids: Any, data: Any) -> None:
         """Replace pages: ids [n] (distinct), data float32 [n, K*S, r]. Atomic (docs/asset-format.md §7)."""
@@ -452,8 +466,10 @@ class MemoryAsset:
         pages = _codec.check_pages(data, g, ids.shape[0])
         if np.unique(ids).shape[0] != ids.shape[0]:
             raise PolymemError("page ids passed to write_pages must be distinct; merge duplicate pages first")
-        # the whole asset must still be what we opened
+        # the whole asset must still be what we opened; stale SHARD.new files of a killed writer go
         header = _validate(self._raw, self.path)
+        for stale in (root / "pages" / "c").rglob("*.new"):
+            stale.unlink(missing_ok=True)
         stored = _codec.encode_pages(pages, g)  # [n, ...]
         ppc, cps = g.pages_per_chunk, g.chunks_per_shard
         chunk_of = ids // ppc
