@@ -235,3 +235,36 @@ def test_inputs_embeds_without_ids_is_a_clear_error(byte_cache):
     with pytest.raises(PolymemError, match="without input_ids"):
         model(inputs_embeds=torch.zeros(1, 4, 32))
     h.detach()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "nf4"])
+def test_asset_backed_site_matches_in_memory(byte_cache, ids, tmp_path, dtype):
+    """A frozen site reading pages from an asset on every forward equals the in-memory table (NF4: the
+    dequantised table), and an asset path works as table_or_asset."""
+    from polymem import MemoryAsset
+    from polymem.torch import AssetTable
+
+    w = random_table(6).weight.detach().numpy()
+    asset = MemoryAsset.from_array(tmp_path / "a.asset", w, HashSpec(), LAYOUT, orders=(1, 2, 3))
+    if dtype == "nf4":
+        asset, _ = asset.quantize(tmp_path / "q.asset", to="nf4")
+    dense = asset.to_numpy()
+    assert dtype == "float32" and np.array_equal(dense, w) or dtype == "nf4" and not np.array_equal(dense, w)
+    model = tiny_gpt()
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=False)
+    assert isinstance(h.table, AssetTable)
+    with torch.no_grad():
+        a = model(ids)
+    h.detach()
+    h = attach(model, HashTable(dense, spec=HashSpec(), layout=LAYOUT, trainable=False), byte_cache, layers=[1])
+    with torch.no_grad():
+        b = model(ids)
+    h.detach()
+    assert torch.equal(a, b)
+    h = attach(model, str(asset.path), byte_cache, layers=[1])  # a path, loaded into memory, frozen
+    assert not h.table.trainable and h.table.source["kind"] == "asset"
+    with torch.no_grad():
+        assert torch.equal(model(ids), b)
+    h.detach()
+    with pytest.raises(PolymemError, match="needs the table in memory"):
+        attach(model, AssetTable(asset), byte_cache, train="table")

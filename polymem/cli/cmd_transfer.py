@@ -30,6 +30,7 @@ def transfer(
     scratch: Annotated[bool, typer.Option(help="Also run a table trained from scratch with the recipient tokenizer.")] = False,
     max_eval_tokens: Annotated[Optional[int], typer.Option(min=1, help="Cap on held-out tokens scored per arm.")] = None,
     bf16: Annotated[bool, typer.Option(help="bf16 autocast (tables stay fp32).")] = True,
+    jobs: Annotated[int, typer.Option(min=1, help="Worker processes (one seed each); 2 suits a 2-core CPU with --threads 1.")] = 1,
     threads: Annotated[Optional[int], typer.Option(min=1, help="torch CPU threads (1 is faster on a busy shared CPU).")] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, …")] = "auto",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the result JSON here.")] = None,
@@ -41,7 +42,7 @@ def transfer(
     import torch
 
     from polymem.train import TrainConfig
-    from polymem.transfer import plot_transfer, run_transfer, write_json
+    from polymem.transfer import plot_transfer, run_transfer_jobs, write_json
 
     if threads:
         torch.set_num_threads(threads)
@@ -58,18 +59,19 @@ def transfer(
                 prog.update(task, description=k["name"])
             elif kind == "run":
                 state["run"] = f"{k['arm']} seed {k['seed']}"
-                prog.update(task, description=state["run"])
+                prog.update(task, description=state["run"] if jobs == 1 else "recipients")
             elif kind == "step":
                 state["done"] += 1
                 prog.update(task, completed=state["done"], info=f"loss {k['loss']:.3f}")
                 if not console.is_terminal and (k["step"] + 1) % max(1, steps // 5) == 0:  # a log line under nohup
-                    console.print(f"  {state['run']} step {k['step'] + 1}/{steps} loss {k['loss']:.3f} "
+                    console.print(f"  {k['arm']} seed {k['seed']} step {k['step'] + 1}/{steps} loss {k['loss']:.3f} "
                                   f"({prog.tasks[0].elapsed or 0:.0f} s)")
             elif kind == "result":
                 prog.console.print(f"  {k['arm']:<17} seed {k['seed']}: {k['bpb']:.4f} bits/byte")
 
-        result = run_transfer(asset, tokenizer, corpus, cfg=cfg, seeds=range(seeds), max_n=max_n, scratch=scratch,
-                              max_eval_tokens=max_eval_tokens, on_event=on_event)
+        result = run_transfer_jobs(asset, tokenizer, corpus, cfg=cfg, seeds=list(range(seeds)), max_n=max_n,
+                                   scratch=scratch, max_eval_tokens=max_eval_tokens, on_event=on_event, jobs=jobs,
+                                   threads=threads)
     t = Table(title=f"held-out bits/byte: {result['donor']['tokenizer']} donor -> {result['recipient']['tokenizer']} recipient",
               title_justify="left")
     t.add_column("arm")
