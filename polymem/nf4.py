@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from polymem.errors import PolymemError
@@ -46,20 +47,25 @@ def _check_dim(head_dim: int) -> None:
         raise PolymemError(f"nf4 needs an even head_dim >= 2 (two codes per byte), got {head_dim}; use float16 instead")
 
 
-def quantize(x: np.ndarray) -> np.ndarray:
-    """float [..., r] -> uint8 [..., r/2 + 2] (codes, then float16 scale). Rows must be finite, |x| <= 65504."""
+def _prepare(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Validate rows; return (float32 rows, float16 scales)."""
     x = np.asarray(x, dtype=np.float32)
-    r = x.shape[-1]
-    _check_dim(r)
+    _check_dim(x.shape[-1])
     if not np.isfinite(x).all():
         raise PolymemError("nf4 quantisation got NaN or inf values; clean the table first")
-    absmax = np.abs(x).max(axis=-1)  # [...]
+    absmax = np.abs(x).max(axis=-1) if x.size else np.zeros(x.shape[:-1], np.float32)
     if absmax.size and float(absmax.max()) > _FP16_MAX:
         raise PolymemError(
             f"a row's absolute maximum {float(absmax.max()):g} exceeds float16's range (65504); "
             "the nf4 scale is a float16 — rescale the table or keep it in float32"
         )
-    scale16 = absmax.astype(np.float16)  # [...] the stored scale
+    return x, absmax.astype(np.float16)
+
+
+def quantize_numpy(x: np.ndarray) -> np.ndarray:
+    """Readable numpy version of :func:`quantize` (same bytes)."""
+    x, scale16 = _prepare(x)
+    r = x.shape[-1]
     scale = scale16.astype(np.float32)
     safe = np.where(scale > 0, scale, 1.0)[..., None]
     normed = np.clip(x / safe, -1.0, 1.0)  # [..., r]
@@ -69,6 +75,40 @@ def quantize(x: np.ndarray) -> np.ndarray:
     out[..., : r // 2] = packed
     out[..., r // 2 :] = scale16.astype("<f2")[..., None].view(np.uint8).reshape(scale16.shape + (2,))
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _quantize_rows(x, scale, mids, out):  # pragma: no cover - compiled
+    n, r = x.shape
+    for i in range(n):
+        s = scale[i]
+        if s <= 0:
+            s = np.float32(1.0)
+        for j in range(0, r, 2):
+            c = 0
+            for h in range(2):
+                v = x[i, j + h] / s
+                if v > 1.0:
+                    v = np.float32(1.0)
+                elif v < -1.0:
+                    v = np.float32(-1.0)
+                k = 0  # searchsorted(mids, v, side="left") = number of midpoints < v (branch-free)
+                for m in range(15):
+                    k += mids[m] < v
+                c |= k << (4 * h)
+            out[i, j // 2] = c
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+    """float [..., r] -> uint8 [..., r/2 + 2] (codes, then float16 scale). Rows must be finite, |x| <= 65504."""
+    x, scale16 = _prepare(x)
+    r = x.shape[-1]
+    lead = x.shape[:-1]
+    x2 = np.ascontiguousarray(x.reshape(-1, r))
+    out = np.empty((x2.shape[0], r // 2 + 2), dtype=np.uint8)
+    _quantize_rows(x2, scale16.reshape(-1).astype(np.float32), _MIDPOINTS, out)
+    out[:, r // 2 :] = scale16.reshape(-1).astype("<f2").view(np.uint8).reshape(-1, 2)
+    return out.reshape(lead + (r // 2 + 2,))
 
 
 def dequantize(q: np.ndarray, head_dim: int) -> np.ndarray:

@@ -101,3 +101,16 @@ def test_bad_input(x, match):
 def test_dequantize_checks_row_width():
     with pytest.raises(PolymemError, match="34 bytes"):
         nf4.dequantize(np.zeros((1, 33), np.uint8), 64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows)
+def test_numba_and_numpy_quantize_agree(x):
+    assert nf4.quantize(x).tobytes() == nf4.quantize_numpy(x).tobytes()
+
+
+def test_quantize_keeps_leading_shape():
+    x = np.random.default_rng(3).standard_normal((2, 3, 5, 8)).astype(np.float32)
+    q = nf4.quantize(x)
+    assert q.shape == (2, 3, 5, 6) and np.array_equal(q, nf4.quantize_numpy(x))
+    assert nf4.quantize(np.zeros((0, 8), np.float32)).shape == (0, 6)
