@@ -37,7 +37,7 @@ def xor_keys(ids, valid, mults):  # pragma: no cover - compiled
     """Engram's XOR mix of the n-gram ending at i, with its order folded in (Engram's tables are disjoint per order):
 
         mix(i, n) = ids[i]*m_0 ^ ids[i-1]*m_1 ^ ... ^ ids[i-n+1]*m_{n-1}
-        X[i, n-1] = fmix64(mix(i, n) + n*GOLDEN)
+        X[i, n-1] = mix(i, n) + n*GOLDEN   (mod 2^64)
 
     so equal keys mean the same mix at the same order. ids int64 [T], valid bool [T, N] (the byte path's
     validity: before the start or with a special token -> invalid) -> uint64 [T, N]; invalid entries are 0.
@@ -50,7 +50,7 @@ def xor_keys(ids, valid, mults):  # pragma: no cover - compiled
             if not valid[i, n]:
                 break
             acc ^= np.uint64(ids[i - n]) * mults[n]
-            out[i, n] = _fmix64(acc + np.uint64(n + 1) * _GOLDEN)
+            out[i, n] = acc + np.uint64(n + 1) * _GOLDEN  # tables hash their slots with fmix64 anyway
     return out
 
 
@@ -160,6 +160,67 @@ def doc_scan(
     return n_ref, n_pend
 
 
+@njit(cache=True)
+def xor_scan(tX, tV, rX, rV, tt, tlist, alive, uniq, hits):  # pragma: no cover - compiled
+    """The XOR baseline's unique-set counts for one document: uniq[n] distinct target keys of order n, hits[n]
+    of them also among the reference's keys of order n (XOR keys carry their order, see xor_keys).
+
+    Target first, one order at a time; then the reference's keys are looked up in it. A reference n-gram whose
+    (n-1)-suffix matched no target (n-1)-gram cannot match a target n-gram (a target n-gram's suffix is a
+    target (n-1)-gram), so ``alive`` (bool [Tr] scratch) skips those lookups: with two unrelated id spaces
+    almost nothing survives order 1, and the reference side costs ~Tr probes instead of Tr*N inserts.
+    """
+    N = tX.shape[1]
+    Tt, Tr = tX.shape[0], rX.shape[0]
+    cap_t = _pow2(3 * Tt // 2 + 1)
+    tmask = np.uint64(cap_t - 1)
+    for n in range(N):
+        tt[:cap_t, 0] = 0
+        n_list = 0
+        for i in range(n, Tt):
+            if not tV[i, n]:
+                continue
+            h = tX[i, n]
+            if h == _U0:
+                h = ZERO_KEY
+            s = _fmix64(h) & tmask
+            while True:
+                k = tt[s, 0]
+                if k == _U0:
+                    tt[s, 0] = h
+                    tt[s, 1] = _U0
+                    tlist[n_list] = s
+                    n_list += 1
+                    break
+                if k == h:
+                    break
+                s = (s + _U1) & tmask
+        uniq[n] += n_list
+        for j in range(Tr):
+            if j < n or (n > 0 and not alive[j]) or not rV[j, n]:
+                alive[j] = False
+                continue
+            h = rX[j, n]
+            if h == _U0:
+                h = ZERO_KEY
+            s = _fmix64(h) & tmask
+            found = False
+            while True:
+                k = tt[s, 0]
+                if k == _U0:
+                    break
+                if k == h:
+                    tt[s, 1] = _U1
+                    found = True
+                    break
+                s = (s + _U1) & tmask
+            alive[j] = found
+        for q in range(n_list):
+            if tt[tlist[q], 1] != _U0:
+                hits[n] += 1
+    return 0
+
+
 @njit(cache=True, inline="always")
 def _pow2(n):  # pragma: no cover - compiled
     p = 16
@@ -225,6 +286,22 @@ def pset_insert(tab, keys, bshift):  # pragma: no cover - compiled
                     break
                 s = (s + _U1) & smask
     return new
+
+
+@njit(cache=True)
+def pset_rehash(old, new):  # pragma: no cover - compiled
+    """Move every key of ``old`` (uint64 [2^b, S]) into the empty, larger ``new`` (uint64 [2^b, S']): a key
+    keeps its sub-table (the top bits of its fmix64), so each sub-table is rehashed on its own."""
+    smask = np.uint64(new.shape[1] - 1)
+    for b in range(old.shape[0]):
+        for j in range(old.shape[1]):
+            h = old[b, j]
+            if h == _U0:
+                continue
+            s = _fmix64(h) & smask
+            while new[b, s] != _U0:
+                s = (s + _U1) & smask
+            new[b, s] = h
 
 
 @njit(cache=True)

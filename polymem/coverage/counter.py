@@ -116,9 +116,9 @@ class KeySet:
             self.count += int(_kernels.pset_insert(self.tab, chunk, 64 - self._BITS))
 
     def _grow(self) -> None:
-        old = self.keys()
-        self.tab = np.zeros((self.tab.shape[0], 4 * self.tab.shape[1]), dtype=np.uint64)  # x4: fewer rehashes
-        _kernels.pset_insert(self.tab, old, 64 - self._BITS)
+        new = np.zeros((self.tab.shape[0], 4 * self.tab.shape[1]), dtype=np.uint64)  # x4: fewer rehashes
+        _kernels.pset_rehash(self.tab, new)
+        self.tab = new
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         if keys.shape[0] == 0:
@@ -149,6 +149,7 @@ class HashCounter:
         self.tally = Tally(max_n)
         self._mults = xor_multipliers(max_n)
         self._cap_r = self._cap_t = 0
+        self._alive = np.zeros(0, dtype=np.bool_)
         self._refset = KeySet()
         self._ref_chunks: list[np.ndarray] = []
         self._ref_buffered = 0
@@ -159,6 +160,8 @@ class HashCounter:
         if cap_r > self._cap_r:
             self._cap_r = cap_r
             self._rt = np.zeros(cap_r, dtype=np.uint64)
+        if cap_r > self._alive.shape[0]:
+            self._alive = np.zeros(cap_r, dtype=np.bool_)
         if cap_t > self._cap_t:
             self._cap_t = cap_t
             self._tt = np.zeros((cap_t, 2), dtype=np.uint64)
@@ -190,13 +193,9 @@ class HashCounter:
         tX = _kernels.xor_keys(np.ascontiguousarray(target_ids, dtype=np.int64), tV, self._mults)
         rX = _kernels.xor_keys(np.ascontiguousarray(reference_ids, dtype=np.int64), rV, self._mults)
         xuniq = np.zeros(N, dtype=np.int64)
-        xhits = np.zeros((N, N), dtype=np.int64)
-        unused = np.zeros(N, dtype=np.int64)
-        _kernels.doc_scan(
-            tX, tV, rX, rV, rt, tt, tlist, False, xuniq, xhits, unused, unused,
-            _EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64,
-        )
-        t.add_doc(uniq, hits, xuniq, xhits.sum(axis=1))
+        xhits = np.zeros(N, dtype=np.int64)
+        _kernels.xor_scan(tX, tV, rX, rV, tt, tlist, self._alive[:Tr], xuniq, xhits)
+        t.add_doc(uniq, hits, xuniq, xhits)
         if occ:
             if n_ref:
                 self._ref_chunks.append(ref_out[:n_ref].copy())
