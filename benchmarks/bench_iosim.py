@@ -16,7 +16,6 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 
 
 def main() -> None:

@@ -442,3 +442,23 @@ def test_stale_new_files_are_cleaned(tmp_path, asset):
     assert a.problems() == []
     a.write_pages([0], np.zeros((1, 8, 8), np.float32))
     assert not stale.exists()
+
+
+def _doc_schema():
+    doc = Path(__file__).resolve().parents[1] / "docs" / "asset-format.md"
+    if not doc.exists():
+        pytest.skip("docs/ not shipped with this install")
+    jsonschema = pytest.importorskip("jsonschema")
+    text = doc.read_text()
+    start = text.index("```json", text.index("## 8. JSON schema")) + len("```json")
+    return jsonschema, json.loads(text[start : text.index("```", start)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_headers_match_the_documented_json_schema(tmp_path, dtype):
+    jsonschema, schema = _doc_schema()
+    a = MemoryAsset.create(tmp_path / "a", SPEC, LAYOUT, dtype=dtype, provenance={"corpus": "x", "loss": 1.5})
+    jsonschema.validate(a.header, schema)
+    bad = a.header | {"version": 2}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)

@@ -22,118 +22,20 @@ import numpy as np
 
 from polymem.asset import _codec
 from polymem.asset._format import (
-    SUPPORTED_ASSET_VERSIONS, WRITING_MARKER, Geometry, Header, canonical_json, check_array_metadata,
-    check_dtype, check_orders, check_provenance, geometry, header_body, parse_header, sha256_hex,
+    WRITING_MARKER, Geometry, Header, canonical_json, check_dtype, check_orders,
+    check_provenance, geometry, header_body, parse_header, sha256_hex,
 )
-from polymem.asset._shards import FastReader, check_shard_index, file_sha256, write_shard
+from polymem.asset._shards import FastReader, file_sha256, write_shard
+from polymem.asset._validate import Raw as _Raw
+from polymem.asset._validate import validate as _validate
 from polymem.errors import FormatError, PolymemError, SpecMismatchError
+from polymem import nf4
 from polymem.hashing import HashSpec
 from polymem.layout import Layout
-from polymem import nf4
 from polymem.nf4 import QuantError, reconstruction_error
 
 BACKENDS = ("auto", "fast", "zarr", "tensorstore")
 PageSource = Callable[[int, int], np.ndarray]  # (first page, stop page) -> float32 [stop-first, K*S, r]
-
-
-# ------------------------------------------------------------------------------------------- raw access
-class _Raw:
-    """Bytes of the group's files, local (os) or remote (fsspec). Used for validation and verify."""
-
-    def __init__(self, location: str) -> None:
-        self.location = location
-        self.local: Path | None = None
-        if "://" not in location or location.startswith("file://"):
-            self.local = Path(location.removeprefix("file://"))
-            self._fs: Any = None
-            self._root = ""
-        else:
-            import fsspec
-
-            self._fs, self._root = fsspec.core.url_to_fs(location)
-
-    def _p(self, key: str) -> str:
-        return f"{self._root.rstrip('/')}/{key}"
-
-    def exists(self, key: str) -> bool:
-        return (self.local / key).is_file() if self.local else bool(self._fs.isfile(self._p(key)))
-
-    def cat(self, key: str) -> bytes:
-        if self.local:
-            return (self.local / key).read_bytes()
-        return bytes(self._fs.cat_file(self._p(key)))
-
-    def size(self, key: str) -> int:
-        return (self.local / key).stat().st_size if self.local else int(self._fs.size(self._p(key)))
-
-    def tail(self, key: str, n: int) -> bytes:
-        if self.local:
-            with open(self.local / key, "rb") as f:
-                f.seek(-n, os.SEEK_END)
-                return f.read(n)
-        size = self.size(key)
-        return bytes(self._fs.cat_file(self._p(key), start=size - n, end=size))
-
-    def sha256(self, key: str) -> str:
-        if self.local:
-            return file_sha256(self.local / key)
-        import hashlib
-
-        h = hashlib.sha256()
-        with self._fs.open(self._p(key), "rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-        return h.hexdigest()
-
-
-def _load_json(raw: _Raw, key: str, where: str) -> tuple[dict[str, Any], bytes]:
-    if not raw.exists(key):
-        what = "group metadata" if key == "zarr.json" else "array metadata"
-        hint = " (is this a polymem asset? create one with `polymem init`)" if key == "zarr.json" else "; restore the asset"
-        raise FormatError(f"{where}: {what} {key!r} is missing{hint}")
-    data = raw.cat(key)
-    try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FormatError(f"{where}: {key!r} is not valid JSON ({e}); restore the asset") from None
-    if not isinstance(obj, dict):
-        raise FormatError(f"{where}: {key!r} must hold a JSON object")
-    return obj, data
-
-
-def _validate(raw: _Raw, where: str) -> Header:
-    """Everything `open` checks (docs/asset-format.md §6), without hashing shard contents."""
-    if raw.local is not None and not raw.local.is_dir():
-        raise FormatError(f"{where}: no asset directory here; create one with `polymem init {where}`")
-    if raw.exists(WRITING_MARKER):
-        raise FormatError(
-            f"{where}: a writer stopped while replacing shards (marker {WRITING_MARKER!r} present), so the asset "
-            "may be half-written and is refused; restore it from a copy or re-create it"
-        )
-    group, _ = _load_json(raw, "zarr.json", where)
-    if group.get("node_type") != "group" or group.get("zarr_format") != 3:
-        raise FormatError(f"{where}: zarr.json is not a zarr v3 group (node_type {group.get('node_type')!r})")
-    header = parse_header(group.get("attributes", {}), where)
-    geom = header.geometry
-    meta, meta_bytes = _load_json(raw, "pages/zarr.json", where)
-    if sha256_hex(meta_bytes) != header.checksums.get("array_metadata"):
-        check_array_metadata(meta, geom, where)  # names the field when it can
-        raise FormatError(f"{where}: field 'checksums.array_metadata' does not match pages/zarr.json; it was edited")
-    check_array_metadata(meta, geom, where)
-    shards = header.checksums["shards"]
-    for s in range(geom.num_shards):
-        key = geom.shard_key(s)
-        if key not in shards:
-            raise FormatError(f"{where}: field 'checksums.shards' has no entry for shard {key!r}")
-        if not raw.exists(key):
-            raise FormatError(f"{where}: shard {key!r} is missing; restore it or re-create the asset")
-        size, want = raw.size(key), geom.shard_size(s)
-        if size != want:
-            raise FormatError(
-                f"{where}: shard {key!r} is {size} bytes, expected {want} (truncated or overwritten); restore the asset"
-            )
-        check_shard_index(geom, s, raw.tail(key, 16 * geom.chunks_per_shard + 4), where)
-    return header
 
 
 def _fsync_dir(path: Path) -> None:
@@ -579,4 +481,4 @@ def _merge_errors(errs: list[QuantError]) -> QuantError:
     )
 
 
-__all__ = ["BACKENDS", "MemoryAsset", "SUPPORTED_ASSET_VERSIONS"]
+__all__ = ["BACKENDS", "MemoryAsset"]

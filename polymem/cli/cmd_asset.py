@@ -6,7 +6,7 @@ import datetime as _dt
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console

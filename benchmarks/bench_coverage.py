@@ -1,0 +1,150 @@
+"""Benchmark: `polymem coverage` on a corpus vs tokenising it with both tokenizers alone, in the same run.
+
+    python benchmarks/bench_coverage.py ../shared/corpus/pydocs.jsonl.gz --target mistral-v1 \
+        --reference cl100k_base --max-n 7 --repeat 3 --json docs/benchmarks/coverage.json \
+        --plot docs/benchmarks/coverage.png
+
+Each round times, back to back on the same machine state:
+  tokenize     read the corpus and encode every document with both tokenizers (nothing else)
+  coverage     polymem.coverage(...) with 1 worker: reading, encoding, hashing, counting, fidelity, merge
+  unique-only  the same with occurrence=False (no corpus-wide reference set)
+  workers=N    the same as `coverage` with N worker processes
+Tokenizers are loaded once before the rounds (their load time is in neither side) and the numba kernels are
+compiled by a warm-up call. Ratios are per round (same-round baseline), then the median over rounds.
+Prints the coverage table beside seed 002's wikitext figures and a markdown timing table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+import warnings
+from pathlib import Path
+
+PAPER_MISTRAL_WIKITEXT = [0.80, 0.81, 0.80, 0.78, 0.75, 0.74, 0.70]  # seed 002, Table 2, cl100k_base reference
+
+
+def machine() -> dict[str, object]:
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
+    except OSError:
+        model = platform.processor() or "?"
+    import numba
+    import numpy
+    import sentencepiece
+    import tiktoken
+
+    import polymem
+
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": numpy.__version__,
+            "numba": numba.__version__, "tiktoken": tiktoken.__version__, "sentencepiece": sentencepiece.__version__,
+            "polymem": polymem.__version__}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("corpus", nargs="+")
+    ap.add_argument("--target", default="mistral-v1")
+    ap.add_argument("--reference", default="cl100k_base")
+    ap.add_argument("--max-n", type=int, default=7)
+    ap.add_argument("--workers", type=int, default=2, help="worker count for the parallel run")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None)
+    args = ap.parse_args()
+
+    import polymem
+    from polymem.corpus import Corpus
+    from polymem.tokenizers import load_tokenizer
+
+    warnings.simplefilter("ignore")  # tiktoken's offline-fallback notice
+    tok_t, tok_r = load_tokenizer(args.target), load_tokenizer(args.reference)
+    polymem.coverage(tok_t, tok_r, ["warm-up: compile the kernels"], max_n=args.max_n, workers=1)
+
+    def tokenize_only() -> float:
+        t0 = time.perf_counter()
+        for doc in Corpus(args.corpus):
+            tok_t.encode(doc.text)
+            tok_r.encode(doc.text)
+        return time.perf_counter() - t0
+
+    def run(**kw: object) -> tuple[float, object]:
+        t0 = time.perf_counter()
+        rep = polymem.coverage(tok_t, tok_r, Corpus(args.corpus), max_n=args.max_n, **kw)
+        return time.perf_counter() - t0, rep
+
+    rounds = []
+    report = None
+    for r in range(args.repeat):
+        load0 = os.getloadavg()[0]
+        base = tokenize_only()
+        t1, report = run(workers=1)
+        t_u, _ = run(workers=1, occurrence=False)
+        t_w, rep_w = run(workers=args.workers)
+        same = [round(a, 12) for a in rep_w.per_doc_mean] == [round(a, 12) for a in report.per_doc_mean]  # type: ignore[attr-defined]
+        assert same, "workers changed the result"
+        rounds.append({"tokenize_s": base, "coverage_s": t1, "unique_only_s": t_u, "workers_s": t_w,
+                       "load_before": load0, "load_after": os.getloadavg()[0],
+                       "encode_s_in_coverage": report.timing["encode_s"],  # type: ignore[attr-defined]
+                       "count_s_in_coverage": report.timing["count_s"]})  # type: ignore[attr-defined]
+        print(f"round {r + 1}: tokenize {base:.2f} s, coverage {t1:.2f} s ({t1 / base:.2f}x), unique-only "
+              f"{t_u:.2f} s ({t_u / base:.2f}x), {args.workers} workers {t_w:.2f} s (speed-up {t1 / t_w:.2f}x); "
+              f"load {load0:.1f}->{rounds[-1]['load_after']:.1f}", flush=True)
+
+    def med(key: str) -> float:
+        return statistics.median(x[key] for x in rounds)
+
+    def med_ratio(a: str, b: str) -> float:
+        return statistics.median(x[a] / x[b] for x in rounds)
+
+    rep = report
+    assert rep is not None
+    summary = {
+        "tokenize_s": med("tokenize_s"), "coverage_s": med("coverage_s"), "unique_only_s": med("unique_only_s"),
+        "workers_s": med("workers_s"),
+        "coverage_over_tokenize": med_ratio("coverage_s", "tokenize_s"),
+        "unique_only_over_tokenize": med_ratio("unique_only_s", "tokenize_s"),
+        "workers_speedup": med_ratio("coverage_s", "workers_s"),
+    }
+    out = {"corpus": args.corpus, "target": args.target, "reference": args.reference, "max_n": args.max_n,
+           "workers": args.workers, "machine": machine(), "rounds": rounds, "summary": summary,
+           "report": rep.to_dict(), "paper_mistral_wikitext": PAPER_MISTRAL_WIKITEXT}
+
+    def f(v: float | None) -> str:
+        return "–" if v is None else f"{v:.2f}"
+
+    N = args.max_n
+    print()
+    print(f"{rep.docs} documents, {rep.bytes / 1e6:.1f} MB; {rep.tokens['target']:,} {rep.target.name} tokens, "
+          f"{rep.tokens['reference']:,} {rep.reference.name} tokens")
+    print("| target n | " + " | ".join(str(n) for n in range(1, N + 1)) + " |")
+    print("|---|" + "---|" * N)
+    rows = [("seed 002, Mistral / cl100k_base, wikitext val (per-doc mean)", PAPER_MISTRAL_WIKITEXT[:N]),
+            ("per-doc mean (Table 2's measure)", rep.per_doc_mean), ("pooled", rep.pooled),
+            ("occurrence-weighted, corpus level", rep.occurrence_weighted), ("XOR token-id hash", rep.xor_baseline)]
+    for name, vals in rows:
+        print(f"| {name} | " + " | ".join(f(v) for v in vals) + " |")
+    print()
+    print("| run | wall s (median) | × tokenize (same round, median) |")
+    print("|---|---|---|")
+    print(f"| tokenize only (both tokenizers) | {summary['tokenize_s']:.2f} | 1.00 |")
+    print(f"| coverage, 1 worker | {summary['coverage_s']:.2f} | {summary['coverage_over_tokenize']:.2f} |")
+    print(f"| coverage --no-occurrence, 1 worker | {summary['unique_only_s']:.2f} | "
+          f"{summary['unique_only_over_tokenize']:.2f} |")
+    print(f"| coverage, {args.workers} workers | {summary['workers_s']:.2f} | "
+          f"{summary['workers_s'] / summary['tokenize_s']:.2f} (speed-up {summary['workers_speedup']:.2f}×) |")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    if args.plot:
+        rep.plot(args.plot)
+
+
+if __name__ == "__main__":
+    main()
