@@ -366,6 +366,49 @@ _WRITER = textwrap.dedent(
 )
 
 
+_CREATOR = textwrap.dedent(
+    """
+    import sys, numpy as np
+    from polymem import HashSpec, Layout, MemoryAsset
+    layout = Layout(pages=4096, heads=8, slots=4, head_dim=64)
+    table = np.full((layout.num_rows, 64), 2.0, np.float32)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    MemoryAsset.from_array(sys.argv[1], table, HashSpec(), layout, orders=(1,), overwrite=True, chunks_per_shard=256)
+    print("done", flush=True)
+    """
+)
+
+
+def test_killed_creator_leaves_old_asset_or_none(tmp_path):
+    layout = Layout(pages=4096, heads=8, slots=4, head_dim=64)
+    path = tmp_path / "a"
+    MemoryAsset.create(path, SPEC, layout, dtype="float32", chunks_per_shard=256)
+    seen = set()
+    for delay in (0.0, 0.1, 0.3, 0.6, 1.2):
+        proc = subprocess.Popen([sys.executable, "-c", _CREATOR, str(path)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if not path.exists():  # killed between the two renames: no asset, and open says so
+            with pytest.raises(FormatError, match="no asset directory"):
+                MemoryAsset.open(path)
+            seen.add("none")
+            break
+        a = MemoryAsset.open(path)
+        assert a.problems() == []
+        firsts = a.read_pages(np.arange(0, 4096, 256))[:, 0, 0]
+        assert (firsts == 0).all() or (firsts == 2).all(), firsts
+        seen.add("new" if firsts[0] == 2 else "old")
+        if "new" in seen:
+            break
+    assert seen
+
+
 def test_killed_page_writer_leaves_old_asset_or_none(tmp_path):
     layout = Layout(pages=4096, heads=8, slots=4, head_dim=64)  # 32 MiB of float32 over 16 shards
     path = tmp_path / "a"

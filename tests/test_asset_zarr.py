@@ -108,3 +108,34 @@ def test_fsspec_url_round_trip(stored_asset):
             remote.write_pages([0], np.zeros((1, 12, 8), np.float32))
     finally:
         fs.rm(base, recursive=True)
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    pages=st.integers(1, 40), heads=st.integers(1, 9), slots=st.integers(1, 5), half_r=st.integers(1, 6),
+    dtype=st.sampled_from(DTYPES), cps=st.integers(1, 12), seed=st.integers(0, 1000),
+)
+def test_any_geometry_round_trips_and_matches_zarr(tmp_path_factory, pages, heads, slots, half_r, dtype, cps, seed):
+    import zarr
+
+    layout = Layout(pages=pages, heads=heads, slots=slots, head_dim=2 * half_r)
+    root = tmp_path_factory.mktemp("g")
+    t = np.random.default_rng(seed).standard_normal((layout.num_rows, layout.head_dim)).astype(np.float32)
+    a = MemoryAsset.from_array(root / "a", t, SPEC, layout, orders=(1, 2), dtype=dtype, chunks_per_shard=cps)
+    g = a.geometry
+    assert g.page_bytes * g.pages_per_chunk <= g.chunk_bytes  # pages never straddle a chunk (block)
+    stored = zarr.open_array(str(root / "a" / "pages"), mode="r")[...]
+    assert np.array_equal(_codec.decode_chunks(stored, g)[:pages], a.read_pages(np.arange(pages)))
+    if dtype == "nf4":  # padding and unused page slots are zero
+        pv = _codec.page_view(np.ascontiguousarray(stored), g).reshape(-1, g.page_bytes)
+        assert not pv[pages:].any()
+        assert not stored[:, g.pages_per_chunk * g.page_bytes :].any()
+    ref = root / "ref"
+    _zarr.create_array_metadata(ref, g)
+    _zarr.write_with_zarr(ref, g, stored)
+    for s in range(g.num_shards):
+        assert (ref / g.shard_key(s)).read_bytes() == (root / "a" / g.shard_key(s)).read_bytes()
