@@ -145,6 +145,21 @@ def test_hash_path_equals_exact_path_on_toy_tokenizers(
     close(polymem.coverage(T, R, docs, max_n), polymem.coverage(T, R, docs, max_n, exact_bytes=True), nd=12)
 
 
+@pytest.mark.parametrize("exact", [False, True], ids=["hash", "exact-bytes"])
+def test_the_largest_order_works(exact: bool) -> None:
+    T, R = Greedy(["a", "b", " ", "ab"], "t"), Greedy(["a", "b", " ", "ba", "a b"], "r")
+    docs = ["ab ba " * 12, "a b a b ab"]
+    r32 = polymem.coverage(T, R, docs, max_n=32, exact_bytes=exact)
+    r5 = polymem.coverage(T, R, docs, max_n=5, exact_bytes=exact)
+    assert r32.unique_target_ngrams[:5] == r5.unique_target_ngrams and r32.unique_target_ngrams[31] > 0
+    assert r32.by_reference_n[31][31] is not None and 0 < r32.per_doc_mean[31] <= 1
+
+
+def test_texts_must_be_an_iterable_of_documents() -> None:
+    with pytest.raises(PolymemError, match="got one str; wrap it in a list"):
+        polymem.coverage(TA, TB, "aabb")
+
+
 @pytest.fixture(scope="module")
 def real_docs() -> list[str]:
     text = sample_text() + "\n" + generated_text(1500, seed=3)
@@ -206,6 +221,19 @@ def test_workers_give_identical_results(mistral_v1: Tokenizer, cl100k: Tokenizer
     assert r2.workers == 2
     close(real_report, r2, nd=12)
     assert r2.fidelity == real_report.fidelity
+
+
+def test_workers_resolve_occurrences_across_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one document per batch, so the "ab" and "ba" documents (see the test above) can land in different
+    # workers; doc "ab"'s 1-grams a and b are only in the reference stream of the "ba" documents
+    import polymem.coverage.run as run
+
+    monkeypatch.setattr(run, "_BATCH_BYTES", 1)
+    C = Greedy(["a", "b", "ab"], "C")
+    docs = ["ab", "ba"] * 4
+    for exact in (False, True):
+        r = polymem.coverage(TA, C, docs, max_n=2, workers=2, exact_bytes=exact)
+        assert r.occurrence_weighted == [1.0, 1.0] and r.per_doc_mean == [0.5, 1.0] and r.docs == 8
 
 
 @settings(max_examples=10, deadline=None)

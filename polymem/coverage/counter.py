@@ -229,13 +229,31 @@ class HashCounter:
         self._pend = [(h[keep], n[keep], c[keep])]
         self._pend_buffered = int(keep.sum())
 
-    def partial(self, *, in_process: bool = False) -> HashPartial:
-        """This counter's share; ``in_process`` hands over the reference set itself instead of its keys."""
+    def partial(self, *, in_process: bool = False, keys: bool = True) -> HashPartial:
+        """This counter's share. ``in_process`` hands over the reference set itself instead of its keys;
+        ``keys=False`` first resolves the pending entries against this counter's own set and sends no keys
+        (the worker pool then resolves the rest with :meth:`lookup` in the other workers)."""
         self._flush_ref()
+        if not keys:
+            self._resolve_pending()
         h, n, c = self._pending()
         if in_process:
             return HashPartial(tally=self.tally, ref=_EMPTY_U64, pend_h=h, pend_n=n, pend_c=c, keyset=self._refset)
-        return HashPartial(tally=self.tally, ref=self._refset.keys(), pend_h=h, pend_n=n, pend_c=c)
+        return HashPartial(tally=self.tally, ref=self._refset.keys() if keys else _EMPTY_U64, pend_h=h, pend_n=n,
+                           pend_c=c)
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """bool [len(keys)]: which keys this counter's reference set holds (after flushing it)."""
+        self._flush_ref()
+        return self._refset.contains(keys)
+
+    @staticmethod
+    def settle(partial: HashPartial, found: np.ndarray) -> None:
+        """Count the pending entries marked ``found`` and drop all pending entries (they are settled)."""
+        N = partial.tally.max_n
+        partial.tally.pos_hits += np.bincount(partial.pend_n[found], weights=partial.pend_c[found],
+                                              minlength=N).astype(np.int64)
+        partial.pend_h, partial.pend_n, partial.pend_c = _EMPTY_U64, _EMPTY_I8, _EMPTY_I64
 
     @staticmethod
     def finish(partials: list[HashPartial]) -> Tally:
@@ -326,7 +344,7 @@ class ExactCounter:
             self.ref_all.update(ref_min)
         t.add_doc(uniq, hits, xuniq, xhits)
 
-    def partial(self, *, in_process: bool = False) -> "ExactCounter":
+    def partial(self, *, in_process: bool = False, keys: bool = True) -> "ExactCounter":
         return self
 
     @staticmethod

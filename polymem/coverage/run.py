@@ -29,7 +29,7 @@ import numpy as np
 from polymem.cache import MAX_ORDER, TokenCache
 from polymem.corpus import Corpus, Document, Skipped, as_documents
 from polymem.coverage import _kernels
-from polymem.coverage.counter import ExactCounter, HashCounter
+from polymem.coverage.counter import ExactCounter, HashCounter, HashPartial
 from polymem.coverage.report import CoverageReport, TokenizerInfo
 from polymem.errors import PolymemError, TokenizerError
 from polymem.hashing import HashSpec
@@ -130,8 +130,8 @@ class _Job:
         self.nbytes += len(data)
         return len(data)
 
-    def result(self, *, in_process: bool = False) -> dict[str, Any]:
-        return {"partial": self.counter.partial(in_process=in_process), "fid_t": self.fid_t.state(), "fid_r": self.fid_r.state(),
+    def result(self, *, in_process: bool = False, keys: bool = True) -> dict[str, Any]:
+        return {"partial": self.counter.partial(in_process=in_process, keys=keys), "fid_t": self.fid_t.state(), "fid_r": self.fid_r.state(),
                 "skipped": self.skipped, "bytes": self.nbytes, "encode_s": self.encode_s, "count_s": self.count_s}
 
 
@@ -162,6 +162,10 @@ def coverage(
     max_n = check_max_n(max_n)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise PolymemError(f"workers={workers!r} must be an integer ≥ 1 (processes counting in parallel)")
+    if isinstance(texts, (str, bytes)):
+        raise PolymemError(
+            "texts should be an iterable of documents but got one str; wrap it in a list: coverage(t, r, [text])"
+        )
     spec = spec or HashSpec()
     tok_t, tok_r = load_tokenizer(target), load_tokenizer(reference)
     tcache = TokenCache.build(tok_t, spec) if not exact_bytes else None
@@ -234,7 +238,9 @@ def _can_fork() -> bool:
     return "fork" in mp.get_all_start_methods()
 
 
-def _worker(args: tuple[Any, ...], tasks: Any, results: Any) -> None:  # pragma: no cover - runs in a child
+def _worker(args: tuple[Any, ...], wid: int, tasks: Any, inbox: Any, results: Any) -> None:  # pragma: no cover
+    """Count batches from `tasks` until None; send the result. A hash counter then stays to answer lookups of
+    the other workers' unresolved n-grams in its reference set (arrays on `inbox`) until None."""
     try:
         job = _Job(*args)
         while True:
@@ -243,7 +249,13 @@ def _worker(args: tuple[Any, ...], tasks: Any, results: Any) -> None:  # pragma:
                 break
             b = sum(job.run(doc) for doc in batch)
             results.put(("progress", len(batch), b))
-        results.put(("done", job.result()))
+        two_phase = isinstance(job.counter, HashCounter)
+        results.put(("done", wid, job.result(keys=not two_phase)))
+        while two_phase:
+            keys = inbox.get()
+            if keys is None:
+                break
+            results.put(("found", wid, job.counter.lookup(keys)))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises
         results.put(("error", traceback.format_exc()))
 
@@ -251,15 +263,23 @@ def _worker(args: tuple[Any, ...], tasks: Any, results: Any) -> None:  # pragma:
 def _run_pool(args: tuple[Any, ...], docs: Iterable[Document], progress: ProgressFn | None,
               workers: int) -> list[dict[str, Any]]:
     """Fork `workers` processes (they inherit the loaded tokenizers and caches), feed them batches of
-    documents through a bounded queue, and collect their partial results."""
+    documents through a bounded queue, and collect their partial results.
+
+    Hash counters settle the occurrence-weighted pass without shipping their reference sets: each worker
+    first resolves its own pending n-grams, then the parent sends every worker the others' unresolved ones to
+    look up in parallel; an entry is a hit if any worker holds it.
+    """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ctx = mp.get_context("fork")
     tasks = ctx.Queue(maxsize=2 * workers)
+    inboxes = [ctx.Queue() for _ in range(workers)]
     results = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(args, tasks, results), daemon=True) for _ in range(workers)]
+    procs = [ctx.Process(target=_worker, args=(args, w, tasks, inboxes[w], results), daemon=True)
+             for w in range(workers)]
     for p in procs:
         p.start()
-    done: list[dict[str, Any]] = []
+    done: dict[int, dict[str, Any]] = {}
+    found: dict[int, np.ndarray] = {}
     state = {"n": 0, "b": 0}
 
     def drain(block: bool) -> None:
@@ -277,7 +297,9 @@ def _run_pool(args: tuple[Any, ...], docs: Iterable[Document], progress: Progres
                 if progress is not None:
                     progress(state["n"], state["b"])
             elif msg[0] == "done":
-                done.append(msg[1])
+                done[msg[1]] = msg[2]
+            elif msg[0] == "found":
+                found[msg[1]] = msg[2]
             else:
                 raise RuntimeError(f"a coverage worker failed:\n{msg[1]}")
             if block:
@@ -310,10 +332,30 @@ def _run_pool(args: tuple[Any, ...], docs: Iterable[Document], progress: Progres
             put(None)
         while len(done) < workers:
             drain(block=True)
+        partials = [done[w]["partial"] for w in range(workers)]
+        if all(isinstance(p, HashPartial) for p in partials):
+            # worker w looks up everyone else's unresolved n-grams
+            for w in range(workers):
+                others = [partials[v].pend_h for v in range(workers) if v != w]
+                inboxes[w].put(np.concatenate(others) if others else np.empty(0, np.uint64))
+            while len(found) < workers:
+                drain(block=True)
+            sizes = [p.pend_h.shape[0] for p in partials]
+            hit = [np.zeros(k, dtype=bool) for k in sizes]
+            for w in range(workers):
+                off = 0
+                for v in range(workers):
+                    if v != w:
+                        hit[v] |= found[w][off:off + sizes[v]]
+                        off += sizes[v]
+            for p, h in zip(partials, hit):
+                HashCounter.settle(p, h)
+        for q in inboxes:
+            q.put(None)
     finally:
         for p in procs:
             p.join(timeout=5 if len(done) == workers else 0.1)
             if p.is_alive():
                 p.terminate()
                 p.join()
-    return done
+    return [done[w] for w in range(workers)]
