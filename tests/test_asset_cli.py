@@ -82,3 +82,17 @@ def test_quantize_reports_error(tmp_path):
     src = MemoryAsset.open(tmp_path / "src")
     _, err = src.quantize(tmp_path / "q2")
     assert 0.05 < err.rel_mean < err.rel_max < 0.2  # NF4 on Gaussian rows: ~10% relative RMS
+
+
+def test_library_errors_exit_2_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "t"
+    MemoryAsset.create(path, HashSpec(), Layout(pages=4, heads=2, slots=2, head_dim=4))
+    r = subprocess.run([sys.executable, "-c", "from polymem.cli.app import main; main()", "init", str(path),
+                        "--params", "10K"], capture_output=True, text=True)
+    assert r.returncode == 2 and "already exists" in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-c", "from polymem.cli.app import main; main()", "inspect",
+                        str(tmp_path / "nope")], capture_output=True, text=True)
+    assert r.returncode == 2 and "no asset directory" in " ".join(r.stderr.split())
