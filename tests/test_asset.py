@@ -290,6 +290,18 @@ def test_edited_array_metadata(asset):
         MemoryAsset.open(asset)
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [("shape", [3, 8, 8]), ("data_type", "float32"), ("fill_value", 1.0), ("storage_transformers", [{"x": 1}])],
+)
+def test_edited_array_metadata_fields(asset, field, value):
+    meta = json.loads((asset / "pages/zarr.json").read_text())
+    meta[field] = value
+    (asset / "pages/zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(FormatError, match=rf"pages/zarr.json field '{field}'"):
+        MemoryAsset.open(asset)
+
+
 def test_not_json(asset):
     (asset / "zarr.json").write_bytes(b"\x80garbage")
     with pytest.raises(FormatError, match=r"'zarr.json' is not valid JSON"):

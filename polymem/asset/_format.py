@@ -256,6 +256,8 @@ def check_array_metadata(meta: Mapping[str, Any], geom: Geometry, where: str) ->
         raise bad("shape", meta.get("shape"), list(geom.shape))
     if meta.get("data_type") != geom.data_type:
         raise bad("data_type", meta.get("data_type"), geom.data_type)
+    if meta.get("fill_value") not in (0, 0.0):
+        raise bad("fill_value", meta.get("fill_value"), 0)
     grid = meta.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape")
     if list(grid or []) != list(geom.shard_shape):
         raise bad("chunk_grid.chunk_shape", grid, list(geom.shard_shape))
