@@ -67,3 +67,16 @@ def test_tokenizers_check_bad_text_files(tmp_path: Path, monkeypatch, capsys) ->
             main()
         assert e.value.code == 2
         assert msg in capsys.readouterr().err
+
+
+def test_top_level_help_lists_every_command_group() -> None:
+    import pkgutil
+
+    import polymem.cli as cli_pkg
+
+    r = runner.invoke(app, ["--help"])
+    assert r.exit_code == 0, r.output
+    modules = [m.name for m in pkgutil.iter_modules(cli_pkg.__path__) if m.name.startswith("cmd_")]
+    assert len(modules) >= 2
+    for cmd in ("build-cache", "demo", "tokenizers"):
+        assert cmd in r.output

@@ -18,6 +18,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help text is plain: a docstring with [brackets] must not break `polymem --help`
 )
 
 for _m in sorted(m.name for m in pkgutil.iter_modules(_cli_pkg.__path__) if m.name.startswith("cmd_")):
@@ -30,6 +31,7 @@ def main() -> None:
         app()
     except PolymemError as e:
         from rich.console import Console
+        from rich.markup import escape
 
-        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False, markup=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
