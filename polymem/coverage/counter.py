@@ -150,6 +150,7 @@ class HashCounter:
         self._mults = xor_multipliers(max_n)
         self._cap_r = self._cap_t = 0
         self._alive = np.zeros(0, dtype=np.bool_)
+        self._ref_out, self._pend_h, self._pend_n, self._pend_c = _EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64
         self._refset = KeySet()
         self._ref_chunks: list[np.ndarray] = []
         self._ref_buffered = 0
@@ -181,10 +182,14 @@ class HashCounter:
         uniq = np.zeros(N, dtype=np.int64)
         hits = np.zeros((N, N), dtype=np.int64)
         occ = self.occurrence
-        ref_out = np.empty(Tr * N if occ else 0, dtype=np.uint64)
-        pend_h = np.empty(Tt * N if occ else 0, dtype=np.uint64)
-        pend_n = np.empty(pend_h.shape[0], dtype=np.int8)
-        pend_c = np.empty(pend_h.shape[0], dtype=np.int64)
+        if occ:  # output buffers, reused across documents (fresh large arrays would page-fault every time)
+            if self._ref_out.shape[0] < Tr * N:
+                self._ref_out = np.empty(_pow2(Tr * N), dtype=np.uint64)
+            if self._pend_h.shape[0] < Tt * N:
+                k = _pow2(Tt * N)
+                self._pend_h, self._pend_n, self._pend_c = (np.empty(k, np.uint64), np.empty(k, np.int8),
+                                                            np.empty(k, np.int64))
+        ref_out, pend_h, pend_n, pend_c = self._ref_out, self._pend_h, self._pend_n, self._pend_c
         n_ref, n_pend = _kernels.doc_scan(
             tH, tV, rH, rV, rt, tt, tlist, occ,
             uniq, hits, t.positions, t.pos_hits, ref_out, pend_h, pend_n, pend_c,
