@@ -10,7 +10,9 @@ Each round times, back to back on the same machine state:
   unique-only  the same with occurrence=False (no corpus-wide reference set)
   workers=N    the same as `coverage` with N worker processes
 Tokenizers are loaded once before the rounds (their load time is in neither side) and the numba kernels are
-compiled by a warm-up call. Ratios are per round (same-round baseline), then the median over rounds.
+compiled by a warm-up call. Ratios are per round (same-round baseline), then the median over rounds; both wall
+time and CPU time (user + system, this process and its workers) are reported, since on a shared machine the
+wall-clock ratio moves with other people's load.
 Prints the coverage table beside seed 002's wikitext figures and a markdown timing table.
 """
 
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import time
@@ -67,16 +70,24 @@ def main() -> None:
     tok_t, tok_r = load_tokenizer(args.target), load_tokenizer(args.reference)
     polymem.coverage(tok_t, tok_r, ["warm-up: compile the kernels"], max_n=args.max_n, workers=1)
 
+    def cpu() -> float:  # this process and its reaped children (the workers), user + system
+        s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+    cpu_s: dict[str, float] = {}
+
     def tokenize_only() -> float:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu()
         for doc in Corpus(args.corpus):
             tok_t.encode(doc.text)
             tok_r.encode(doc.text)
+        cpu_s["tokenize"] = cpu() - c0
         return time.perf_counter() - t0
 
-    def run(**kw: object) -> tuple[float, object]:
-        t0 = time.perf_counter()
+    def run(name: str, **kw: object) -> tuple[float, object]:
+        t0, c0 = time.perf_counter(), cpu()
         rep = polymem.coverage(tok_t, tok_r, Corpus(args.corpus), max_n=args.max_n, **kw)
+        cpu_s[name] = cpu() - c0
         return time.perf_counter() - t0, rep
 
     rounds = []
@@ -84,18 +95,20 @@ def main() -> None:
     for r in range(args.repeat):
         load0 = os.getloadavg()[0]
         base = tokenize_only()
-        t1, report = run(workers=1)
-        t_u, _ = run(workers=1, occurrence=False)
-        t_w, rep_w = run(workers=args.workers)
+        t1, report = run("coverage", workers=1)
+        t_u, _ = run("unique_only", workers=1, occurrence=False)
+        t_w, rep_w = run("workers", workers=args.workers)
         same = [round(a, 12) for a in rep_w.per_doc_mean] == [round(a, 12) for a in report.per_doc_mean]  # type: ignore[attr-defined]
         assert same, "workers changed the result"
         rounds.append({"tokenize_s": base, "coverage_s": t1, "unique_only_s": t_u, "workers_s": t_w,
                        "load_before": load0, "load_after": os.getloadavg()[0],
+                       **{f"cpu_{k}_s": v for k, v in cpu_s.items()},
                        "encode_s_in_coverage": report.timing["encode_s"],  # type: ignore[attr-defined]
                        "count_s_in_coverage": report.timing["count_s"]})  # type: ignore[attr-defined]
         print(f"round {r + 1}: tokenize {base:.2f} s, coverage {t1:.2f} s ({t1 / base:.2f}x), unique-only "
               f"{t_u:.2f} s ({t_u / base:.2f}x), {args.workers} workers {t_w:.2f} s (speed-up {t1 / t_w:.2f}x); "
-              f"load {load0:.1f}->{rounds[-1]['load_after']:.1f}", flush=True)
+              f"load {load0:.1f}->{rounds[-1]['load_after']:.1f}; CPU s: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in cpu_s.items()), flush=True)
 
     def med(key: str) -> float:
         return statistics.median(x[key] for x in rounds)
@@ -111,6 +124,9 @@ def main() -> None:
         "coverage_over_tokenize": med_ratio("coverage_s", "tokenize_s"),
         "unique_only_over_tokenize": med_ratio("unique_only_s", "tokenize_s"),
         "workers_speedup": med_ratio("coverage_s", "workers_s"),
+        "cpu_coverage_over_tokenize": med_ratio("cpu_coverage_s", "cpu_tokenize_s"),
+        "cpu_unique_only_over_tokenize": med_ratio("cpu_unique_only_s", "cpu_tokenize_s"),
+        "cpu_workers_over_coverage": med_ratio("cpu_workers_s", "cpu_coverage_s"),
     }
     out = {"corpus": args.corpus, "target": args.target, "reference": args.reference, "max_n": args.max_n,
            "workers": args.workers, "machine": machine(), "rounds": rounds, "summary": summary,
@@ -131,14 +147,16 @@ def main() -> None:
     for name, vals in rows:
         print(f"| {name} | " + " | ".join(f(v) for v in vals) + " |")
     print()
-    print("| run | wall s (median) | × tokenize (same round, median) |")
-    print("|---|---|---|")
-    print(f"| tokenize only (both tokenizers) | {summary['tokenize_s']:.2f} | 1.00 |")
-    print(f"| coverage, 1 worker | {summary['coverage_s']:.2f} | {summary['coverage_over_tokenize']:.2f} |")
+    print("| run | wall s (median) | wall × tokenize | CPU × tokenize |")
+    print("|---|---|---|---|")
+    print(f"| tokenize only (both tokenizers) | {summary['tokenize_s']:.2f} | 1.00 | 1.00 |")
+    print(f"| coverage, 1 worker | {summary['coverage_s']:.2f} | {summary['coverage_over_tokenize']:.2f} | "
+          f"{summary['cpu_coverage_over_tokenize']:.2f} |")
     print(f"| coverage --no-occurrence, 1 worker | {summary['unique_only_s']:.2f} | "
-          f"{summary['unique_only_over_tokenize']:.2f} |")
+          f"{summary['unique_only_over_tokenize']:.2f} | {summary['cpu_unique_only_over_tokenize']:.2f} |")
     print(f"| coverage, {args.workers} workers | {summary['workers_s']:.2f} | "
-          f"{summary['workers_s'] / summary['tokenize_s']:.2f} (speed-up {summary['workers_speedup']:.2f}×) |")
+          f"{summary['workers_s'] / summary['tokenize_s']:.2f} (speed-up {summary['workers_speedup']:.2f}× over 1 "
+          f"worker) | CPU {summary['cpu_workers_over_coverage']:.2f}× the 1-worker run's |")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2))

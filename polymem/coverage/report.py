@@ -170,7 +170,8 @@ class CoverageReport:
             bottom += vals
         for n in range(N):
             if self.per_doc_mean[n] is not None:
-                ax.text(xs[n], bottom[n] + 0.01, f"{self.per_doc_mean[n]:.2f}", ha="center", va="bottom", fontsize=8)
+                ax.text(xs[n], bottom[n] - 0.01, f"{self.per_doc_mean[n]:.2f}", ha="center", va="top", fontsize=8,
+                        color="white", fontweight="bold")
         if self.occurrence_weighted is not None:
             ax.plot(xs, [np.nan if v is None else v for v in self.occurrence_weighted], "k^--", ms=5,
                     lw=0.8, label="occurrence-weighted")
