@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
 def coverage_cmd(
     paths: Annotated[list[str], typer.Argument(
         help="Text files, directories (recursively: .txt .md .jsonl and .gz of these), .jsonl(.gz) files with a "
-             "text field, or - for stdin. One document per file or per JSONL line.", metavar="PATH...")],
+             "text field, or - for stdin. One document per file or per JSONL line.", metavar="PATH")],
     target: Annotated[str, typer.Option("--target", "-t", help="The tokenizer whose n-grams should be served "
                                         "(e.g. mistral-v1, a tokenizer.json, a .model, a .tiktoken).")],
     reference: Annotated[str, typer.Option("--reference", "-r", help="The donor tokenizer whose table would "
