@@ -205,6 +205,26 @@ def test_fidelity_is_reported_and_dummy_prefix_kept(mistral_v1: Tokenizer, cl100
     assert r.fidelity["reference"]["exact"] == 1 and r.fidelity["reference"]["faithful"]
 
 
+def test_inline_fidelity_equals_check_fidelity(mistral_v1: Tokenizer, cl100k: Tokenizer, real_docs: list[str],
+                                               real_report: CoverageReport) -> None:
+    for side, tok in (("target", mistral_v1), ("reference", cl100k)):
+        ref = polymem.check_fidelity(tok, real_docs)
+        got = real_report.fidelity[side]
+        assert (got["docs"], got["exact"], got["dummy_prefix"], got["mismatched"], got["faithful"]) == (
+            ref.docs, ref.exact, ref.dummy_prefix, ref.mismatched, ref.faithful)
+
+
+def test_progress_reports_cumulative_documents_and_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import polymem.coverage.run as run
+
+    monkeypatch.setattr(run, "_BATCH_BYTES", 1)
+    docs = ["aab", "bba", "ab"]
+    for workers in (1, 2):
+        seen: list[tuple[int, int]] = []
+        polymem.coverage(TA, TB, docs, max_n=2, workers=workers, progress=lambda n, b: seen.append((n, b)))
+        assert seen[-1] == (3, 8) and [n for n, _ in seen] == sorted(n for n, _ in seen)
+
+
 def test_a_lossy_tokenizer_is_reported_not_faithful(wordpiece_json_path: Path, cl100k: Tokenizer) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TokenCache.build warns about the lossy tokenizer
@@ -348,8 +368,9 @@ def test_cli_stdin_json_to_stdout_and_jsonl_text_field(tmp_path: Path) -> None:
     p = tmp_path / "x.jsonl"
     p.write_text(json.dumps({"body": "some words"}) + "\n", encoding="utf-8")
     res = CliRunner().invoke(app, ["coverage", "-t", "bytes", "-r", "bytes", "--text-field", "body", str(p),
-                                   "--json", "-", "-q"])
-    assert json.loads(res.stdout)["per_doc_mean"] == [1.0] * 7
+                                   "--json", "-", "-q", "--exact-bytes", "--no-occurrence"])
+    r = json.loads(res.stdout)
+    assert r["per_doc_mean"] == [1.0] * 7 and r["method"] == "exact-bytes" and r["occurrence_weighted"] is None
 
 
 @pytest.mark.parametrize("args, message", [
