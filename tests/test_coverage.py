@@ -256,6 +256,14 @@ def test_workers_resolve_occurrences_across_workers(monkeypatch: pytest.MonkeyPa
         assert r.occurrence_weighted == [1.0, 1.0] and r.per_doc_mean == [0.5, 1.0] and r.docs == 8
 
 
+def test_a_failing_worker_is_reported_not_hung() -> None:
+    # the toy tokenizer raises ValueError on a character outside its vocabulary (not a TokenizerError)
+    with pytest.raises(ValueError, match="not in the toy vocabulary"):
+        polymem.coverage(TA, TB, ["aabb", "abc"], max_n=2)
+    with pytest.raises(RuntimeError, match="(?s)a coverage worker failed.*ValueError"):
+        polymem.coverage(TA, TB, ["aabb", "abc"], max_n=2, workers=2)
+
+
 @settings(max_examples=10, deadline=None)
 @given(st.randoms(use_true_random=False))
 def test_document_order_does_not_matter(rnd: random.Random) -> None:
