@@ -119,6 +119,7 @@ class _progress:
 
 def render(report: Any, console: Any) -> None:
     """The terminal view: headline table, by-reference-order table, fidelity and skipped summary."""
+    from rich.markup import escape
     from rich.table import Table
 
     def f(v: float | None) -> str:
@@ -150,9 +151,10 @@ def render(report: Any, console: Any) -> None:
     for side in ("target", "reference"):
         fid = report.fidelity[side]
         name = getattr(report, side).name
-        state = "[green]byte-faithful[/]" if fid["faithful"] else f"[red]NOT byte-faithful[/] ({fid['first_mismatch']})"
+        state = ("[green]byte-faithful[/]" if fid["faithful"]
+                 else f"[red]NOT byte-faithful[/] ({escape(str(fid['first_mismatch']))})")
         extra = f", {fid['dummy_prefix']} with a dummy-prefix space" if fid["dummy_prefix"] else ""
-        console.print(f"fidelity {side} {name}: {state} on {fid['docs']} docs ({fid['exact']} exact{extra})")
+        console.print(f"fidelity {side} {escape(name)}: {state} on {fid['docs']} docs ({fid['exact']} exact{extra})")
     if report.replaced_utf8:
         console.print(f"[yellow]{report.replaced_utf8} document(s) had invalid UTF-8, replaced by U+FFFD[/]")
     if report.skipped:
