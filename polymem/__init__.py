@@ -24,7 +24,7 @@ _LAZY = {
     "load_tokenizer": ("polymem.tokenizers", "load_tokenizer"),
     "check_fidelity": ("polymem.tokenizers", "check_fidelity"),
     "Tokenizer": ("polymem.tokenizers", "Tokenizer"),
-    "coverage": ("polymem.coverage", "coverage"),
+    "coverage": ("polymem.analyzer", "coverage"),
     "MemoryAsset": ("polymem.asset", "MemoryAsset"),
     "attach": ("polymem.torch.site", "attach"),
 }

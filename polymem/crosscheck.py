@@ -1,7 +1,7 @@
 """Cross-tokenizer byte-equivalence check: find n-grams of two tokenizers with the same bytes and compare
 their hashes. This is the foundation's promise made visible (``polymem demo``) and a test oracle.
 
-Not here: corpus-scale coverage statistics (that is :mod:`polymem.coverage`).
+Not here: corpus-scale coverage statistics (that is :mod:`polymem.analyzer`).
 """
 
 from __future__ import annotations

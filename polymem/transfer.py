@@ -52,7 +52,7 @@ def trained_hash_coverage(donor: TokenData, recipient: TokenData, *, donor_max_n
 
 def _byte_coverage(recipient_tok: Any, donor_tok: Any, texts: Sequence[str], max_n: int) -> dict[str, Any] | None:
     try:
-        from polymem.coverage import coverage
+        from polymem.analyzer import coverage
     except ImportError:
         return None
     try:

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 import polymem
 from polymem.cli.app import app
 from polymem.corpus import Corpus, Document
-from polymem.coverage import CoverageReport, ExactCounter, HashCounter
+from polymem.analyzer import CoverageReport, ExactCounter, HashCounter
 from polymem.errors import PolymemError
 from polymem.tokenizers import Tokenizer, load_tokenizer
 
@@ -215,7 +215,7 @@ def test_inline_fidelity_equals_check_fidelity(mistral_v1: Tokenizer, cl100k: To
 
 
 def test_progress_reports_cumulative_documents_and_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    import polymem.coverage.run as run
+    import polymem.analyzer.run as run
 
     monkeypatch.setattr(run, "_BATCH_BYTES", 1)
     docs = ["aab", "bba", "ab"]
@@ -246,7 +246,7 @@ def test_workers_give_identical_results(mistral_v1: Tokenizer, cl100k: Tokenizer
 def test_workers_resolve_occurrences_across_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     # one document per batch, so the "ab" and "ba" documents (see the test above) can land in different
     # workers; doc "ab"'s 1-grams a and b are only in the reference stream of the "ba" documents
-    import polymem.coverage.run as run
+    import polymem.analyzer.run as run
 
     monkeypatch.setattr(run, "_BATCH_BYTES", 1)
     C = Greedy(["a", "b", "ab"], "C")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from polymem.cache import TokenCache
-from polymem.coverage import _kernels
+from polymem.analyzer import _kernels
 from polymem.xorhash import XorHashSpec
 
 _FLUSH_KEYS = 1 << 23  # buffered reference keys / pending entries before a compaction (64 MiB of uint64)
@@ -97,7 +97,7 @@ def _pow2(n: int) -> int:
 
 class KeySet:
     """A growable set of uint64 keys for the corpus-wide reference n-grams: 2^8 cache-sized sub-tables, filled
-    and probed one sub-table at a time (:func:`polymem.coverage._kernels.pset_insert`). ~11–46 bytes per key
+    and probed one sub-table at a time (:func:`polymem.analyzer._kernels.pset_insert`). ~11–46 bytes per key
     (load kept between 0.17 and 0.7)."""
 
     _BITS = 8

@@ -3,7 +3,7 @@
 Streaming: documents are read one at a time (see :mod:`polymem.corpus`) and, with ``workers > 1``, sent in
 small batches through a bounded queue to worker processes (fork), each with its own counter; their partial
 results are merged at the end. Memory: the largest document (times max_n, per worker) plus the corpus-wide
-reference n-gram set of the occurrence-weighted metric (see :mod:`polymem.coverage.counter`).
+reference n-gram set of the occurrence-weighted metric (see :mod:`polymem.analyzer.counter`).
 
 Byte fidelity of both tokenizers is checked on every document as it goes (token bytes vs the text's UTF-8,
 the definitions of :func:`polymem.check_fidelity`), without tokenising twice.
@@ -28,9 +28,9 @@ import numpy as np
 
 from polymem.cache import MAX_ORDER, TokenCache
 from polymem.corpus import Corpus, Document, Skipped, as_documents
-from polymem.coverage import _kernels
-from polymem.coverage.counter import ExactCounter, HashCounter, HashPartial
-from polymem.coverage.report import CoverageReport, TokenizerInfo
+from polymem.analyzer import _kernels
+from polymem.analyzer.counter import ExactCounter, HashCounter, HashPartial
+from polymem.analyzer.report import CoverageReport, TokenizerInfo
 from polymem.errors import PolymemError, TokenizerError
 from polymem.hashing import HashSpec
 

@@ -1,0 +1,19 @@
+"""Cross-tokenizer n-gram coverage (DESIGN §6, seed 002 Table 2 / Fig. 2): how many of a target tokenizer's
+n-grams a donor (reference) tokenizer's table was ever written with, compared by bytes.
+
+    >>> report = polymem.coverage("mistral-v1", "cl100k_base", texts, max_n=7)
+    >>> report.per_doc_mean, report.occurrence_weighted, report.xor_baseline
+
+Modules: ``run`` (the :func:`coverage` driver, workers, fidelity), ``counter`` (hash and exact-bytes counters),
+``report`` (:class:`CoverageReport`, JSON/CSV/PNG), ``_kernels`` (numba sets).
+"""
+
+from polymem.analyzer.counter import ExactCounter, HashCounter, Tally
+from polymem.analyzer.report import REPORT_FORMAT, REPORT_VERSION, CoverageReport, TokenizerInfo
+from polymem.analyzer.run import check_max_n, coverage
+
+__all__ = [
+    "REPORT_FORMAT", "REPORT_VERSION", "CoverageReport", "ExactCounter", "HashCounter", "Tally", "TokenizerInfo",
+    "check_max_n", "coverage",
+]
+
