@@ -13,23 +13,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_U0 = np.uint64(0)
-_U1 = np.uint64(1)
-_S33 = np.uint64(33)
-_F1 = np.uint64(0xFF51AFD7ED558CCD)
-_F2 = np.uint64(0xC4CEB9FE1A85EC53)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+from polymem._kernels import _GOLDEN, _U0, _U1, _fmix64  # one fmix64 for the whole package
+
 ZERO_KEY = np.uint64(0x9E3779B97F4A7C15)
-
-
-@njit(cache=True, inline="always")
-def _fmix64(k):  # pragma: no cover - compiled
-    k ^= k >> _S33
-    k *= _F1
-    k ^= k >> _S33
-    k *= _F2
-    k ^= k >> _S33
-    return k
 
 
 @njit(cache=True)
