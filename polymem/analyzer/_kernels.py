@@ -224,7 +224,8 @@ def _pow2(n):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _partition(keys, bshift):  # pragma: no cover - compiled
-    """Counting sort of keys by sub-table: (keys, their fmix64, sub-table start offsets [2^b + 1]), grouped."""
+    """Counting sort of keys by sub-table: (keys, their fmix64, sub-table start offsets [2^b + 1], original
+    positions), grouped."""
     B = 1 << (64 - bshift)
     n = keys.shape[0]
     mixed = np.empty(n, dtype=np.uint64)
@@ -241,6 +242,7 @@ def _partition(keys, bshift):  # pragma: no cover - compiled
     fill = counts[:-1].copy()
     pk = np.empty(n, dtype=np.uint64)
     pm = np.empty(n, dtype=np.uint64)
+    idx = np.empty(n, dtype=np.int64)
     for i in range(n):
         x = mixed[i]
         b = np.int64(x >> np.uint64(bshift))
@@ -248,14 +250,15 @@ def _partition(keys, bshift):  # pragma: no cover - compiled
         h = keys[i]
         pk[j] = h if h != _U0 else ZERO_KEY
         pm[j] = x
+        idx[j] = i
         fill[b] = j + 1
-    return pk, pm, counts
+    return pk, pm, counts, idx
 
 
 @njit(cache=True)
 def pset_insert(tab, keys, bshift):  # pragma: no cover - compiled
     """Insert keys into the partitioned set ``tab`` (uint64 [2^b, S]); returns how many were new."""
-    pk, pm, counts = _partition(keys, bshift)
+    pk, pm, counts, _ = _partition(keys, bshift)
     smask = np.uint64(tab.shape[1] - 1)
     new = 0
     for b in range(tab.shape[0]):
@@ -295,30 +298,7 @@ def pset_contains(tab, keys, bshift):  # pragma: no cover - compiled
     """bool [len(keys)]: keys[i] in the partitioned set ``tab`` (looked up one sub-table at a time)."""
     B = tab.shape[0]
     n = keys.shape[0]
-    mixed = np.empty(n, dtype=np.uint64)
-    counts = np.zeros(B + 1, dtype=np.int64)
-    for i in range(n):
-        h = keys[i]
-        if h == _U0:
-            h = ZERO_KEY
-        x = _fmix64(h)
-        mixed[i] = x
-        counts[np.int64(x >> np.uint64(bshift)) + 1] += 1
-    for b in range(B):
-        counts[b + 1] += counts[b]
-    fill = counts[:-1].copy()
-    idx = np.empty(n, dtype=np.int64)
-    pk = np.empty(n, dtype=np.uint64)
-    pm = np.empty(n, dtype=np.uint64)
-    for i in range(n):
-        x = mixed[i]
-        b = np.int64(x >> np.uint64(bshift))
-        j = fill[b]
-        h = keys[i]
-        pk[j] = h if h != _U0 else ZERO_KEY
-        pm[j] = x
-        idx[j] = i
-        fill[b] = j + 1
+    pk, pm, counts, idx = _partition(keys, bshift)
     smask = np.uint64(tab.shape[1] - 1)
     out = np.zeros(n, dtype=np.bool_)
     for b in range(B):
