@@ -106,6 +106,26 @@ token_bytes_st = st.one_of(st.none(), st.binary(min_size=0, max_size=6))
 vocab_st = st.lists(token_bytes_st, min_size=1, max_size=40)
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_on_every_device_matches_numba_on_real_sized_input(device: str) -> None:
+    rng = np.random.default_rng(3)
+    vocab = [None] + [rng.bytes(int(n)) for n in rng.integers(1, 9, size=5000)]
+    cache = TokenCache.from_token_bytes(vocab, SPEC, name="rand", fingerprint="-")
+    ids = rng.integers(0, len(vocab), size=(4, 2048))
+    h, v = cache.ngram_hashes(ids, 7)
+    tc = TorchTokenCache.from_cache(cache, device)
+    ht, vt = tc.ngram_hashes(torch.from_numpy(ids).to(device), 7)
+    np.testing.assert_array_equal(ht.cpu().numpy().view(np.uint64), h)
+    np.testing.assert_array_equal(vt.cpu().numpy(), v)
+    for kind in ("page-local", "flat", "independent-heads"):
+        layout = Layout(pages=100_003, heads=8, slots=15, kind=kind)
+        rows = tc.ngram_rows(torch.from_numpy(ids).to(device), layout, 7).cpu().numpy()
+        np.testing.assert_array_equal(rows, cache.ngram_rows(ids, layout, 7))
+
+
 @HYP
 @given(vocab=vocab_st, data=st.data(), max_n=st.integers(1, 7), batch=st.booleans())
 def test_reference_equals_numba_numpy_torch(vocab, data, max_n, batch) -> None:
