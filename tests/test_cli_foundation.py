@@ -43,6 +43,7 @@ def test_demo_shows_byte_equivalent_ngrams_hash_alike(tmp_path: Path) -> None:
     r = runner.invoke(app, ["demo", "--a", "bytes", "--b", "mistral-v1", "--max-n", "4"])
     assert r.exit_code == 0, r.output
     assert "0 with different hashes" in r.output and "hash alike" in r.output
+    assert "polymem coverage" in r.output and "token positions served" in r.output
 
 
 def test_tokenizers_list_and_check(tmp_path: Path, wordpiece_json_path: Path, sample: str) -> None:

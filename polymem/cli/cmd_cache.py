@@ -95,6 +95,17 @@ def demo(
         raise typer.Exit(1)
     console.print("[green]byte-equivalent n-grams hash alike across tokenizer families.[/]")
 
+    from polymem import coverage
+
+    cov = coverage(tb, ta, [body], max_n=max_n)
+    ct = Table(title=f"what a {ta.name} table could serve to {tb.name} on this text (polymem coverage)")
+    ct.add_column("n")
+    for col in ("unique n-grams found (byte hash)", "token positions served", "same with Engram's XOR id hash"):
+        ct.add_column(col, justify="right")
+    for n in range(max_n):
+        ct.add_row(str(n + 1), f"{cov.per_doc_mean[n]:.2f}", f"{cov.occurrence_weighted[n]:.2f}", f"{cov.xor_baseline[n]:.2f}")
+    console.print(ct)
+
 
 def register(app: typer.Typer) -> None:
     app.command("build-cache")(build_cache)
