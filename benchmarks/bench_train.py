@@ -3,7 +3,7 @@ alternate and the median of several rounds is reported): no memory / memory hash
 from token ids) / memory with rows precomputed in the data loader (numba).
 
     python benchmarks/bench_train.py --corpus ../shared/corpus/pydocs.jsonl.gz --tokenizer cl100k_base \
-        --steps 20 --rounds 3 --json docs/results/bench_train.json
+        --steps 15 --rounds 3 --threads 1 --json docs/results/bench_train.json
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ def main() -> None:
     ap.add_argument("--params", type=int, default=12_000_000)
     ap.add_argument("--max-n", type=int, default=3)
     ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--threads", type=int, help="torch CPU threads (1 is faster on a busy shared CPU)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     train, held = split_documents(read_documents([a.corpus]), 10)
     data = TokenData.build(a.tokenizer, train, held)
     cfg = TrainConfig(steps=a.steps, bf16=not a.no_bf16)

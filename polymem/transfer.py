@@ -73,7 +73,7 @@ def run_transfer(
     asset: Any, tokenizer: Any, corpus: Sequence[str | Path], *, cfg: TrainConfig = TrainConfig(steps=400),
     seeds: Sequence[int] = (0, 1), max_n: int | None = None, scratch: bool = False, heldout_every: int | None = None,
     max_eval_tokens: int | None = None, layers: Sequence[int] | None = None, gate: str | None = None,
-    on_event: Callable[..., None] | None = None,
+    value_init: str | None = None, on_event: Callable[..., None] | None = None,
 ) -> dict[str, Any]:
     """Run every arm for every seed; returns the result dict (``arms -> name -> {"bpb": [per seed]}``, …)."""
     from polymem.tokenizers import load_tokenizer
@@ -130,7 +130,8 @@ def run_transfer(
                     table = HashTable(w, spec=a.spec, layout=a.layout, orders=tuple(a.orders), trainable=False)
                     mode = "projection"
                 handle = attach(model, table, data.cache, layers=list(layers), train=mode, max_n=max_n, gate=gate,
-                                init_seed=1000 + int(seed), freeze_model=False)
+                                init_seed=1000 + int(seed), freeze_model=False,
+                                value_init=None if arm == "scratch" else value_init)
             out = train_loop(model, handle, data, c, on_step=lambda i, loss: ev("step", step=i, loss=loss, arm=arm, seed=seed))
             speed[arm].append(out["tokens_per_s"])
             bpb = evaluate_bpb(model, data, c, max_tokens=max_eval_tokens)
@@ -157,7 +158,8 @@ def run_transfer(
                   "heldout_bpb": prov.get("heldout_bpb"), "heldout_bpb_memory_off": prov.get("heldout_bpb_memory_off"),
                   "tokens_seen": prov.get("tokens_seen")},
         "recipient": {"tokenizer": data.name, "fingerprint": data.cache.fingerprint, "max_n": max_n,
-                      "layers": list(layers), "gate": gate, "train_tokens_available": int(data.train.size),
+                      "layers": list(layers), "gate": gate, "value_init": value_init or "zero",
+                      "train_tokens_available": int(data.train.size),
                       "heldout_tokens": int(data.heldout.size)},
         "coverage": coverage,
         "margins": {"random_minus_donor": gap_r, "none_minus_donor": gap_n},

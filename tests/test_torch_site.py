@@ -139,7 +139,7 @@ def test_hf_families_zero_identity_generate_and_detach(byte_cache, ids, family):
         assert torch.equal(model(input_ids=ids).logits, ref)
     h.detach()
     # a non-zero frozen table: generate() with a KV cache equals step-by-step full forwards
-    h = attach(model, random_table(2), byte_cache, layers=[0, 1])
+    h = attach(model, random_table(2), byte_cache, layers=[0, 1], value_init="orthogonal")
     prompt = ids[:, :7]
     with torch.no_grad():
         mem_logits = model(input_ids=prompt).logits
@@ -182,7 +182,7 @@ def test_unusable_hash_spec_or_layout_is_refused(byte_cache, tmp_path, ids):
         attach(tiny_gpt(), xor_table, byte_cache)
     # a saved site refuses a table of another layout, or another table of the same layout
     model = tiny_gpt()
-    h = attach(model, random_table(3), byte_cache, layers=[1])
+    h = attach(model, random_table(3), byte_cache, layers=[1], value_init="orthogonal")
     h.save(tmp_path / "site")
     h.detach()
     other_layout = Layout(pages=32, heads=4, slots=4, head_dim=8)
@@ -217,7 +217,7 @@ def test_save_load_roundtrip(byte_cache, ids, tmp_path):
 
 def test_precomputed_rows_match_device_hashing(byte_cache, ids):
     model = tiny_gpt()
-    h = attach(model, random_table(5), byte_cache, layers=[1])
+    h = attach(model, random_table(5), byte_cache, layers=[1], value_init="orthogonal")
     with torch.no_grad():
         a = model(ids)
         h.set_rows(torch.from_numpy(byte_cache.ngram_rows(ids.numpy(), LAYOUT, 3)))
@@ -251,20 +251,36 @@ def test_asset_backed_site_matches_in_memory(byte_cache, ids, tmp_path, dtype):
     dense = asset.to_numpy()
     assert dtype == "float32" and np.array_equal(dense, w) or dtype == "nf4" and not np.array_equal(dense, w)
     model = tiny_gpt()
-    h = attach(model, asset, byte_cache, layers=[1], in_memory=False)
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=False, value_init="orthogonal")
     assert isinstance(h.table, AssetTable)
     with torch.no_grad():
         a = model(ids)
     h.detach()
-    h = attach(model, HashTable(dense, spec=HashSpec(), layout=LAYOUT, trainable=False), byte_cache, layers=[1])
+    h = attach(model, HashTable(dense, spec=HashSpec(), layout=LAYOUT, trainable=False), byte_cache, layers=[1],
+               value_init="orthogonal")
     with torch.no_grad():
         b = model(ids)
     h.detach()
     assert torch.equal(a, b)
-    h = attach(model, str(asset.path), byte_cache, layers=[1])  # a path, loaded into memory, frozen
+    h = attach(model, str(asset.path), byte_cache, layers=[1], value_init="orthogonal")  # a path, in memory, frozen
     assert not h.table.trainable and h.table.source["kind"] == "asset"
     with torch.no_grad():
         assert torch.equal(model(ids), b)
     h.detach()
     with pytest.raises(PolymemError, match="needs the table in memory"):
         attach(model, AssetTable(asset), byte_cache, train="table")
+
+
+def test_frozen_table_defaults_to_zero_projection(byte_cache, ids):
+    """A frozen non-zero table starts behind W_V = 0: step 0 is the model without memory, and W_V gets a
+    gradient at once (no deadlock, since the rows are not zero)."""
+    model = tiny_gpt()
+    with torch.no_grad():
+        ref = model(ids)
+    h = attach(model, random_table(7), byte_cache, layers=[1], freeze_model=False)
+    site = h.sites["transformer/h/1"]
+    assert site.cfg.value_init == "zero" and torch.count_nonzero(site.value.weight) == 0
+    assert torch.equal(model(ids).detach(), ref)
+    model(ids, ids).mean().backward()
+    assert torch.count_nonzero(site.value.weight.grad) > 0
+    h.detach()

@@ -27,6 +27,7 @@ def transfer(
     max_n: Annotated[Optional[int], typer.Option("--max-n", min=1, max=32, help="Recipient orders 1..N (default: the donor's).")] = None,
     lr: Annotated[float, typer.Option(min=0.0, help="Dense AdamW peak learning rate.")] = 2e-3,
     table_lr_mult: Annotated[float, typer.Option(min=0.0, help="Table lr multiplier for the scratch arm.")] = 70.0,
+    value_init: Annotated[str, typer.Option(help="Recipient W_V init for the frozen tables: zero (step 0 = no memory) or orthogonal (PageGram's gain).")] = "zero",
     scratch: Annotated[bool, typer.Option(help="Also run a table trained from scratch with the recipient tokenizer.")] = False,
     max_eval_tokens: Annotated[Optional[int], typer.Option(min=1, help="Cap on held-out tokens scored per arm.")] = None,
     bf16: Annotated[bool, typer.Option(help="bf16 autocast (tables stay fp32).")] = True,
@@ -71,6 +72,7 @@ def transfer(
 
         result = run_transfer_jobs(asset, tokenizer, corpus, cfg=cfg, seeds=list(range(seeds)), max_n=max_n,
                                    scratch=scratch, max_eval_tokens=max_eval_tokens, on_event=on_event, jobs=jobs,
+                                   value_init=value_init,
                                    threads=threads)
     t = Table(title=f"held-out bits/byte: {result['donor']['tokenizer']} donor -> {result['recipient']['tokenizer']} recipient",
               title_justify="left")

@@ -43,6 +43,7 @@ from polymem.torch.tables import AssetTable, HashTable, MemoryTable
 
 SITE_FORMAT = "polymem.memory-site"
 GATES = ("scalar", "context")
+VALUE_INITS = ("orthogonal", "zero")
 TRAIN_MODES = ("projection", "table", "all")
 # where decoder blocks live in common causal LMs (first match wins)
 _BLOCK_PATHS = ("model.layers", "transformer.h", "model.decoder.layers", "gpt_neox.layers", "layers", "h")
@@ -58,10 +59,14 @@ class SiteConfig:
     conv_kernel: int = 4
     one_gram_scale: float = 0.1  # seed 002: 1-gram rows scaled by 0.1
     init_seed: int = 0  # the site's own RNG: W_V init never touches the global RNG (arms stay identical)
+    value_init: str = "orthogonal"  # W_V init: "orthogonal" (gain sqrt(2d/D), for a zero table that must learn)
+    # or "zero" (for a frozen non-zero table: step 0 is the model without memory, W_V still gets gradients)
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
             raise PolymemError(f"gate {self.gate!r} is unknown; accepted: {', '.join(GATES)}")
+        if self.value_init not in VALUE_INITS:
+            raise PolymemError(f"value_init {self.value_init!r} is unknown; accepted: {', '.join(VALUE_INITS)}")
         if not 1 <= self.max_n <= 32:
             raise PolymemError(f"max_n={self.max_n} must be in 1..32 (n-gram orders 1..max_n)")
 
@@ -82,6 +87,8 @@ class MemorySite(nn.Module):
         self.value = nn.Linear(D, d, bias=False)  # W_V
         with torch.no_grad():  # PageGram: orthogonal W_V, gain sqrt(2d / D)
             nn.init.orthogonal_(self.value.weight, gain=math.sqrt(2 * d / D), generator=g)
+            if cfg.value_init == "zero":
+                self.value.weight.zero_()
         scale = torch.ones(N)
         scale[0] = cfg.one_gram_scale
         self.register_buffer("order_scale", scale, persistent=False)  # [N]
@@ -408,6 +415,7 @@ def attach(
     init_seed: int = 0,
     strict: bool = True,
     freeze_model: bool | None = None,
+    value_init: str | None = None,
 ) -> AttachHandle:
     """Attach a hashed n-gram memory to ``model`` before each block in ``layers``.
 
@@ -456,7 +464,10 @@ def attach(
     if len(set(names)) != len(names):
         raise PolymemError(f"layers {list(layers)} name the same block twice")
     n = max_n if max_n is not None else max(table.orders)
-    cfg = SiteConfig(d_model=d, max_n=n, gate=gate, gate_init=gate_init, conv=conv, init_seed=init_seed)
+    if value_init is None:
+        value_init = "orthogonal" if table.trainable else "zero"
+    cfg = SiteConfig(d_model=d, max_n=n, gate=gate, gate_init=gate_init, conv=conv, init_seed=init_seed,
+                     value_init=value_init)
     sites = nn.ModuleDict()
     for j, name in enumerate(names):
         sites[name.replace(".", "/")] = MemorySite(
@@ -543,7 +554,7 @@ def load_attached(
     handle = attach(
         model, table, tok, layers=header["layers"], train=header["train"], max_n=site["max_n"], gate=site["gate"],
         gate_init=site["gate_init"], conv=site["conv"], init_seed=site["init_seed"],
-        freeze_model=header.get("freeze_model"),
+        freeze_model=header.get("freeze_model"), value_init=site.get("value_init", "orthogonal"),
     )
     if handle.tokenizer_info["fingerprint"] != header["tokenizer"]["fingerprint"]:
         handle.detach()
