@@ -296,7 +296,7 @@ def train_donor(
     prov = {
         "tokenizer": {"name": data.name, "fingerprint": data.cache.fingerprint},
         "corpus": ", ".join(str(p) for p in corpus), "heldout_every": heldout_every,
-        "tokens_seen": res["tokens"], "loss": float(np.mean(res["losses"][-20:])),
+        "tokens_seen": res["tokens"], "train_stream_tokens": int(data.train.size), "loss": float(np.mean(res["losses"][-20:])),
         "heldout_bpb": bpb, "heldout_bpb_memory_off": bpb_off, "rows_touched": touched,
         "train_config": asdict(cfg), "memory_config": asdict(mem), "created_by": "polymem train",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

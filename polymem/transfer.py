@@ -28,15 +28,29 @@ import numpy as np
 import torch
 
 from polymem.errors import PolymemError
-from polymem.train import TokenData, TrainConfig, build_model, evaluate_bpb, read_documents, split_documents, train_loop
+from polymem.train import (TokenData, TrainConfig, batch_starts, build_model, evaluate_bpb, read_documents,
+                           split_documents, train_loop)
 
 ARMS = ("none", "random", "donor", "scratch")
 
 
-def trained_hash_coverage(donor: TokenData, recipient: TokenData, *, donor_max_n: int, max_n: int) -> dict[str, Any]:
-    """Share of recipient held-out n-gram positions (per order n) whose byte hash the donor's training split
-    contains among its n-grams of orders 1..donor_max_n — i.e. rows the donor actually wrote for that n-gram."""
-    h, v = donor.cache.ngram_hashes(donor.train, donor_max_n)  # [N, n]
+def trained_hash_coverage(donor: TokenData, recipient: TokenData, *, donor_max_n: int, max_n: int,
+                          donor_train: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Share of recipient held-out n-gram positions (per order n) whose byte hash the donor wrote rows for.
+
+    With ``donor_train`` (the donor's ``train_config`` from its provenance: steps, batch_size, block_size, seed) the
+    donor's exact training windows are replayed, so only n-grams the donor actually trained on count; without
+    it, every n-gram of the donor tokenizer's training split counts (an upper bound)."""
+    if donor_train:
+        T = int(donor_train["block_size"])
+        starts = batch_starts(donor.train.size, block_size=T, batch_size=int(donor_train["batch_size"]),
+                              steps=int(donor_train["steps"]), seed=int(donor_train["seed"]))
+        windows = donor.train[starts.reshape(-1)[:, None] + np.arange(T)[None, :]]  # [steps·B, T]
+        h, v = donor.cache.ngram_hashes(windows, donor_max_n)  # [W, T, n]
+        basis = "n-grams inside the donor's replayed training windows"
+    else:
+        h, v = donor.cache.ngram_hashes(donor.train, donor_max_n)  # [N, n]
+        basis = "all n-grams of the donor tokenizer's training split (upper bound)"
     seen = np.unique(h[v])
     rh, rv = recipient.cache.ngram_hashes(recipient.heldout, max_n)  # [M, n]
     per_n = {}
@@ -46,8 +60,8 @@ def trained_hash_coverage(donor: TokenData, recipient: TokenData, *, donor_max_n
         hit = int(np.isin(hv, seen).sum())
         per_n[str(n + 1)] = hit / max(hv.size, 1)
         hit_all, tot_all = hit_all + hit, tot_all + hv.size
-    return {"per_n": per_n, "all_orders": hit_all / max(tot_all, 1),
-            "definition": "recipient held-out n-gram positions whose byte hash occurs among the donor's training-split n-grams"}
+    return {"per_n": per_n, "all_orders": hit_all / max(tot_all, 1), "basis": basis,
+            "definition": "share of recipient held-out n-gram positions whose byte hash the donor trained on"}
 
 
 def _byte_coverage(recipient_tok: Any, donor_tok: Any, texts: Sequence[str], max_n: int) -> dict[str, Any] | None:
@@ -106,7 +120,10 @@ def run_transfer(
             dtok = None
         if dtok is not None and dtok.fingerprint == donor_tok_info.get("fingerprint"):
             ddata = TokenData.build(dtok, train_texts, held_texts[:0] or held_texts[:1], spec=a.spec)
-            coverage["trained_hashes"] = trained_hash_coverage(ddata, data, donor_max_n=donor_n, max_n=max_n)
+            stream_ok = prov.get("train_stream_tokens") in (None, int(ddata.train.size))
+            coverage["trained_hashes"] = trained_hash_coverage(
+                ddata, data, donor_max_n=donor_n, max_n=max_n,
+                donor_train=prov.get("train_config") if stream_ok else None)
             bc = _byte_coverage(data.tokenizer, dtok, held_texts, max_n=7)
             if bc is not None:
                 coverage["byte_equivalent"] = bc
