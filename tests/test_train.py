@@ -81,6 +81,7 @@ def test_train_and_transfer_cli(corpus, tmp_path):
     assert res["donor"]["tokenizer"] == "bytes" and res["recipient"]["tokenizer"] == "cl100k_base"
     assert res["recipient"]["fingerprint"] and res["donor"]["fingerprint"]
     assert "trained_hashes" in res["coverage"] and res["elapsed_s"] > 0
+    assert res["coverage"]["trained_hashes"]["basis"].startswith("n-grams inside the donor's replayed")
     # byte-equivalence at work: every byte 1-gram of the recipient's text was written by the bytes donor only
     # when the recipient token is a single byte; coverage is a share in [0, 1]
     assert 0.0 <= res["coverage"]["trained_hashes"]["per_n"]["1"] <= 1.0
