@@ -284,3 +284,29 @@ def test_frozen_table_defaults_to_zero_projection(byte_cache, ids):
     model(ids, ids).mean().backward()
     assert torch.count_nonzero(site.value.weight.grad) > 0
     h.detach()
+
+
+def test_activation_checkpointing_and_bf16_models(byte_cache, ids):
+    """Blocks re-run during backward (activation checkpointing) find the rows of their forward; a bf16 model
+    works with fp32 sites and the context gate."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2)
+    grads = []
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg).train()
+        if ckpt:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        h = attach(model, random_table(8), byte_cache, layers=[1], value_init="orthogonal")
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads.append(h.sites["model/layers/1"].value.weight.grad.clone())
+        h.detach()
+    assert torch.allclose(grads[0], grads[1], atol=1e-6) and grads[0].abs().sum() > 0
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    h = attach(model, random_table(9), byte_cache, layers=[1], gate="context", conv=True, value_init="orthogonal")
+    with torch.no_grad():
+        out = model(input_ids=ids).logits
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    h.detach()

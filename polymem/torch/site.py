@@ -116,7 +116,7 @@ class MemorySite(nn.Module):
             y = self.gate * v
         else:
             k = self.key(e)  # [B, T, d]
-            a = (self.norm_h(h) * self.norm_k(k)).sum(-1, keepdim=True) / math.sqrt(h.shape[-1])  # [B, T, 1]
+            a = (self.norm_h(h.to(k.dtype)) * self.norm_k(k)).sum(-1, keepdim=True) / math.sqrt(h.shape[-1])  # [B, T, 1]
             a = torch.sign(a) * a.abs().clamp_min(1e-6).sqrt()
             y = torch.sigmoid(a) * v
         if self.cfg.conv:
@@ -283,7 +283,7 @@ class AttachHandle:
         return None
 
     def _model_post_hook(self, module, args, output):
-        self._rows = None
+        # rows stay until the next forward: activation checkpointing re-runs blocks during backward
         return None
 
     def _block_hook(self, name: str):
@@ -295,6 +295,11 @@ class AttachHandle:
             if self._rows is None:
                 raise PolymemError(f"block {name} ran outside a forward of the attached model; call the model itself")
             h = args[0] if args else kwargs["hidden_states"]
+            if tuple(h.shape[:2]) != tuple(self._rows.shape[:2]):
+                raise PolymemError(
+                    f"block {name} received hidden states for {tuple(h.shape[:2])} (batch, positions) but the model "
+                    f"was called with ids of shape {tuple(self._rows.shape[:2])}; call the attached model itself"
+                )
             if h.shape[-1] != site.cfg.d_model:
                 raise PolymemError(
                     f"block {name} received hidden states of width {h.shape[-1]}, the site was built for "
