@@ -298,7 +298,10 @@ def test_activation_checkpointing_and_bf16_models(byte_cache, ids):
         torch.manual_seed(0)
         model = LlamaForCausalLM(cfg).train()
         if ckpt:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.x
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:  # transformers 4.x
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         h = attach(model, random_table(8), byte_cache, layers=[1], value_init="orthogonal")
         model(input_ids=ids, labels=ids).loss.backward()
         grads.append(h.sites["model/layers/1"].value.weight.grad.clone())
