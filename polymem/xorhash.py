@@ -96,7 +96,7 @@ class XorHashSpec:
             for oi, n in enumerate(self.orders):
                 while done < n:  # extend the mix leftwards: shifted ids padded with 0
                     shifted = np.zeros_like(x)
-                    shifted[done:] = x[:-done] if done < T else shifted[done:]
+                    shifted[done:] = x[: max(T - done, 0)]
                     mix = mix ^ (shifted * mult[done])
                     done += 1
                 out[:, oi, :] = (mix[:, None] % primes[oi][None, :]).astype(np.int64) + offsets[oi]

@@ -392,20 +392,25 @@ _CREATOR = textwrap.dedent(
 )
 
 
+def _run_and_kill(script: str, path, delay: float) -> None:
+    """Start ``script`` on ``path``, let it work for ``delay`` seconds after it says ready, then SIGKILL it."""
+    proc = subprocess.Popen([sys.executable, "-c", script, str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
 def test_killed_creator_leaves_old_asset_or_none(tmp_path):
     layout = Layout(pages=4096, heads=8, slots=4, head_dim=64)
     path = tmp_path / "a"
     MemoryAsset.create(path, SPEC, layout, dtype="float32", chunks_per_shard=256)
     seen = set()
     for delay in (0.0, 0.1, 0.3, 0.6, 1.2):
-        proc = subprocess.Popen([sys.executable, "-c", _CREATOR, str(path)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
-        assert proc.stdout.readline().strip() == "ready"
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        _run_and_kill(_CREATOR, path, delay)
         if not path.exists():  # killed between the two renames: no asset, and open says so
             with pytest.raises(FormatError, match="no asset directory"):
                 MemoryAsset.open(path)
@@ -427,14 +432,7 @@ def test_killed_page_writer_leaves_old_asset_or_none(tmp_path):
     MemoryAsset.create(path, SPEC, layout, dtype="float32", chunks_per_shard=256)
     outcomes = set()
     for delay in (0.0, 0.05, 0.15, 0.3, 0.6):
-        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
-        assert proc.stdout.readline().strip() == "ready"
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        _run_and_kill(_WRITER, path, delay)
         try:
             a = MemoryAsset.open(path)
         except FormatError as e:
