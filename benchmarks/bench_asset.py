@@ -57,7 +57,8 @@ def main() -> None:
 
     import zarr
 
-    from polymem import HashSpec, Layout, MemoryAsset, nf4
+    from polymem import HashSpec, Layout, MemoryAsset
+    from polymem.asset import nf4
     from polymem.asset import _codec, _zarr
 
     r = {"machine": {"python": platform.python_version(), "numpy": np.__version__, "zarr": zarr.__version__,

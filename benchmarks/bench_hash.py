@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 import polymem
-from polymem import HashSpec, Layout, TokenCache, XorHashSpec
-from polymem.layout import rows_numpy
+from polymem import HashSpec, Layout, TokenHashes, XorHashSpec
+from polymem.hash.layout import rows_numpy
 from polymem.tokenizers import load_tokenizer
 
 
@@ -107,7 +107,7 @@ def main() -> None:
         t0 = time.perf_counter()
         tb = tok.all_token_bytes()
         t_bytes = time.perf_counter() - t0
-        t_hash = best_of(lambda: TokenCache.from_token_bytes(tb, spec, name=tok.name, fingerprint="-"), args.repeats)
+        t_hash = best_of(lambda: TokenHashes.from_token_bytes(tb, spec, name=tok.name, fingerprint="-"), args.repeats)
         name = "Qwen2.5 tokenizer.json (DeepSeek-R1-distill-Qwen-7B)" if s == big else tok.name
         say(f"| {name} | {tok.vocab_size:,} | {t_bytes * 1000:.0f} ms | {t_hash * 1000:.1f} ms | "
             f"{(t_bytes + t_hash) * 1000:.0f} ms | ≤ 300 ms |")
@@ -116,7 +116,7 @@ def main() -> None:
     # ---------------------------------------------------------------------------- hashing throughput
     docs = read_docs(args.corpus)
     tok = load_tokenizer("cl100k_base")
-    cache = TokenCache.build(tok, spec)
+    cache = TokenHashes.build(tok, spec)
     t0 = time.perf_counter()
     ids = np.concatenate([tok.encode(d) for d in docs])
     t_tok = time.perf_counter() - t0
@@ -167,7 +167,7 @@ def main() -> None:
     total_pairs = []
     for s in ("cl100k_base", "mistral-v1"):
         tk = load_tokenizer(s)
-        c1, c2 = TokenCache.build(tk, spec), TokenCache.build(tk, alt)
+        c1, c2 = TokenHashes.build(tk, spec), TokenHashes.build(tk, alt)
         sid = ids if s == "cl100k_base" else np.concatenate([tk.encode(d) for d in docs])
         h1, v = c1.ngram_hashes(sid, 7)
         h2, _ = c2.ngram_hashes(sid, 7)

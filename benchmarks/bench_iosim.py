@@ -34,11 +34,11 @@ def main() -> None:
     ap.add_argument("--plot", default=None, help="PNG: reads/token vs cache size (one panel per table size)")
     args = ap.parse_args()
 
-    from polymem import HashSpec, Layout, TokenCache
+    from polymem import HashSpec, Layout, TokenHashes
     from polymem.asset._format import geometry
     from polymem.cli.cmd_asset import parse_count
     from polymem.corpus import Corpus
-    from polymem.iosim import simulate
+    from polymem.analysis.iosim import simulate
     from polymem.tokenizers import load_tokenizer
 
     t0 = time.perf_counter()
@@ -47,7 +47,7 @@ def main() -> None:
     T = sum(len(d) for d in docs)
     t_tok = time.perf_counter() - t0
     print(f"{len(docs)} documents, {T:,} {tok.name} tokens (tokenised in {t_tok:.1f} s)")
-    cache = TokenCache.build(tok, HashSpec())
+    cache = TokenHashes.build(tok, HashSpec())
     orders = tuple(int(x) for x in args.orders.split(","))
     fracs = [float(x) for x in args.cache_frac.split(",") if x]
     mbs = [int(x) for x in args.cache_mb.split(",") if x]

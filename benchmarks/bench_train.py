@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from polymem.torch.site import attach
-from polymem.train import MemoryConfig, TokenData, TrainConfig, build_model, read_documents, split_documents, train_loop
+from polymem.torch.attach import attach
+from polymem.torch.train import MemoryConfig, TokenData, TrainConfig, build_model, read_documents, split_documents, train_loop
 
 
 def main() -> None:

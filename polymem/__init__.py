@@ -1,45 +1,63 @@
 """polymem: tokenizer-agnostic hashed n-gram memory tables, addressed by the bytes of an n-gram.
 
-Public API (everything else is private)::
+The data flow, one sub-package per stage (docs/architecture.md)::
+
+    text ──tokenizers──▶ ids ──hash──▶ n-gram hashes ──hash.layout──▶ rows ──asset──▶ pages ──torch──▶ vectors → model
+                                                         analysis: coverage, iosim, crosscheck (read-only studies)
+
+Public API::
 
     tok = polymem.load_tokenizer("cl100k_base")
-    cache = polymem.TokenCache.build(tok, polymem.HashSpec())
-    hashes, valid = cache.ngram_hashes(tok.encode("Hello world"), max_n=3)
+    hashes = polymem.TokenHashes.build(tok, polymem.HashSpec())
+    h, valid = hashes.ngram_hashes(tok.encode("Hello world"), max_n=3)
+
+``import polymem`` loads no heavy dependency (numba, torch, zarr): every name below is imported on first use.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-from polymem.cache import TokenCache
 from polymem.errors import FormatError, PolymemError, SpecMismatchError, TokenizerError
-from polymem.hashing import HashSpec
-from polymem.layout import Layout
-from polymem.xorhash import XorHashSpec
 
 __version__ = "0.1.0"
 
-# Lazily imported names (heavy dependencies, or modules of later milestones).
+# name -> (module, attribute); imported on first access so `import polymem` stays light.
 _LAZY = {
+    "HashSpec": ("polymem.hash.spec", "HashSpec"),
+    "Layout": ("polymem.hash.layout", "Layout"),
+    "TokenHashes": ("polymem.hash.token_hashes", "TokenHashes"),
+    "XorHashSpec": ("polymem.hash.xor", "XorHashSpec"),
     "load_tokenizer": ("polymem.tokenizers", "load_tokenizer"),
     "check_fidelity": ("polymem.tokenizers", "check_fidelity"),
     "Tokenizer": ("polymem.tokenizers", "Tokenizer"),
-    "coverage": ("polymem.analyzer", "coverage"),
+    "coverage": ("polymem.analysis.coverage", "coverage"),
     "MemoryAsset": ("polymem.asset", "MemoryAsset"),
-    "attach": ("polymem.torch.site", "attach"),
+    "attach": ("polymem.torch.attach", "attach"),
 }
+
+# Old public names kept for one release (0.2 removes them).
+_DEPRECATED = {"TokenCache": "TokenHashes"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _DEPRECATED:
+        new = _DEPRECATED[name]
+        warnings.warn(f"polymem.{name} is deprecated; use polymem.{new}", DeprecationWarning, stacklevel=2)
+        return __getattr__(new)
+    if name in _LAZY:
         mod, attr = _LAZY[name]
-        return getattr(importlib.import_module(mod), attr)
+        value = getattr(importlib.import_module(mod), attr)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
     raise AttributeError(f"module 'polymem' has no attribute {name!r}")
 
 
-__all__ = [
-    "FormatError", "HashSpec", "Layout", "PolymemError", "SpecMismatchError", "TokenCache",
-    "TokenizerError", "XorHashSpec", "__version__", *_LAZY,
-]
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+__all__ = ["FormatError", "PolymemError", "SpecMismatchError", "TokenizerError", "__version__", *_LAZY]

@@ -7,7 +7,7 @@
     raw_bytes       the 256-id bytes tokenizer
     all_tokenizers  parametrised over the four above
 
-Nothing here reads ../shared: tests use only text the project ships (assets/) or generates.
+Nothing here reads ../shared: tests use only text the project ships (polymem/_samples/) or generates.
 """
 
 from __future__ import annotations
@@ -25,13 +25,10 @@ _SAMPLE_NAME = "sample_multilingual.txt"
 
 
 def sample_path() -> Path:
-    """assets/sample_multilingual.txt in the source tree, else the copy installed as polymem/_assets."""
-    source = _REPO / "assets" / _SAMPLE_NAME
-    if source.is_file():
-        return source
-    import polymem
+    """polymem/_samples/sample_multilingual.txt (shipped inside the package)."""
+    from polymem.samples import sample_path as _shipped
 
-    return Path(polymem.__file__).resolve().parent / "_assets" / _SAMPLE_NAME
+    return _shipped(_SAMPLE_NAME)
 
 
 def sample_text() -> str:

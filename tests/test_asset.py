@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polymem import FormatError, HashSpec, Layout, MemoryAsset, PolymemError, nf4
+from polymem import FormatError, HashSpec, Layout, MemoryAsset, PolymemError
+from polymem.asset import nf4
 from polymem.asset._codec import bf16_decode, bf16_encode
 
 DTYPES = ["float32", "float16", "bfloat16", "nf4"]
@@ -471,7 +471,7 @@ def test_read_stored_and_read_rows(tmp_path, dtype):
 
 
 def test_spec_check_and_token_cache_lookup(tmp_path):
-    from polymem import SpecMismatchError, TokenCache
+    from polymem import SpecMismatchError, TokenHashes
 
     layout = Layout(pages=50, heads=2, slots=2, head_dim=4)
     t = random_table(layout, 12)
@@ -479,7 +479,7 @@ def test_spec_check_and_token_cache_lookup(tmp_path):
     a.check_spec(HashSpec())
     with pytest.raises(SpecMismatchError, match="differs from the asset's"):
         a.check_spec(HashSpec(normalizer="ascii-lower"))
-    cache = TokenCache.from_token_bytes([b"ab", b"c", b"abc"], a.spec, name="toy", fingerprint="f")
+    cache = TokenHashes.from_token_bytes([b"ab", b"c", b"abc"], a.spec, name="toy", fingerprint="f")
     h, v = cache.ngram_hashes(np.array([0, 1, 2]), max_n=2)
     # byte-equivalent: the bigram (ab, c) and the unigram (abc) read the same K rows
     assert h[1, 1] == h[2, 0]

@@ -76,7 +76,7 @@ def test_quantize_reports_error(tmp_path):
     q = MemoryAsset.open(tmp_path / "q")
     assert q.dtype == "nf4" and q.geometry.chunk_bytes == 4096 and q.geometry.pages_per_chunk == 3
     assert q.provenance["corpus"] == "toy" and q.provenance["converted_from"]["dtype"] == "float32"
-    from polymem import nf4
+    from polymem.asset import nf4
 
     assert np.array_equal(q.to_numpy(), nf4.dequantize(nf4.quantize(t), 64))
     src = MemoryAsset.open(tmp_path / "src")

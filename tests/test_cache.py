@@ -1,4 +1,4 @@
-"""TokenCache over real tokenizers: contents, save/load, refusals, and byte-equivalence across families."""
+"""TokenHashes over real tokenizers: contents, save/load, refusals, and byte-equivalence across families."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from polymem import HashSpec, Layout, TokenCache, load_tokenizer
-from polymem.crosscheck import crosscheck
+from polymem import HashSpec, Layout, TokenHashes, load_tokenizer
+from polymem.analysis.crosscheck import crosscheck
 from polymem.errors import FormatError, PolymemError, SpecMismatchError
 
 # Multilingual snippets: each family must agree on every byte-equal n-gram of each of them.
@@ -31,7 +31,7 @@ PAIRS = list(itertools.combinations(["cl100k", "mistral_v1", "bpe_json", "raw_by
 def test_cache_contents_match_the_definition(all_tokenizers) -> None:
     tok = all_tokenizers
     spec = HashSpec()
-    cache = TokenCache.build(tok, spec)
+    cache = TokenHashes.build(tok, spec)
     assert cache.vocab_size == tok.vocab_size and cache.fingerprint == tok.fingerprint
     rng = np.random.default_rng(0)
     for t in rng.choice(tok.vocab_size, size=min(300, tok.vocab_size), replace=False):
@@ -46,7 +46,7 @@ def test_cache_contents_match_the_definition(all_tokenizers) -> None:
 
 
 def test_special_tokens_invalidate_ngrams(cl100k) -> None:
-    cache = TokenCache.build(cl100k)
+    cache = TokenHashes.build(cl100k)
     eot = 100257  # <|endoftext|>
     ids = np.concatenate([cl100k.encode("hello world"), [eot], cl100k.encode(" again and again")])
     h, v = cache.ngram_hashes(ids, 4)
@@ -60,7 +60,7 @@ def test_special_tokens_invalidate_ngrams(cl100k) -> None:
 @pytest.mark.parametrize("a,b", PAIRS)
 def test_byte_equivalent_ngrams_hash_alike_across_families(a: str, b: str, request) -> None:
     ta, tb = request.getfixturevalue(a), request.getfixturevalue(b)
-    ca, cb = TokenCache.build(ta), TokenCache.build(tb)
+    ca, cb = TokenHashes.build(ta), TokenHashes.build(tb)
     total_pairs = 0
     for lang, text in SNIPPETS.items():
         ia, ib = ta.encode(text), tb.encode(text)
@@ -73,7 +73,7 @@ def test_byte_equivalent_ngrams_hash_alike_across_families(a: str, b: str, reque
 
 
 def test_cross_order_examples_exist_on_the_sample(cl100k, mistral_v1, sample: str) -> None:
-    ca, cb = TokenCache.build(cl100k), TokenCache.build(mistral_v1)
+    ca, cb = TokenHashes.build(cl100k), TokenHashes.build(mistral_v1)
     r = crosscheck(ca, cl100k.all_token_bytes(), cl100k.encode(sample), cb, mistral_v1.all_token_bytes(),
                    mistral_v1.encode(sample), max_n=7)
     assert r.mismatched == 0 and r.collisions == 0
@@ -85,7 +85,7 @@ def test_cross_order_examples_exist_on_the_sample(cl100k, mistral_v1, sample: st
 def test_no_64bit_collisions_over_the_sample_in_the_joint_space(all_tokenizers, sample: str) -> None:
     tok = all_tokenizers
     ids = tok.encode(sample)
-    h, v = TokenCache.build(tok).ngram_hashes(ids, 7)
+    h, v = TokenHashes.build(tok).ngram_hashes(ids, 7)
     tb = tok.all_token_bytes()
     seen: dict[int, bytes] = {}
     for i in range(len(ids)):
@@ -98,10 +98,10 @@ def test_no_64bit_collisions_over_the_sample_in_the_joint_space(all_tokenizers, 
 
 def test_save_load_round_trip(tmp_path: Path, mistral_v1) -> None:
     spec = HashSpec(normalizer="ascii-lower")
-    cache = TokenCache.build(mistral_v1, spec)
+    cache = TokenHashes.build(mistral_v1, spec)
     path = cache.save(tmp_path / "sub" / "mistral.npz")
     assert path.is_file() and [p.name for p in path.parent.iterdir()] == ["mistral.npz"]  # no temp left behind
-    back = TokenCache.load(path, tokenizer=mistral_v1, spec=spec)
+    back = TokenHashes.load(path, tokenizer=mistral_v1, spec=spec)
     for k in ("C", "L", "P", "special", "powers"):
         np.testing.assert_array_equal(getattr(back, k), getattr(cache, k))
     assert back.spec == spec and back.dummy_prefix and back.fingerprint == mistral_v1.fingerprint
@@ -110,22 +110,22 @@ def test_save_load_round_trip(tmp_path: Path, mistral_v1) -> None:
 
 
 def test_load_refuses_another_tokenizer_or_spec_naming_both(tmp_path: Path, cl100k, raw_bytes) -> None:
-    path = TokenCache.build(raw_bytes).save(tmp_path / "bytes.npz")
+    path = TokenHashes.build(raw_bytes).save(tmp_path / "bytes.npz")
     with pytest.raises(SpecMismatchError, match=r"built for tokenizer 'bytes' .* but tokenizer 'cl100k_base'"):
-        TokenCache.load(path, tokenizer=cl100k)
+        TokenHashes.load(path, tokenizer=cl100k)
     other = HashSpec(byte_seed=42)
     with pytest.raises(SpecMismatchError, match=rf"hash spec {HashSpec().spec_id} .* spec {other.spec_id}"):
-        TokenCache.load(path, spec=other)
+        TokenHashes.load(path, spec=other)
 
 
 def test_load_errors_on_missing_and_corrupt_files(tmp_path: Path, raw_bytes) -> None:
     with pytest.raises(PolymemError, match="does not exist; build it with `polymem build-cache`"):
-        TokenCache.load(tmp_path / "nope.npz")
+        TokenHashes.load(tmp_path / "nope.npz")
     bad = tmp_path / "bad.npz"
     bad.write_bytes(os.urandom(500))
     with pytest.raises(FormatError, match="not a readable .npz"):
-        TokenCache.load(bad)
-    good = TokenCache.build(raw_bytes).save(tmp_path / "good.npz")
+        TokenHashes.load(bad)
+    good = TokenHashes.build(raw_bytes).save(tmp_path / "good.npz")
     with zipfile.ZipFile(good) as z:  # rewrite with a foreign header
         members = {n: z.read(n) for n in z.namelist()}
     hdr = tmp_path / "hdr.npz"
@@ -133,15 +133,15 @@ def test_load_errors_on_missing_and_corrupt_files(tmp_path: Path, raw_bytes) -> 
     arrays["header"] = np.frombuffer(b'{"format": "other", "version": 9}', dtype=np.uint8)
     np.savez(hdr, **arrays)
     with pytest.raises(FormatError, match=r"format 'other' version 9; this polymem reads 'polymem.token-cache' versions \[1\]"):
-        TokenCache.load(hdr)
+        TokenHashes.load(hdr)
     arrays.pop("C")
     np.savez(tmp_path / "noc.npz", **{**arrays, "header": np.load(good)["header"]})
     with pytest.raises(FormatError, match="lacks array 'C'"):
-        TokenCache.load(tmp_path / "noc.npz")
+        TokenHashes.load(tmp_path / "noc.npz")
 
 
 def test_failed_save_leaves_nothing_behind(tmp_path: Path, raw_bytes) -> None:
-    cache = TokenCache.build(raw_bytes)
+    cache = TokenHashes.build(raw_bytes)
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(OSError):
@@ -155,7 +155,7 @@ def test_failed_save_leaves_nothing_behind(tmp_path: Path, raw_bytes) -> None:
 
 
 def test_bad_ids_and_orders_get_clear_errors(raw_bytes) -> None:
-    cache = TokenCache.build(raw_bytes)
+    cache = TokenHashes.build(raw_bytes)
     with pytest.raises(PolymemError, match=r"token id 300 is out of range for tokenizer 'bytes' \(vocab size 256"):
         cache.ngram_hashes([1, 2, 300], 3)
     with pytest.raises(PolymemError, match="token id -1 is out of range"):
@@ -175,7 +175,7 @@ def test_lossy_tokenizer_warns_when_hashed(wordpiece_json_path: Path) -> None:
     tok = load_tokenizer(wordpiece_json_path)
     assert tok.lossy
     with pytest.warns(UserWarning, match="not byte-faithful"):
-        TokenCache.build(tok)
+        TokenHashes.build(tok)
 
 
 @pytest.mark.slow
@@ -189,9 +189,9 @@ def test_byte_equivalence_with_large_hf_tokenizers(model: str, tmp_path: Path, c
         zf.extractall(tmp_path)
     big = load_tokenizer(next(tmp_path.rglob("tokenizer.json")))
     assert big.vocab_size > 100_000
-    cb = TokenCache.build(big)
+    cb = TokenHashes.build(big)
     for other in (cl100k, mistral_v1):
-        co = TokenCache.build(other)
+        co = TokenHashes.build(other)
         for lang, text in SNIPPETS.items():
             r = crosscheck(cb, big.all_token_bytes(), big.encode(text), co, other.all_token_bytes(),
                            other.encode(text), max_n=7)

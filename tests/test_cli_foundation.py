@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from polymem import TokenCache, load_tokenizer
+from polymem import TokenHashes, load_tokenizer
 from polymem.cli.app import app, main
 
 runner = CliRunner()
@@ -18,7 +18,7 @@ def test_build_cache_writes_a_loadable_cache(tmp_path: Path) -> None:
     r = runner.invoke(app, ["build-cache", "--tokenizer", "mistral-v1", "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert "32,000" in r.output and "faithful" in r.output and f"written {out}" in r.output
-    cache = TokenCache.load(out, tokenizer=load_tokenizer("mistral-v1"))
+    cache = TokenHashes.load(out, tokenizer=load_tokenizer("mistral-v1"))
     assert cache.vocab_size == 32000 and cache.dummy_prefix
 
 
@@ -27,7 +27,7 @@ def test_build_cache_default_location_honours_env(tmp_path: Path, monkeypatch: p
     r = runner.invoke(app, ["build-cache", "--tokenizer", "bytes"])
     assert r.exit_code == 0, r.output
     files = list((tmp_path / "token-caches").glob("bytes-*.npz"))
-    assert len(files) == 1 and TokenCache.load(files[0]).vocab_size == 256
+    assert len(files) == 1 and TokenHashes.load(files[0]).vocab_size == 256
 
 
 def test_unknown_tokenizer_exits_2_listing_accepted_forms(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:

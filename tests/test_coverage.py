@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 import polymem
 from polymem.cli.app import app
 from polymem.corpus import Corpus, Document
-from polymem.analyzer import CoverageReport, ExactCounter, HashCounter
+from polymem.analysis.coverage import CoverageReport, ExactCounter, HashCounter
 from polymem.errors import PolymemError
 from polymem.tokenizers import Tokenizer, load_tokenizer
 
@@ -215,7 +215,7 @@ def test_inline_fidelity_equals_check_fidelity(mistral_v1: Tokenizer, cl100k: To
 
 
 def test_progress_reports_cumulative_documents_and_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    import polymem.analyzer.run as run
+    import polymem.analysis.coverage.run as run
 
     monkeypatch.setattr(run, "_BATCH_BYTES", 1)
     docs = ["aab", "bba", "ab"]
@@ -227,7 +227,7 @@ def test_progress_reports_cumulative_documents_and_bytes(monkeypatch: pytest.Mon
 
 def test_a_lossy_tokenizer_is_reported_not_faithful(wordpiece_json_path: Path, cl100k: Tokenizer) -> None:
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # TokenCache.build warns about the lossy tokenizer
+        warnings.simplefilter("ignore")  # TokenHashes.build warns about the lossy tokenizer
         r = polymem.coverage(wordpiece_json_path, cl100k, ["Hello World, again.", "More text here."], max_n=3)
     fid = r.fidelity["target"]
     assert not fid["faithful"] and fid["mismatched"] == 2 and fid["first_mismatch"].startswith("doc 0: byte 1 of ")
@@ -246,7 +246,7 @@ def test_workers_give_identical_results(mistral_v1: Tokenizer, cl100k: Tokenizer
 def test_workers_resolve_occurrences_across_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     # one document per batch, so the "ab" and "ba" documents (see the test above) can land in different
     # workers; doc "ab"'s 1-grams a and b are only in the reference stream of the "ba" documents
-    import polymem.analyzer.run as run
+    import polymem.analysis.coverage.run as run
 
     monkeypatch.setattr(run, "_BATCH_BYTES", 1)
     C = Greedy(["a", "b", "ab"], "C")
@@ -277,8 +277,8 @@ def test_document_order_does_not_matter(rnd: random.Random) -> None:
 
 def test_counters_directly_from_token_ids() -> None:
     # the low-level interface: caches and ids, no tokenizer
-    ca = polymem.TokenCache.from_token_bytes([b"aa", b"a", b"b"], name="A", fingerprint="a")
-    cb = polymem.TokenCache.from_token_bytes([b"a", b"b"], name="B", fingerprint="b")
+    ca = polymem.TokenHashes.from_token_bytes([b"aa", b"a", b"b"], name="A", fingerprint="a")
+    cb = polymem.TokenHashes.from_token_bytes([b"a", b"b"], name="B", fingerprint="b")
     h = HashCounter(ca, cb, 4)
     e = ExactCounter([b"aa", b"a", b"b"], [b"a", b"b"], 4)
     for c in (h, e):

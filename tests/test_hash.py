@@ -12,11 +12,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polymem import HashSpec, Layout, TokenCache
-from polymem import reference as ref
+from polymem import HashSpec, Layout, TokenHashes
+from polymem.hash import reference as ref
 from polymem.errors import FormatError, PolymemError
-from polymem.hashing import MASK64, NORMALIZERS, finalize, normalize_bytes, splitmix64
-from polymem.torch.hashing import TorchTokenCache
+from polymem.hash.spec import MASK64, NORMALIZERS, finalize, normalize_bytes, splitmix64
+from polymem.torch.hash import TorchTokenHashes
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "hash_golden_v1.json").read_text())
 SPEC = HashSpec()
@@ -68,10 +68,10 @@ def test_golden_normalizer_and_finalizer_and_rows() -> None:
         assert layout.rows(np.array([h], dtype=np.uint64))[0].tolist() == case["rows"]
 
 
-def _golden_cache() -> tuple[TokenCache, list[bytes | None], np.ndarray, list[list[int | None]]]:
+def _golden_cache() -> tuple[TokenHashes, list[bytes | None], np.ndarray, list[list[int | None]]]:
     g = GOLDEN["ngrams"]
     vocab = [None if v is None else bytes.fromhex(v) for v in g["vocab_hex"]]
-    cache = TokenCache.from_token_bytes(vocab, SPEC, name="golden", fingerprint="-")
+    cache = TokenHashes.from_token_bytes(vocab, SPEC, name="golden", fingerprint="-")
     expected = [[_h(x) for x in row] for row in g["hashes"]]
     return cache, vocab, np.array(g["ids"]), expected
 
@@ -85,7 +85,7 @@ def test_golden_ngrams_every_backend(backend: str) -> None:
         assert got == expected
         return
     if backend == "torch":
-        h_t, v_t = TorchTokenCache.from_cache(cache).ngram_hashes(torch.from_numpy(ids), max_n)
+        h_t, v_t = TorchTokenHashes.from_cache(cache).ngram_hashes(torch.from_numpy(ids), max_n)
         h, v = h_t.numpy().view(np.uint64), v_t.numpy()
     else:
         h, v = cache.ngram_hashes(ids, max_n, backend=backend)
@@ -113,10 +113,10 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 def test_torch_on_every_device_matches_numba_on_real_sized_input(device: str) -> None:
     rng = np.random.default_rng(3)
     vocab = [None] + [rng.bytes(int(n)) for n in rng.integers(1, 9, size=5000)]
-    cache = TokenCache.from_token_bytes(vocab, SPEC, name="rand", fingerprint="-")
+    cache = TokenHashes.from_token_bytes(vocab, SPEC, name="rand", fingerprint="-")
     ids = rng.integers(0, len(vocab), size=(4, 2048))
     h, v = cache.ngram_hashes(ids, 7)
-    tc = TorchTokenCache.from_cache(cache, device)
+    tc = TorchTokenHashes.from_cache(cache, device)
     ht, vt = tc.ngram_hashes(torch.from_numpy(ids).to(device), 7)
     np.testing.assert_array_equal(ht.cpu().numpy().view(np.uint64), h)
     np.testing.assert_array_equal(vt.cpu().numpy(), v)
@@ -129,7 +129,7 @@ def test_torch_on_every_device_matches_numba_on_real_sized_input(device: str) ->
 @HYP
 @given(vocab=vocab_st, data=st.data(), max_n=st.integers(1, 7), batch=st.booleans())
 def test_reference_equals_numba_numpy_torch(vocab, data, max_n, batch) -> None:
-    cache = TokenCache.from_token_bytes(vocab, SPEC, name="hyp", fingerprint="-")
+    cache = TokenHashes.from_token_bytes(vocab, SPEC, name="hyp", fingerprint="-")
     T = data.draw(st.integers(0, 30))
     rows = 2 if batch else 1
     ids = np.array(
@@ -139,7 +139,7 @@ def test_reference_equals_numba_numpy_torch(vocab, data, max_n, batch) -> None:
         ids = ids[0]
     h_nb, v_nb = cache.ngram_hashes(ids, max_n)
     h_np, v_np = cache.ngram_hashes(ids, max_n, backend="numpy")
-    h_t, v_t = TorchTokenCache.from_cache(cache).ngram_hashes(torch.from_numpy(ids), max_n)
+    h_t, v_t = TorchTokenHashes.from_cache(cache).ngram_hashes(torch.from_numpy(ids), max_n)
     np.testing.assert_array_equal(h_nb, h_np)
     np.testing.assert_array_equal(v_nb, v_np)
     np.testing.assert_array_equal(h_nb, h_t.numpy().view(np.uint64))
@@ -223,7 +223,7 @@ def test_spec_errors_name_the_value_and_the_fix() -> None:
 
 # ---------------------------------------------------------------------------------------- XOR
 def test_xor_baseline_matches_its_reference_and_is_tokenizer_bound() -> None:
-    from polymem.xorhash import XorHashSpec
+    from polymem.hash.xor import XorHashSpec
 
     xs = XorHashSpec(head_rows=1000, orders=(2, 3), heads=4)
     assert len(set(xs.primes)) == 8 and all(p <= 1000 for p in xs.primes)

@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polymem import HashSpec, Layout, PolymemError, TokenCache
+from polymem import HashSpec, Layout, PolymemError, TokenHashes
 from polymem.asset._format import geometry
-from polymem.iosim import LRUCache, lru_misses_reference, ngram_blocks, plot, simulate
+from polymem.analysis.iosim import LRUCache, lru_misses_reference, ngram_blocks, plot, simulate
 
 
-def byte_cache() -> TokenCache:
+def byte_cache() -> TokenHashes:
     # 256 byte tokens plus one special token (id 256): n-grams touching it are invalid
-    return TokenCache.from_token_bytes([bytes([b]) for b in range(256)] + [None], HashSpec(), name="toy", fingerprint="t")
+    return TokenHashes.from_token_bytes([bytes([b]) for b in range(256)] + [None], HashSpec(), name="toy", fingerprint="t")
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polymem import Layout, TokenCache
-from polymem import reference as ref
+from polymem import Layout, TokenHashes
+from polymem.hash import reference as ref
 from polymem.errors import FormatError, PolymemError
-from polymem.layout import LAYOUT_KINDS, rows_numpy
-from polymem.torch.hashing import rows_torch
+from polymem.hash.layout import LAYOUT_KINDS, rows_numpy
+from polymem.torch.hash import rows_torch
 
 REF = {"page-local": ref.page_local_rows, "flat": ref.flat_rows, "independent-heads": ref.independent_rows}
 geometry = st.fixed_dictionaries(
@@ -81,7 +81,7 @@ def test_invalid_hashes_get_minus_one() -> None:
 
 def test_fused_rows_equal_hash_then_layout() -> None:
     vocab = [bytes([i]) for i in range(256)] + [b"ab", None, b" the"]
-    cache = TokenCache.from_token_bytes(vocab, name="toy", fingerprint="-")
+    cache = TokenHashes.from_token_bytes(vocab, name="toy", fingerprint="-")
     ids = np.random.default_rng(2).integers(0, len(vocab), size=(3, 50))
     for kind in LAYOUT_KINDS:
         layout = Layout(pages=333, heads=8, slots=4, kind=kind)

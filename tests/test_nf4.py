@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from polymem import nf4
+from polymem.asset import nf4
 from polymem.errors import PolymemError
 
 

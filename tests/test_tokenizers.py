@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import sample_text
 from polymem.errors import PolymemError, TokenizerError
 from polymem.tokenizers import (
     FidelityReport,

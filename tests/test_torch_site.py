@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import polymem
-from polymem import HashSpec, Layout, PolymemError, SpecMismatchError, TokenCache
-from polymem.resources import sample_text
-from polymem.torch import HashTable, SparseRowRMS, attach, load_attached
+from polymem import HashSpec, Layout, PolymemError, SpecMismatchError, TokenHashes
+from polymem.samples import sample_text
+from polymem.torch import TrainableTable, SparseRowRMS, attach, load_attached
 from polymem.torch.model import GPT, GPTConfig
 
 torch.set_num_threads(1)
@@ -18,8 +18,8 @@ LAYOUT = Layout(pages=64, heads=4, slots=4, head_dim=8)
 
 
 @pytest.fixture(scope="module")
-def byte_cache() -> TokenCache:
-    return TokenCache.build("bytes", HashSpec())
+def byte_cache() -> TokenHashes:
+    return TokenHashes.build("bytes", HashSpec())
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +34,9 @@ def tiny_gpt(seed: int = 0) -> GPT:
     return GPT(GPTConfig(vocab_size=256, n_used=256, block_size=64, n_layer=2, n_head=2, d_model=32), torch.arange(256))
 
 
-def random_table(seed: int = 0, trainable: bool = False) -> HashTable:
+def random_table(seed: int = 0, trainable: bool = False) -> TrainableTable:
     g = torch.Generator().manual_seed(seed)
-    return HashTable(torch.randn(LAYOUT.num_rows, LAYOUT.head_dim, generator=g), spec=HashSpec(), layout=LAYOUT,
+    return TrainableTable(torch.randn(LAYOUT.num_rows, LAYOUT.head_dim, generator=g), spec=HashSpec(), layout=LAYOUT,
                      trainable=trainable)
 
 
@@ -62,7 +62,7 @@ def test_zero_table_is_bit_identical_and_detach_restores(byte_cache, ids, gate, 
 def test_sparse_gradient_equals_dense_on_touched_rows(byte_cache, ids):
     torch.manual_seed(0)
     w = torch.randn(LAYOUT.num_rows, LAYOUT.head_dim)
-    table = HashTable(w.clone(), spec=HashSpec(), layout=LAYOUT, trainable=True)
+    table = TrainableTable(w.clone(), spec=HashSpec(), layout=LAYOUT, trainable=True)
     rows = byte_cache.ngram_rows(ids.numpy(), LAYOUT, 3)  # [2, 48, 3, K], -1 invalid
     r = torch.from_numpy(rows)
     upstream = torch.randn(*r.shape, LAYOUT.head_dim)
@@ -97,7 +97,7 @@ def test_row_optimizer_moves_only_touched_rows(byte_cache, ids):
 
 
 def test_frozen_donor_table_is_bit_identical_after_training(byte_cache, ids):
-    from polymem.train import TokenData, TrainConfig, train_loop
+    from polymem.torch.train import TokenData, TrainConfig, train_loop
 
     table = random_table(1)
     snapshot = table.weight.detach().clone()
@@ -173,10 +173,10 @@ def test_unmatched_layers_are_reported(byte_cache):
 def test_unusable_hash_spec_or_layout_is_refused(byte_cache, tmp_path, ids):
     from polymem import XorHashSpec
 
-    other = TokenCache.build("bytes", HashSpec(normalizer="ascii-lower"))
+    other = TokenHashes.build("bytes", HashSpec(normalizer="ascii-lower"))
     with pytest.raises(SpecMismatchError, match="rebuild the cache with the table's spec"):
         attach(tiny_gpt(), LAYOUT, other)
-    xor_table = HashTable(None, spec=HashSpec(), layout=LAYOUT)
+    xor_table = TrainableTable(None, spec=HashSpec(), layout=LAYOUT)
     xor_table.spec = XorHashSpec(head_rows=101)
     with pytest.raises(SpecMismatchError, match="byte-level polynomial HashSpec"):
         attach(tiny_gpt(), xor_table, byte_cache)
@@ -187,7 +187,7 @@ def test_unusable_hash_spec_or_layout_is_refused(byte_cache, tmp_path, ids):
     h.detach()
     other_layout = Layout(pages=32, heads=4, slots=4, head_dim=8)
     with pytest.raises(SpecMismatchError, match="expects layout"):
-        load_attached(model, tmp_path / "site", HashTable(None, spec=HashSpec(), layout=other_layout, trainable=False), "bytes")
+        load_attached(model, tmp_path / "site", TrainableTable(None, spec=HashSpec(), layout=other_layout, trainable=False), "bytes")
     with pytest.raises(SpecMismatchError, match="fingerprint"):
         load_attached(model, tmp_path / "site", random_table(4), "bytes")
     with pytest.raises(PolymemError, match="pass that asset"):
@@ -256,7 +256,7 @@ def test_asset_backed_site_matches_in_memory(byte_cache, ids, tmp_path, dtype):
     with torch.no_grad():
         a = model(ids)
     h.detach()
-    h = attach(model, HashTable(dense, spec=HashSpec(), layout=LAYOUT, trainable=False), byte_cache, layers=[1],
+    h = attach(model, TrainableTable(dense, spec=HashSpec(), layout=LAYOUT, trainable=False), byte_cache, layers=[1],
                value_init="orthogonal")
     with torch.no_grad():
         b = model(ids)

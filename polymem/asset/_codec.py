@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from polymem import nf4
+from polymem.asset import nf4
 from polymem.asset._format import Geometry
 from polymem.errors import PolymemError
 

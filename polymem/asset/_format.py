@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from polymem import nf4
+from polymem.asset import nf4
 from polymem.errors import FormatError, PolymemError
-from polymem.hashing import HashSpec
-from polymem.layout import Layout
+from polymem.hash.spec import HashSpec
+from polymem.hash.layout import Layout
 
 ASSET_FORMAT = "polymem.asset"
 SUPPORTED_ASSET_VERSIONS = (1,)

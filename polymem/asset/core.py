@@ -29,10 +29,10 @@ from polymem.asset._shards import FastReader, file_sha256, write_shard
 from polymem.asset._validate import Raw as _Raw
 from polymem.asset._validate import validate as _validate
 from polymem.errors import FormatError, PolymemError, SpecMismatchError
-from polymem import nf4
-from polymem.hashing import HashSpec
-from polymem.layout import Layout
-from polymem.nf4 import QuantError, reconstruction_error
+from polymem.asset import nf4
+from polymem.hash.spec import HashSpec
+from polymem.hash.layout import Layout
+from polymem.asset.nf4 import QuantError, reconstruction_error
 
 BACKENDS = ("auto", "fast", "zarr", "tensorstore")
 PageSource = Callable[[int, int], np.ndarray]  # (first page, stop page) -> float32 [stop-first, K*S, r]
@@ -348,14 +348,14 @@ class MemoryAsset:
         if spec != self.spec:
             raise SpecMismatchError(
                 f"hash spec {spec.spec_id} differs from the asset's {self.spec.spec_id} ({self.path}); hash with "
-                "asset.spec, e.g. TokenCache.build(tokenizer, asset.spec) or asset.token_cache(tokenizer)"
+                "asset.spec, e.g. TokenHashes.build(tokenizer, asset.spec) or asset.token_cache(tokenizer)"
             )
 
     def token_cache(self, tokenizer: Any) -> Any:
-        """A :class:`polymem.TokenCache` for ``tokenizer`` under this asset's hash spec."""
-        from polymem.cache import TokenCache
+        """A :class:`polymem.TokenHashes` for ``tokenizer`` under this asset's hash spec."""
+        from polymem.hash.token_hashes import TokenHashes
 
-        return TokenCache.build(tokenizer, self.spec)
+        return TokenHashes.build(tokenizer, self.spec)
 
     # ---- writes
     def write_pages(self, page_ids: Any, data: Any) -> None:

@@ -20,16 +20,16 @@ def build_cache(
     normalizer: Annotated[str, typer.Option(help="Per-byte normaliser: none, ascii-lower, ascii-lower-ws.")] = "none",
 ) -> None:
     """Hash every token of a tokenizer: C(t), byte length L(t), base powers. Saves a cache and reports it."""
-    from polymem import HashSpec, TokenCache
-    from polymem.cache import default_cache_path
-    from polymem.resources import sample_text
+    from polymem import HashSpec, TokenHashes
+    from polymem.hash.token_hashes import default_cache_path
+    from polymem.samples import sample_text
     from polymem.tokenizers import check_fidelity, load_tokenizer
 
     t0 = time.perf_counter()
     tok = load_tokenizer(tokenizer)
     load_s = time.perf_counter() - t0
     spec = HashSpec(normalizer=normalizer)
-    cache = TokenCache.build(tok, spec)
+    cache = TokenHashes.build(tok, spec)
     fid = check_fidelity(tok, [sample_text()])
     path = cache.save(output or default_cache_path(tok.name, tok.fingerprint, spec))
     sample_ids = tok.encode(sample_text())
@@ -59,9 +59,9 @@ def demo(
     max_n: Annotated[int, typer.Option("--max-n", min=1, max=32)] = 7,
 ) -> None:
     """Build caches for two tokenizers of different families and show that byte-equivalent n-grams hash alike."""
-    from polymem import HashSpec, TokenCache
-    from polymem.crosscheck import crosscheck
-    from polymem.resources import sample_text
+    from polymem import HashSpec, TokenHashes
+    from polymem.analysis.crosscheck import crosscheck
+    from polymem.samples import sample_text
     from polymem.tokenizers import check_fidelity, load_tokenizer
 
     body = text.read_text(encoding="utf-8") if text else sample_text()
@@ -69,7 +69,7 @@ def demo(
     sides = []
     for name in (a, b):
         tok = load_tokenizer(name)
-        cache = TokenCache.build(tok, spec)
+        cache = TokenHashes.build(tok, spec)
         ids = tok.encode(body)
         fid = check_fidelity(tok, [body])
         console.print(

@@ -63,7 +63,7 @@ def coverage_cmd(
     from rich.console import Console
 
     from polymem.corpus import Corpus
-    from polymem.analyzer import check_max_n, coverage
+    from polymem.analysis.coverage import check_max_n, coverage
 
     check_max_n(max_n)
     out = Console(stderr=json_out == "-")

@@ -35,9 +35,9 @@ def iosim(
 ) -> None:
     """Replay a corpus's token stream through page-local, independent-heads and flat layouts of equal size;
     report storage reads per token uncached and with an LRU page cache of each size."""
-    from polymem import HashSpec, Layout, MemoryAsset, TokenCache
+    from polymem import HashSpec, Layout, MemoryAsset, TokenHashes
     from polymem.corpus import Corpus
-    from polymem.iosim import plot, simulate
+    from polymem.analysis.iosim import plot, simulate
     from polymem.tokenizers import load_tokenizer
 
     sizes = [parse_count(x) for x in cache_mb.split(",") if x.strip()]
@@ -50,7 +50,7 @@ def iosim(
     if not sizes:
         raise PolymemError(f"--cache-mb {cache_mb!r} names no cache size; pass e.g. 64,256,1024")
     tok = load_tokenizer(tokenizer)
-    cache = TokenCache.build(tok, spec)
+    cache = TokenHashes.build(tok, spec)
     corpus = Corpus(paths)
 
     def streams() -> Iterator[np.ndarray]:

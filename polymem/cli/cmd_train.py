@@ -52,7 +52,7 @@ def train(
     import torch
 
     from polymem.errors import PolymemError
-    from polymem.train import MemoryConfig, TrainConfig, train_donor
+    from polymem.torch.train import MemoryConfig, TrainConfig, train_donor
 
     if threads:
         torch.set_num_threads(threads)

@@ -42,8 +42,8 @@ def transfer(
     import numpy as np
     import torch
 
-    from polymem.train import TrainConfig
-    from polymem.transfer import plot_transfer, run_transfer_jobs, write_json
+    from polymem.torch.train import TrainConfig
+    from polymem.torch.transfer import plot_transfer, run_transfer_jobs, write_json
 
     if threads:
         torch.set_num_threads(threads)

@@ -86,7 +86,7 @@ def check_fidelity(tok: Tokenizer, texts: Iterable[str]) -> FidelityReport:
     if docs == 0:
         raise TokenizerError(
             "nothing to check: check_fidelity got no texts, or only empty ones; pass at least one non-empty "
-            "text, e.g. the sample in assets/sample_multilingual.txt"
+            "text, e.g. the sample in polymem/_samples/sample_multilingual.txt"
         )
     return FidelityReport(
         docs=docs, exact=exact, dummy_prefix=prefixed, mismatched=mismatched,

@@ -2,15 +2,34 @@
 
     handle = polymem.attach(model, "donor.asset", "mistral-v1", layers=[1], train="projection")
     ...train handle.trainable_parameters()...; handle.save("site/"); handle.detach()
+
+Modules: ``hash`` (token hashes and rows as tensors), ``tables`` (trainable / frozen / asset-backed tables),
+``site`` (the site's maths), ``attach`` (hooks into a model), ``sitefile`` (save / load), ``optim`` (row-wise
+optimizer), ``model`` (a small GPT), ``train`` and ``transfer`` (the experiments).
 """
 
-from polymem.torch.hashing import TorchTokenCache, ngram_hashes_torch, rows_torch
+import warnings as _warnings
+
+from polymem.torch.attach import AttachHandle, AttachReport, attach
+from polymem.torch.hash import TorchTokenHashes, ngram_hashes_torch, rows_torch
 from polymem.torch.optim import SparseRowRMS
-from polymem.torch.site import AttachHandle, AttachReport, MemorySite, SiteConfig, attach, load_attached
-from polymem.torch.tables import AssetTable, HashTable, MemoryTable, random_like, table_fingerprint
+from polymem.torch.site import MemorySite, SiteConfig
+from polymem.torch.sitefile import load_attached
+from polymem.torch.tables import AssetTable, MemoryTable, TrainableTable, random_like, table_fingerprint
+
+_DEPRECATED = {"HashTable": "TrainableTable", "TorchTokenCache": "TorchTokenHashes"}
+
+
+def __getattr__(name: str):
+    if name in _DEPRECATED:
+        new = _DEPRECATED[name]
+        _warnings.warn(f"polymem.torch.{name} is deprecated; use polymem.torch.{new}", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module 'polymem.torch' has no attribute {name!r}")
+
 
 __all__ = [
-    "AssetTable", "AttachHandle", "AttachReport", "HashTable", "MemorySite", "MemoryTable", "SiteConfig",
-    "SparseRowRMS", "TorchTokenCache", "attach", "load_attached", "ngram_hashes_torch", "random_like", "rows_torch",
-    "table_fingerprint",
+    "AssetTable", "AttachHandle", "AttachReport", "MemorySite", "MemoryTable", "SiteConfig", "SparseRowRMS",
+    "TorchTokenHashes", "TrainableTable", "attach", "load_attached", "ngram_hashes_torch", "random_like",
+    "rows_torch", "table_fingerprint",
 ]

@@ -6,7 +6,7 @@ that compact vocabulary only (DESIGN §5's speed trick: cl100k_base has 100k ids
 Blocks live in ``model.transformer.h`` (GPT-2's names), so ``attach(..., layers=[1])`` puts a memory site
 before block 1 exactly as on a Hugging Face GPT-2.
 
-Not here: memory sites (:mod:`polymem.torch.site`), training loops (:mod:`polymem.train`).
+Not here: memory sites (:mod:`polymem.torch.site`), training loops (:mod:`polymem.torch.train`).
 """
 
 from __future__ import annotations

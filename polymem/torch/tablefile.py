@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from polymem.errors import FormatError, PolymemError
-from polymem.hashing import HashSpec
-from polymem.layout import Layout
+from polymem.hash.spec import HashSpec
+from polymem.hash.layout import Layout
 
 TABLE_FILE_FORMAT = "polymem.table-file"
 

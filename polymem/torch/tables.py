@@ -1,12 +1,12 @@
 """Memory tables as torch modules: where a site's rows come from.
 
-* :class:`HashTable` — an fp32 ``[num_rows, r]`` tensor in memory, either trainable (a parameter with
+* :class:`TrainableTable` — an fp32 ``[num_rows, r]`` tensor in memory, either trainable (a parameter with
   *sparse* gradients: only rows read in the batch get a gradient entry) or frozen (no gradient, never changes).
 * :class:`AssetTable` — frozen, rows read page by page from a :class:`polymem.MemoryAsset` on each forward
   (an NF4 asset is dequantised by the asset's page reader), so the table never has to fit in memory.
 
 All tables answer ``gather(rows)``: int64 rows ``[...]`` (-1 = invalid n-gram) -> fp32 ``[..., r]`` with zeros
-for invalid rows. Not here: hashing (:mod:`polymem.torch.hashing`), projections and gates (:mod:`.site`).
+for invalid rows. Not here: hashing (:mod:`polymem.torch.hash`), projections and gates (:mod:`.site`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 
 from polymem.errors import PolymemError
-from polymem.hashing import HashSpec
-from polymem.layout import Layout
+from polymem.hash.spec import HashSpec
+from polymem.hash.layout import Layout
 
 
 class _RowGather(torch.autograd.Function):
@@ -73,7 +73,7 @@ class MemoryTable(nn.Module):
         raise NotImplementedError
 
 
-class HashTable(MemoryTable):
+class TrainableTable(MemoryTable):
     """fp32 table in memory. ``trainable=True``: a parameter with sparse gradients; else a frozen parameter."""
 
     def __init__(

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from polymem.hashing import GOLDEN, MASK64
-from polymem.layout import Layout
+from polymem.hash.spec import GOLDEN, MASK64
+from polymem.hash.layout import Layout
 
 
 def _s64(v: int) -> int:
@@ -104,23 +104,23 @@ def rows_torch(layout: Layout, h: torch.Tensor, valid: torch.Tensor | None = Non
 
 
 @dataclass(frozen=True, eq=False)
-class TorchTokenCache:
-    """A :class:`polymem.TokenCache` as device tensors, for hashing inside a model's forward."""
+class TorchTokenHashes:
+    """A :class:`polymem.TokenHashes` as device tensors, for hashing inside a model's forward."""
 
     C: torch.Tensor  # int64 [V]
     P: torch.Tensor  # int64 [V]
     special: torch.Tensor  # bool [V]
 
     @classmethod
-    def from_cache(cls, cache, device: torch.device | str | None = None) -> "TorchTokenCache":
+    def from_cache(cls, cache, device: torch.device | str | None = None) -> "TorchTokenHashes":
         return cls(
             C=torch.from_numpy(cache.C.view(np.int64).copy()).to(device),
             P=torch.from_numpy(cache.P.view(np.int64).copy()).to(device),
             special=torch.from_numpy(cache.special.copy()).to(device),
         )
 
-    def to(self, device: torch.device | str) -> "TorchTokenCache":
-        return TorchTokenCache(C=self.C.to(device), P=self.P.to(device), special=self.special.to(device))
+    def to(self, device: torch.device | str) -> "TorchTokenHashes":
+        return TorchTokenHashes(C=self.C.to(device), P=self.P.to(device), special=self.special.to(device))
 
     def ngram_hashes(self, ids: torch.Tensor, max_n: int) -> tuple[torch.Tensor, torch.Tensor]:
         return ngram_hashes_torch(self.C, self.P, self.special, ids, max_n)

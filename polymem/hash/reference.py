@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from polymem.hashing import MASK64, HashSpec, fastrange, finalize
+from polymem.hash.spec import MASK64, HashSpec, fastrange, finalize
 
 
 def ngram_hashes(

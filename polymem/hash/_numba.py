@@ -1,6 +1,6 @@
 """numba kernels for the hot paths: token table build, n-gram hashing, and fused hashing + layout rows.
 
-They implement exactly the definitions in :mod:`polymem.hashing` / :mod:`polymem.reference` (checked bit for
+They implement exactly the definitions in :mod:`polymem.hash.spec` / :mod:`polymem.hash.reference` (checked bit for
 bit by the tests). All arithmetic is uint64 wrap-around; every constant is a ``np.uint64`` so numba never
 promotes to float (mixing uint64 with int64 in numba gives float64).
 """
@@ -19,9 +19,7 @@ _F1 = np.uint64(0xFF51AFD7ED558CCD)
 _F2 = np.uint64(0xC4CEB9FE1A85EC53)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
-KIND_PAGE_LOCAL = 0
-KIND_FLAT = 1
-KIND_INDEPENDENT = 2
+from polymem.hash.layout import KIND_FLAT, KIND_PAGE_LOCAL  # noqa: E402  one home for the codes
 
 
 @njit(cache=True, inline="always")

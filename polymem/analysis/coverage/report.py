@@ -1,7 +1,7 @@
 """`CoverageReport`: the result of :func:`polymem.coverage`, its JSON form (format ``polymem.coverage-report``
 v1, schema in docs/coverage.md), a CSV table and a Fig.-2-style PNG.
 
-What this module does not do: tokenise or count (see :mod:`polymem.analyzer.run` and ``.counter``).
+What this module does not do: tokenise or count (see :mod:`polymem.analysis.coverage.run` and ``.counter``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from polymem.analyzer.counter import Tally
+from polymem.analysis.coverage.counter import Tally
 from polymem.errors import FormatError
 
 REPORT_FORMAT = "polymem.coverage-report"

@@ -3,7 +3,7 @@
 Two implementations with one interface (`add`, `partial`, `finish`):
 
 * `HashCounter` — the fast path. N-grams are compared by their 64-bit byte hashes
-  (``TokenCache.ngram_hashes``, joint space across orders) in per-document numba hash sets; the XOR baseline
+  (``TokenHashes.ngram_hashes``, joint space across orders) in per-document numba hash sets; the XOR baseline
   uses Engram's token-id mix. Memory: per-document scratch (O(largest document × max_n)), plus the
   corpus-wide set of distinct reference n-gram hashes (`KeySet`, 11–46 bytes each) and the target n-grams
   that their own document's reference did not contain (17 bytes each, resolved against the corpus-wide set
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from polymem.cache import TokenCache
-from polymem.analyzer import _kernels
-from polymem.xorhash import XorHashSpec
+from polymem.hash.token_hashes import TokenHashes
+from polymem.analysis.coverage import _sets as _kernels
+from polymem.hash.xor import XorHashSpec
 
 _FLUSH_KEYS = 1 << 23  # buffered reference keys / pending entries before a compaction (64 MiB of uint64)
 
@@ -97,7 +97,7 @@ def _pow2(n: int) -> int:
 
 class KeySet:
     """A growable set of uint64 keys for the corpus-wide reference n-grams: 2^8 cache-sized sub-tables, filled
-    and probed one sub-table at a time (:func:`polymem.analyzer._kernels.pset_insert`). ~11–46 bytes per key
+    and probed one sub-table at a time (:func:`polymem.analysis.coverage._sets.pset_insert`). ~11–46 bytes per key
     (load kept between 0.17 and 0.7)."""
 
     _BITS = 8
@@ -144,7 +144,7 @@ class HashPartial:
 class HashCounter:
     """Fast coverage counter over 64-bit byte hashes (see the module docstring)."""
 
-    def __init__(self, target: TokenCache, reference: TokenCache, max_n: int, *, occurrence: bool = True) -> None:
+    def __init__(self, target: TokenHashes, reference: TokenHashes, max_n: int, *, occurrence: bool = True) -> None:
         self.target, self.reference, self.max_n, self.occurrence = target, reference, max_n, occurrence
         self.tally = Tally(max_n)
         self._mults = xor_multipliers(max_n)

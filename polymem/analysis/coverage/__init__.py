@@ -5,12 +5,12 @@ n-grams a donor (reference) tokenizer's table was ever written with, compared by
     >>> report.per_doc_mean, report.occurrence_weighted, report.xor_baseline
 
 Modules: ``run`` (the :func:`coverage` driver, workers, fidelity), ``counter`` (hash and exact-bytes counters),
-``report`` (:class:`CoverageReport`, JSON/CSV/PNG), ``_kernels`` (numba sets).
+``report`` (:class:`CoverageReport`, JSON/CSV/PNG), ``_sets`` (numba hash sets).
 """
 
-from polymem.analyzer.counter import ExactCounter, HashCounter, Tally
-from polymem.analyzer.report import REPORT_FORMAT, REPORT_VERSION, CoverageReport, TokenizerInfo
-from polymem.analyzer.run import check_max_n, coverage
+from polymem.analysis.coverage.counter import ExactCounter, HashCounter, Tally
+from polymem.analysis.coverage.report import REPORT_FORMAT, REPORT_VERSION, CoverageReport, TokenizerInfo
+from polymem.analysis.coverage.run import check_max_n, coverage
 
 __all__ = [
     "REPORT_FORMAT", "REPORT_VERSION", "CoverageReport", "ExactCounter", "HashCounter", "Tally", "TokenizerInfo",

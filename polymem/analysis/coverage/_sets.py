@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from polymem._kernels import _GOLDEN, _U0, _U1, _fmix64  # one fmix64 for the whole package
+from polymem.hash._numba import _GOLDEN, _U0, _U1, _fmix64  # one fmix64 for the whole package
 
 ZERO_KEY = np.uint64(0x9E3779B97F4A7C15)
 

@@ -10,7 +10,7 @@ Held-out split: every ``heldout_every``-th document (index i with i % heldout_ev
 held out, never trained on. Bits per byte = Σ cross-entropy (nats) / ln 2 / Σ bytes of the predicted tokens,
 over held-out tokens with bytes (document separators are not scored).
 
-Not here: the transfer arms (:mod:`polymem.transfer`), the CLI (:mod:`polymem.cli.cmd_train`).
+Not here: the transfer arms (:mod:`polymem.torch.transfer`), the CLI (:mod:`polymem.cli.cmd_train`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from polymem.errors import PolymemError
-from polymem.hashing import HashSpec
-from polymem.layout import Layout
+from polymem.hash.spec import HashSpec
+from polymem.hash.layout import Layout
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -106,7 +106,7 @@ class TokenData:
     """A corpus tokenized with one tokenizer: train and held-out streams joined by a separator id."""
 
     tokenizer: Any  # polymem Tokenizer
-    cache: Any  # polymem TokenCache (HashSpec())
+    cache: Any  # polymem TokenHashes (HashSpec())
     train: np.ndarray  # int64 [N_train]
     heldout: np.ndarray  # int64 [N_held]
     used_ids: np.ndarray  # int64 sorted ids present in train ∪ held-out (the compact vocabulary)
@@ -122,11 +122,11 @@ class TokenData:
     @classmethod
     def build(cls, tokenizer: Any, train_texts: Sequence[str], heldout_texts: Sequence[str], *,
               spec: HashSpec | None = None, cache: Any = None) -> "TokenData":
-        from polymem.cache import TokenCache
+        from polymem.hash.token_hashes import TokenHashes
         from polymem.tokenizers import load_tokenizer
 
         tok = load_tokenizer(tokenizer)
-        cache = cache or TokenCache.build(tok, spec or HashSpec())
+        cache = cache or TokenHashes.build(tok, spec or HashSpec())
         specials = np.flatnonzero(cache.special)
         sep = int(specials[0]) if specials.size else None
 
@@ -268,7 +268,7 @@ def train_donor(
 ) -> dict[str, Any]:
     """Train a backbone with a fresh all-zero table from scratch and write the table to ``out`` (an asset,
     or a ``.safetensors`` table file). Returns a summary (held-out bpb with and without memory, speed)."""
-    from polymem.torch.site import attach
+    from polymem.torch.attach import attach
     from polymem.torch.tablefile import save_table
 
     say = on_phase or (lambda s: None)

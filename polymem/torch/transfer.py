@@ -13,7 +13,7 @@ then scored in held-out bits per byte; the donor arm is also scored with its mem
 (``donor_memory_off``). Only the donor-minus-random gap is transfer: a random table plus a trained projection is
 already an n-gram feature. Coverage of the recipient's held-out n-grams by the donor is reported with it.
 
-Not here: training the donor (:func:`polymem.train.train_donor`), rendering (:mod:`polymem.cli.cmd_transfer`).
+Not here: training the donor (:func:`polymem.torch.train.train_donor`), rendering (:mod:`polymem.cli.cmd_transfer`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from polymem.errors import PolymemError
-from polymem.train import (TokenData, TrainConfig, batch_starts, build_model, evaluate_bpb, read_documents,
+from polymem.torch.train import (TokenData, TrainConfig, batch_starts, build_model, evaluate_bpb, read_documents,
                            split_documents, train_loop)
 
 ARMS = ("none", "random", "donor", "scratch")
@@ -66,7 +66,7 @@ def trained_hash_coverage(donor: TokenData, recipient: TokenData, *, donor_max_n
 
 def _byte_coverage(recipient_tok: Any, donor_tok: Any, texts: Sequence[str], max_n: int) -> dict[str, Any] | None:
     try:
-        from polymem.analyzer import coverage
+        from polymem.analysis.coverage import coverage
     except ImportError:
         return None
     try:
@@ -91,8 +91,8 @@ def run_transfer(
 ) -> dict[str, Any]:
     """Run every arm for every seed; returns the result dict (``arms -> name -> {"bpb": [per seed]}``, …)."""
     from polymem.tokenizers import load_tokenizer
-    from polymem.torch.site import attach
-    from polymem.torch.tables import HashTable, random_like
+    from polymem.torch.attach import attach
+    from polymem.torch.tables import TrainableTable, random_like
     from polymem.torch.tablefile import open_table
 
     ev = on_event or (lambda *a, **k: None)
@@ -140,11 +140,11 @@ def run_transfer(
             handle = None
             if arm in ("random", "donor", "scratch"):
                 if arm == "scratch":
-                    table = HashTable(None, spec=a.spec, layout=a.layout, orders=tuple(range(1, max_n + 1)))
+                    table = TrainableTable(None, spec=a.spec, layout=a.layout, orders=tuple(range(1, max_n + 1)))
                     mode = "all"
                 else:
                     w = donor_tab if arm == "donor" else random_like(donor_tab, seed=7919 + int(seed))
-                    table = HashTable(w, spec=a.spec, layout=a.layout, orders=tuple(a.orders), trainable=False)
+                    table = TrainableTable(w, spec=a.spec, layout=a.layout, orders=tuple(a.orders), trainable=False)
                     mode = "projection"
                 handle = attach(model, table, data.cache, layers=list(layers), train=mode, max_n=max_n, gate=gate,
                                 init_seed=1000 + int(seed), freeze_model=False,

@@ -9,7 +9,7 @@ they compare at equal parameter budgets:
 * ``independent-heads``: Engram-style, head k has its own sub-table of P·S rows; K reads per n-gram.
 
 Page and slot numbers come from independent finaliser streams of the same byte hash
-(:func:`polymem.hashing.finalize`), so a layout stays tokenizer-agnostic. No I/O here.
+(:func:`polymem.hash.spec.finalize`), so a layout stays tokenizer-agnostic. No I/O here.
 """
 
 from __future__ import annotations
@@ -19,15 +19,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polymem import _kernels
 from polymem.errors import FormatError, PolymemError
 
 LAYOUT_KINDS = ("page-local", "flat", "independent-heads")
-_KIND_CODE = {
-    "page-local": _kernels.KIND_PAGE_LOCAL,
-    "flat": _kernels.KIND_FLAT,
-    "independent-heads": _kernels.KIND_INDEPENDENT,
-}
+KIND_PAGE_LOCAL, KIND_FLAT, KIND_INDEPENDENT = 0, 1, 2  # codes the kernels take (numba, torch)
+_KIND_CODE = {"page-local": KIND_PAGE_LOCAL, "flat": KIND_FLAT, "independent-heads": KIND_INDEPENDENT}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +80,9 @@ class Layout:
         v = np.ones(h.shape, dtype=bool) if valid is None else np.ascontiguousarray(valid, dtype=bool)
         if v.shape != h.shape:
             raise PolymemError(f"valid has shape {v.shape}, hashes {h.shape}; they must match")
-        planar = _kernels.rows_planar(
+        from polymem.hash import _numba  # numba loads on first use, not on `import polymem`
+
+        planar = _numba.rows_planar(
             h.reshape(-1), v.reshape(-1), _KIND_CODE[self.kind], self.heads, self.slots, self.pages
         )  # [K, M]
         return planar.T.reshape(h.shape + (self.heads,))  # a view when possible

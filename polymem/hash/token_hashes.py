@@ -1,11 +1,11 @@
-"""TokenCache: per-token hash C(t), byte length L(t) and power P(t) = base^L(t) for one (tokenizer, HashSpec).
+"""TokenHashes: per-token hash C(t), byte length L(t) and power P(t) = base^L(t) for one (tokenizer, HashSpec).
 
 Built once per tokenizer in well under a second, saved as an ``.npz`` (no pickle) with a JSON header that
 records the format, the hash spec and the tokenizer's fingerprint; loading refuses a cache made for another
 tokenizer or spec and names both. With a cache, hashing every n-gram of a token stream is two multiplies per
-order per position (:meth:`TokenCache.ngram_hashes`).
+order per position (:meth:`TokenHashes.ngram_hashes`).
 
-Not here: tokenisation (:mod:`polymem.tokenizers`), row layouts (:mod:`polymem.layout`), torch.
+Not here: tokenisation (:mod:`polymem.tokenizers`), row layouts (:mod:`polymem.hash.layout`), torch.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from polymem import _kernels
+from polymem.hash import _numba as _kernels
 from polymem.errors import FormatError, PolymemError, SpecMismatchError
-from polymem.hashing import HashSpec
-from polymem.layout import Layout
-from polymem.ngram import ngram_hashes_numpy
+from polymem.hash.spec import HashSpec
+from polymem.hash.layout import Layout
+from polymem.hash.ngram import ngram_hashes_numpy
 
 CACHE_FORMAT = "polymem.token-cache"
 SUPPORTED_CACHE_VERSIONS = (1,)
@@ -34,7 +34,7 @@ _ARRAYS = ("header", "C", "L", "P", "special", "powers")
 
 
 @dataclass(frozen=True, eq=False)
-class TokenCache:
+class TokenHashes:
     spec: HashSpec
     tokenizer_name: str
     fingerprint: str
@@ -57,7 +57,7 @@ class TokenCache:
 
     # ------------------------------------------------------------------------------------------ build
     @classmethod
-    def build(cls, tokenizer: Any, spec: HashSpec | None = None) -> "TokenCache":
+    def build(cls, tokenizer: Any, spec: HashSpec | None = None) -> "TokenHashes":
         """Hash every token of ``tokenizer`` (a :class:`polymem.tokenizers.Tokenizer` or anything
         :func:`polymem.load_tokenizer` accepts) under ``spec`` (default: ``HashSpec()``)."""
         from polymem.tokenizers import load_tokenizer
@@ -82,7 +82,7 @@ class TokenCache:
     def from_token_bytes(
         cls, token_bytes: "list[bytes | None]", spec: HashSpec | None = None, *, name: str, fingerprint: str,
         lossy: bool = False, dummy_prefix: bool = False,
-    ) -> "TokenCache":
+    ) -> "TokenHashes":
         """Build from the ordered token byte strings (None = special/control/unused id)."""
         spec = spec or HashSpec()
         tb = token_bytes
@@ -185,7 +185,7 @@ class TokenCache:
     @classmethod
     def load(
         cls, path: str | os.PathLike[str], *, tokenizer: Any = None, spec: HashSpec | None = None
-    ) -> "TokenCache":
+    ) -> "TokenHashes":
         """Load a saved cache; refuse it (naming both sides) if ``tokenizer``'s fingerprint or ``spec`` differ."""
         path = Path(path)
         if not path.is_file():

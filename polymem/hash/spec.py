@@ -2,7 +2,7 @@
 
 This module defines the hash: the byte table h, the ring (64-bit wrap-around), the base, the per-byte
 normalisers and the finaliser that turns a 64-bit n-gram hash into row addresses. It is the readable
-reference the fast paths (numba/numpy in :mod:`polymem.ngram`, torch in :mod:`polymem.torch.hashing`) are
+reference the fast paths (numba/numpy in :mod:`polymem.hash.ngram`, torch in :mod:`polymem.torch.hash`) are
 tested against, bit for bit. See ``docs/hash-spec.md`` for the normative text and golden vectors.
 
 Worked example (hand-checkable with the definitions below)::

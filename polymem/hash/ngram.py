@@ -1,4 +1,4 @@
-"""Vectorised n-gram hashing over token ids (numpy path; the numba kernel lives in :mod:`polymem._kernels`).
+"""Vectorised n-gram hashing over token ids (numpy path; the numba kernel lives in :mod:`polymem.hash._numba`).
 
 Given per-token caches C(t) = Hash(bytes(t)) and P(t) = base^L(t), the suffix n-gram ending at position i
 extends leftwards (DESIGN §2)::

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from polymem.errors import PolymemError
-from polymem.hashing import splitmix64
+from polymem.hash.spec import splitmix64
 
 
 def _is_prime(n: int) -> bool:

@@ -1,7 +1,7 @@
 """Cross-tokenizer byte-equivalence check: find n-grams of two tokenizers with the same bytes and compare
 their hashes. This is the foundation's promise made visible (``polymem demo``) and a test oracle.
 
-Not here: corpus-scale coverage statistics (that is :mod:`polymem.analyzer`).
+Not here: corpus-scale coverage statistics (that is :mod:`polymem.analysis.coverage`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polymem.cache import TokenCache
+from polymem.hash.token_hashes import TokenHashes
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ def ngram_bytes(token_bytes: list[bytes | None], ids: np.ndarray, max_n: int) ->
 
 
 def crosscheck(
-    cache_a: TokenCache, bytes_a: list[bytes | None], ids_a: np.ndarray,
-    cache_b: TokenCache, bytes_b: list[bytes | None], ids_b: np.ndarray, max_n: int = 7,
+    cache_a: TokenHashes, bytes_a: list[bytes | None], ids_a: np.ndarray,
+    cache_b: TokenHashes, bytes_b: list[bytes | None], ids_b: np.ndarray, max_n: int = 7,
 ) -> CrossCheck:
     """Compare every valid n-gram (n ≤ max_n) of stream A with every one of stream B by bytes and by hash."""
     seen: dict[bytes, dict[str, object]] = {}  # bytes -> {"a": {(order, hash)}, "b": ...}

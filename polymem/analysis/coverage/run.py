@@ -3,7 +3,7 @@
 Streaming: documents are read one at a time (see :mod:`polymem.corpus`) and, with ``workers > 1``, sent in
 small batches through a bounded queue to worker processes (fork), each with its own counter; their partial
 results are merged at the end. Memory: the largest document (times max_n, per worker) plus the corpus-wide
-reference n-gram set of the occurrence-weighted metric (see :mod:`polymem.analyzer.counter`).
+reference n-gram set of the occurrence-weighted metric (see :mod:`polymem.analysis.coverage.counter`).
 
 Byte fidelity of both tokenizers is checked on every document as it goes (token bytes vs the text's UTF-8,
 the definitions of :func:`polymem.check_fidelity`), without tokenising twice.
@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from polymem.cache import MAX_ORDER, TokenCache
+from polymem.hash.token_hashes import MAX_ORDER, TokenHashes
 from polymem.corpus import Corpus, Document, Skipped, as_documents
-from polymem.analyzer import _kernels
-from polymem.analyzer.counter import ExactCounter, HashCounter, HashPartial
-from polymem.analyzer.report import CoverageReport, TokenizerInfo
+from polymem.analysis.coverage import _sets as _kernels
+from polymem.analysis.coverage.counter import ExactCounter, HashCounter, HashPartial
+from polymem.analysis.coverage.report import CoverageReport, TokenizerInfo
 from polymem.errors import PolymemError, TokenizerError
-from polymem.hashing import HashSpec
+from polymem.hash.spec import HashSpec
 
 ProgressFn = Callable[[int, int], None]  # (documents done, UTF-8 bytes done), cumulative
 _BATCH_BYTES = 1 << 18
@@ -95,7 +95,7 @@ def _merge_fidelity(states: list[dict[str, Any]]) -> dict[str, Any]:
 class _Job:
     """Everything one process needs to count documents: tokenizers, caches, a counter, fidelity checks."""
 
-    def __init__(self, target: Any, reference: Any, tcache: TokenCache, rcache: TokenCache, max_n: int,
+    def __init__(self, target: Any, reference: Any, tcache: TokenHashes, rcache: TokenHashes, max_n: int,
                  exact: bool, occurrence: bool) -> None:
         self.target, self.reference = target, reference
         if exact:
@@ -168,8 +168,8 @@ def coverage(
         )
     spec = spec or HashSpec()
     tok_t, tok_r = load_tokenizer(target), load_tokenizer(reference)
-    tcache = TokenCache.build(tok_t, spec) if not exact_bytes else None
-    rcache = TokenCache.build(tok_r, spec) if not exact_bytes else None
+    tcache = TokenHashes.build(tok_t, spec) if not exact_bytes else None
+    rcache = TokenHashes.build(tok_r, spec) if not exact_bytes else None
     docs_iter = iter(texts) if isinstance(texts, Corpus) else as_documents(texts)
     read_s = [0.0]
 

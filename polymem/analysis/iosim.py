@@ -22,11 +22,11 @@ import numba
 import numpy as np
 
 from polymem.asset._format import Geometry, geometry
-from polymem.cache import TokenCache
+from polymem.hash.token_hashes import TokenHashes
 from polymem.errors import PolymemError
-from polymem.layout import LAYOUT_KINDS, Layout
+from polymem.hash.layout import LAYOUT_KINDS, Layout
 
-IOSIM_FORMAT = "polymem.iosim"
+IOSIM_FORMAT = "polymem.analysis.iosim"
 
 
 # ------------------------------------------------------------------------------------ block streams
@@ -191,7 +191,7 @@ def equal_param_layouts(base: Layout, kinds: Sequence[str] = LAYOUT_KINDS) -> li
 
 
 def simulate(
-    token_streams: Iterable[np.ndarray], cache: TokenCache, base: Layout, *, orders: Sequence[int] = (1, 2, 3),
+    token_streams: Iterable[np.ndarray], cache: TokenHashes, base: Layout, *, orders: Sequence[int] = (1, 2, 3),
     dtype: str = "nf4", cache_bytes: Sequence[int] = (), kinds: Sequence[str] = LAYOUT_KINDS,
     max_tokens: int | None = None,
 ) -> IoSimulation:

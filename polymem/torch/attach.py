@@ -1,0 +1,405 @@
+"""``attach``: hook memory sites into a Hugging Face (or any) causal LM.
+
+``attach(model, table_or_asset, tokenizer, layers=[1], train="projection")`` registers forward pre-hooks:
+one on the model (captures ``input_ids``, keeps the last N−1 ids of each row for incremental decoding with a
+KV cache) and one per chosen block (adds the site's output to the block's input hidden states). It returns an
+:class:`AttachHandle` (``detach``, ``trainable_parameters``, ``save``; :func:`polymem.torch.sitefile.load_attached`
+is the inverse).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from polymem.errors import PolymemError, SpecMismatchError
+from polymem.hash.layout import LAYOUT_KINDS, Layout
+from polymem.hash.spec import HashSpec
+from polymem.torch.hash import TorchTokenHashes
+from polymem.torch.site import MemorySite, SiteConfig
+from polymem.torch.tables import AssetTable, MemoryTable, TrainableTable
+
+TRAIN_MODES = ("projection", "table", "all")
+# where decoder blocks live in common causal LMs (first match wins)
+_BLOCK_PATHS = ("model.layers", "transformer.h", "model.decoder.layers", "gpt_neox.layers", "layers", "h")
+
+
+@dataclass
+class AttachReport:
+    """What attach matched (module name, d_model) and what it could not (name, reason)."""
+
+    matched: list[dict[str, Any]] = field(default_factory=list)
+    unmatched: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"matched   {m['module']} (layer {m['layer']}, d_model {m['d_model']})" for m in self.matched]
+        lines += [f"UNMATCHED {u['requested']!r}: {u['reason']}" for u in self.unmatched]
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+
+def _find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    for path in _BLOCK_PATHS:
+        try:
+            m = model.get_submodule(path)
+        except AttributeError:
+            continue
+        if isinstance(m, nn.ModuleList) and len(m) > 0:
+            return path, m
+    raise PolymemError(
+        f"could not find the decoder blocks of {type(model).__name__}: none of {', '.join(_BLOCK_PATHS)} is a "
+        "ModuleList; pass layers=[module names] (e.g. 'model.layers.1') for other architectures"
+    )
+
+
+def _d_model(model: nn.Module) -> int:
+    cfg = getattr(model, "config", None)
+    for name in ("hidden_size", "n_embd", "d_model"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int):
+            return v
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is not None:
+        return int(emb.weight.shape[1])
+    raise PolymemError(f"cannot tell the hidden size of {type(model).__name__}: its config has no hidden_size/n_embd/d_model")
+
+
+def _model_vocab(model: nn.Module) -> int | None:
+    v = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(v) if isinstance(v, int) else None
+
+
+def _input_width(model: nn.Module) -> int | None:
+    """Width of the input embedding, to check d_model against real weights."""
+    emb = None
+    if hasattr(model, "get_input_embeddings"):
+        try:
+            emb = model.get_input_embeddings()
+        except (NotImplementedError, AttributeError):
+            emb = None
+    if emb is None:
+        with contextlib.suppress(AttributeError):
+            emb = model.get_submodule("transformer.wte")
+    w = getattr(emb, "weight", None)
+    return int(w.shape[1]) if isinstance(w, torch.Tensor) and w.dim() == 2 else None
+
+
+def _resolve_table(table_or_asset: Any, spec: HashSpec | None, in_memory: bool, trainable: bool) -> MemoryTable:
+    if isinstance(table_or_asset, MemoryTable):
+        return table_or_asset
+    if isinstance(table_or_asset, Layout):
+        return TrainableTable(None, spec=spec or HashSpec(), layout=table_or_asset, trainable=trainable)
+    asset = table_or_asset
+    if isinstance(asset, (str, os.PathLike)):
+        from polymem.torch.tablefile import open_table
+
+        asset = open_table(asset)
+    if not all(hasattr(asset, a) for a in ("spec", "layout", "orders", "read_pages", "to_numpy")):
+        raise PolymemError(
+            f"table_or_asset is a {type(table_or_asset).__name__}; accepted: a MemoryAsset or its path, a "
+            "MemoryTable (e.g. TrainableTable), or a Layout (fresh all-zero trainable table)"
+        )
+    _check_usable(asset.spec, asset.layout, where=str(getattr(asset, "path", "asset")))
+    if in_memory or trainable:
+        return TrainableTable(
+            asset.to_numpy(), spec=asset.spec, layout=asset.layout, orders=tuple(asset.orders), trainable=trainable,
+            source={"kind": "asset", "path": str(getattr(asset, "path", "")), "dtype": str(getattr(asset, "dtype", ""))},
+        )
+    return AssetTable(asset)
+
+
+def _check_usable(spec: Any, layout: Any, *, where: str) -> None:
+    if not isinstance(spec, HashSpec):
+        raise SpecMismatchError(
+            f"{where}: hash spec {type(spec).__name__} cannot be used by a memory site; sites hash token bytes with "
+            "the byte-level polynomial HashSpec (an XOR/token-id hash is tied to one tokenizer). Retrain the table "
+            "with HashSpec()"
+        )
+    if not isinstance(layout, Layout) or layout.kind not in LAYOUT_KINDS:
+        raise SpecMismatchError(f"{where}: layout {layout!r} is not usable; accepted kinds: {', '.join(LAYOUT_KINDS)}")
+
+
+def _token_cache(tokenizer: Any, spec: HashSpec):
+    from polymem.hash.token_hashes import TokenHashes
+
+    if isinstance(tokenizer, TokenHashes):
+        if tokenizer.spec != spec:
+            raise SpecMismatchError(
+                f"the token cache was built with hash spec {tokenizer.spec.to_dict().get('base')} / normalizer "
+                f"{tokenizer.spec.normalizer!r}, the table with {spec.to_dict().get('base')} / {spec.normalizer!r}; "
+                "rebuild the cache with the table's spec: TokenHashes.build(tokenizer, table.spec)"
+            )
+        return tokenizer
+    return TokenHashes.build(tokenizer, spec)
+
+
+class AttachHandle:
+    """The result of :func:`attach`: hooks, sites, the table and the report. Use as a context manager to detach."""
+
+    def __init__(self, model, table, sites, names, cache, tokenizer_info, train, report, block_path) -> None:
+        self.model, self.table, self.sites, self.layer_names = model, table, sites, names
+        self.cache, self.tokenizer_info, self.train, self.report = cache, tokenizer_info, train, report
+        self.block_path = block_path
+        self.enabled = True
+        self.max_n = next(iter(sites.values())).cfg.max_n
+        self._hooks: list[Any] = []
+        self._rows: torch.Tensor | None = None  # rows of the forward in progress [B, T, N, K]
+        self._history: torch.Tensor | None = None  # last max_n-1 ids of each row [B, <=N-1]
+        self._pending_rows: torch.Tensor | None = None
+        self._saved_grad: dict[str, bool] = {}
+
+    # -- hooks
+    def _model_pre_hook(self, module, args, kwargs):
+        if not self.enabled:
+            return None
+        if self._pending_rows is not None:
+            self._rows, self._pending_rows = self._pending_rows, None
+            return None
+        ids = kwargs.get("input_ids")
+        if ids is None and args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
+            ids = args[0]
+        if ids is None:
+            raise PolymemError(
+                f"{type(module).__name__} was called without input_ids (inputs_embeds?); memory sites hash token "
+                "ids, so call the model with input_ids, or use handle.set_rows(rows) before the call"
+            )
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        past = 0
+        if cache is not None and hasattr(cache, "get_seq_length"):
+            past = int(cache.get_seq_length())
+        if self.cache.C.device != ids.device:
+            self.to(ids.device)
+        T = ids.shape[-1]
+        if past > 0 and self._history is not None and self._history.shape[0] == ids.shape[0]:
+            full = torch.cat([self._history, ids], dim=1)  # [B, h + T]
+        else:
+            full = ids
+        rows = self.cache.ngram_rows(full, self.table.layout, self.max_n)[:, -T:]  # [B, T, N, K]
+        self._history = full[:, -(self.max_n - 1):] if self.max_n > 1 else None
+        self._rows = rows
+        return None
+
+    def _model_post_hook(self, module, args, output):
+        # rows stay until the next forward: activation checkpointing re-runs blocks during backward
+        return None
+
+    def _block_hook(self, name: str):
+        site = self.sites[name.replace(".", "/")]
+
+        def hook(module, args, kwargs):
+            if not self.enabled:
+                return None
+            if self._rows is None:
+                raise PolymemError(f"block {name} ran outside a forward of the attached model; call the model itself")
+            h = args[0] if args else kwargs["hidden_states"]
+            if tuple(h.shape[:2]) != tuple(self._rows.shape[:2]):
+                raise PolymemError(
+                    f"block {name} received hidden states for {tuple(h.shape[:2])} (batch, positions) but the model "
+                    f"was called with ids of shape {tuple(self._rows.shape[:2])}; call the attached model itself"
+                )
+            if h.shape[-1] != site.cfg.d_model:
+                raise PolymemError(
+                    f"block {name} received hidden states of width {h.shape[-1]}, the site was built for "
+                    f"{site.cfg.d_model}; attach to blocks whose input is the residual stream"
+                )
+            e = self.table.gather(self._rows)  # [B, T, N, K, r]
+            out = site(h, e)
+            if args:
+                return (out, *args[1:]), kwargs
+            kwargs = dict(kwargs)
+            kwargs["hidden_states"] = out
+            return args, kwargs
+
+        return hook
+
+    def _install(self) -> None:
+        self._hooks.append(self.model.register_forward_pre_hook(self._model_pre_hook, with_kwargs=True))
+        self._hooks.append(self.model.register_forward_hook(self._model_post_hook))
+        for name in self.layer_names:
+            block = self.model.get_submodule(name)
+            self._hooks.append(block.register_forward_pre_hook(self._block_hook(name), with_kwargs=True))
+
+    # -- public
+    def set_rows(self, rows: torch.Tensor) -> None:
+        """Use precomputed rows ([B, T, N, K], e.g. hashed in a data loader) for the next forward."""
+        self._pending_rows = rows
+
+    def reset(self) -> None:
+        """Forget the incremental-decoding history (a new sequence starts)."""
+        self._history = None
+
+    @contextlib.contextmanager
+    def disabled(self) -> Iterator[None]:
+        """Memory switched off inside the block (the model runs as if nothing were attached)."""
+        prev, self.enabled = self.enabled, False
+        try:
+            yield
+        finally:
+            self.enabled = prev
+
+    def to(self, device) -> "AttachHandle":
+        self.cache = self.cache.to(device)
+        self.sites.to(device)
+        if isinstance(self.table, TrainableTable):
+            self.table.to(device)
+        return self
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        ps = [p for p in self.sites.parameters() if p.requires_grad]
+        if self.train in ("table", "all") and self.table.trainable:
+            ps.append(self.table.weight)
+        if not getattr(self, "freeze_model", True):
+            ps += [p for p in self.model.parameters() if p.requires_grad]
+        return ps
+
+    def table_parameters(self) -> list[nn.Parameter]:
+        return [self.table.weight] if self.table.trainable else []
+
+    def detach(self) -> None:
+        """Remove every hook and restore the model's requires_grad flags; the model is as before attach."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        for name, p in self.model.named_parameters():
+            if name in self._saved_grad:
+                p.requires_grad_(self._saved_grad[name])
+        self._saved_grad.clear()
+        self._rows = self._history = None
+
+    def __enter__(self) -> "AttachHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+    def header(self) -> dict[str, Any]:
+        """What ``site.json`` records: the sites' config, the layers, the tokenizer and the table's fingerprint."""
+        from polymem.torch.sitefile import site_header
+
+        return site_header(self)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write ``site.safetensors`` (site weights; the table too when it was trained) and ``site.json``,
+        which names the table by fingerprint (:mod:`polymem.torch.sitefile`)."""
+        from polymem.torch.sitefile import save_site
+
+        return save_site(self, path)
+
+
+def attach(
+    model: nn.Module,
+    table_or_asset: Any,
+    tokenizer: Any,
+    layers: Sequence[int | str] = (1,),
+    train: str = "projection",
+    *,
+    max_n: int | None = None,
+    gate: str = "scalar",
+    gate_init: float = 0.5,
+    conv: bool = False,
+    spec: HashSpec | None = None,
+    in_memory: bool = True,
+    init_seed: int = 0,
+    strict: bool = True,
+    freeze_model: bool | None = None,
+    value_init: str | None = None,
+) -> AttachHandle:
+    """Attach a hashed n-gram memory to ``model`` before each block in ``layers``.
+
+    table_or_asset: a :class:`polymem.MemoryAsset` (or its path), a :class:`~polymem.torch.tables.MemoryTable`,
+    or a :class:`polymem.Layout` (a fresh all-zero fp32 table with ``spec`` or the default HashSpec).
+    tokenizer: anything :func:`polymem.load_tokenizer` accepts, or a TokenHashes built with the table's spec.
+    layers: block indices or module names. train: "projection" (table frozen, model frozen; sites train),
+    "table" (table and sites train, model frozen) or "all"; freeze_model=False keeps the model's own weights
+    trainable whatever ``train`` says (a recipient trained from scratch next to a frozen donor table). max_n: orders 1..max_n read (default: the table's
+    largest order). in_memory=False reads a frozen asset page by page on every forward (NF4 dequantised on the
+    fly). strict=False skips layers that cannot be matched (they are listed in ``handle.report``).
+    """
+    if train not in TRAIN_MODES:
+        raise PolymemError(f"train={train!r} is unknown; accepted: {', '.join(TRAIN_MODES)}")
+    table = _resolve_table(table_or_asset, spec, in_memory, trainable=train in ("table", "all"))
+    _check_usable(table.spec, table.layout, where="table")
+    if isinstance(table, TrainableTable):
+        table.set_trainable(train in ("table", "all"))
+    elif train != "projection":
+        raise PolymemError(f"train={train!r} needs the table in memory; an asset read page by page is frozen (in_memory=True)")
+    cache = _token_cache(tokenizer, table.spec)
+    d = _d_model(model)
+    width = _input_width(model)
+    if width is not None and width != d:
+        raise PolymemError(f"{type(model).__name__}: config hidden size {d} but the input embedding has width {width}")
+    report = AttachReport()
+    path, blocks = _find_blocks(model)
+    names: list[str] = []
+    for req in layers:
+        if isinstance(req, (int, np.integer)) and not isinstance(req, bool):
+            i = int(req)
+            if -len(blocks) <= i < len(blocks):
+                names.append(f"{path}.{i % len(blocks)}")
+                continue
+            report.unmatched.append({"requested": req, "reason": f"block index out of range: {path} has {len(blocks)} blocks (0..{len(blocks) - 1})"})
+            continue
+        try:
+            model.get_submodule(str(req))
+            names.append(str(req))
+        except AttributeError:
+            report.unmatched.append({"requested": req, "reason": f"no module named {req!r}; blocks are {path}.0..{len(blocks) - 1}"})
+    if report.unmatched and strict:
+        raise PolymemError("attach could not match every layer:\n" + str(report))
+    if not names:
+        raise PolymemError(f"attach matched no layer of {type(model).__name__} (requested {list(layers)}):\n{report}")
+    if len(set(names)) != len(names):
+        raise PolymemError(f"layers {list(layers)} name the same block twice")
+    n = max_n if max_n is not None else max(table.orders)
+    if value_init is None:
+        value_init = "orthogonal" if table.trainable else "zero"
+    cfg = SiteConfig(d_model=d, max_n=n, gate=gate, gate_init=gate_init, conv=conv, init_seed=init_seed,
+                     value_init=value_init)
+    sites = nn.ModuleDict()
+    for j, name in enumerate(names):
+        sites[name.replace(".", "/")] = MemorySite(
+            SiteConfig(**{**asdict(cfg), "init_seed": init_seed + j}), table.layout)
+        report.matched.append({"layer": name.rsplit(".", 1)[-1], "module": name, "d_model": d})
+    # the token cache as tensors; ids beyond the tokenizer's vocabulary (padded embeddings) are invalid
+    vocab = _model_vocab(model)
+    tc = TorchTokenHashes.from_cache(cache)
+    V = tc.C.numel()
+    if vocab is not None and vocab != V:
+        report.notes.append(f"model vocab_size {vocab} != tokenizer vocab size {V}: ids >= {V} never hit memory")
+        if vocab > V:
+            pad = vocab - V
+            tc = TorchTokenHashes(
+                C=torch.cat([tc.C, torch.zeros(pad, dtype=torch.int64)]),
+                P=torch.cat([tc.P, torch.ones(pad, dtype=torch.int64)]),
+                special=torch.cat([tc.special, torch.ones(pad, dtype=torch.bool)]),
+            )
+    if not set(range(1, n + 1)) & set(table.orders):
+        report.notes.append(f"the table was trained with orders {list(table.orders)}, the site reads 1..{n}")
+    if getattr(cache, "lossy", False):
+        report.notes.append(f"tokenizer {cache.tokenizer_name!r} is not byte-faithful: few n-grams will match")
+    try:
+        dev = next(model.parameters()).device
+    except StopIteration:
+        dev = torch.device("cpu")
+    handle = AttachHandle(
+        model, table, sites, names, tc, {"name": cache.tokenizer_name, "fingerprint": cache.fingerprint}, train,
+        report, path,
+    )
+    handle.to(dev)
+    freeze = (train != "all") if freeze_model is None else bool(freeze_model)
+    handle.freeze_model = freeze
+    for pname, p in model.named_parameters():
+        handle._saved_grad[pname] = p.requires_grad
+        if freeze:
+            p.requires_grad_(False)
+    handle._install()
+    return handle
+
+
