@@ -16,10 +16,14 @@ What is a document:
     -                                             standard input: one text document, or JSONL lines with
                                                   stdin_format="jsonl"
 
+Only regular files are opened: a FIFO, socket or device (named, found in a directory, or behind a symlink)
+is skipped as "not a regular file" without being read, so a named pipe nobody writes to cannot block the run.
+
 Bad input never raises mid-stream; it is recorded in `skipped` and the stream goes on:
     unreadable file (permissions, I/O error, corrupt gzip), binary file (a NUL byte in its first 8 KiB),
     JSONL line that is not JSON / not an object / lacks the text field / whose field is not a string,
-    empty document. Invalid UTF-8 is decoded with U+FFFD replacement and counted (`replaced`), or with
+    empty document. A file that breaks part-way (a truncated .gz) keeps the documents read before the damage;
+    its `Skipped` entry says how many (`documents_used`, `bytes_used`, and in the reason). Invalid UTF-8 is decoded with U+FFFD replacement and counted (`replaced`), or with
     invalid_utf8="skip" the document is skipped. Only a path that does not exist raises (PolymemError), up
     front, since it is a typo rather than bad data.
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import stat
 import sys
 import zlib
 from collections import Counter
@@ -69,6 +74,8 @@ class Skipped:
 
     source: str
     reason: str
+    documents_used: int = 0  # a file that broke part-way: documents read (and used) before the damage
+    bytes_used: int = 0  # ... and their bytes (decompressed), so a report can say how much of the file counted
 
 
 @dataclass
@@ -162,30 +169,42 @@ class Corpus:
         src = str(path)
         kind = _kind(path.name) or "text"  # an explicitly named file of another type is read as text
         gz = path.name.lower().endswith(".gz")
-        try:
-            f: BinaryIO = gzip.open(path, "rb") if gz else open(path, "rb")  # noqa: SIM115 - closed below
-        except OSError as e:
-            self._skip(src, _oserr(e))
+        raw = _open_regular(path)
+        if isinstance(raw, str):
+            self._skip(src, raw)
             return
+        f: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw  # type: ignore[assignment]
+        used = _Progress()
         try:
             if kind == "jsonl":
-                yield from self._jsonl_lines(f, src)
+                yield from self._jsonl_lines(f, src, used)
             else:
                 data = f.read()
                 doc = self._text_document(data, src, src)
                 if doc is not None:
                     yield doc
         except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
-            self._skip(src, f"unreadable file: {type(e).__name__}: {e}" if not gz else f"corrupt gzip: {e}")
+            what = f"corrupt gzip: {e}" if gz else f"unreadable file: {type(e).__name__}: {e}"
+            if used.documents:
+                what += (f"; the first {used.documents} documents (lines 1-{used.lines}, {used.nbytes:,} bytes) "
+                         f"were used, the rest of the file was not")
+            elif kind == "jsonl" and used.lines:
+                what += f"; lines 1-{used.lines} were read but held no document, the rest of the file was not"
+            else:
+                what += "; nothing of it was used"
+            self.skipped.append(Skipped(src, what, documents_used=used.documents, bytes_used=used.nbytes))
         finally:
             f.close()
+            raw.close()
 
-    def _jsonl_lines(self, f: BinaryIO, src: str) -> Iterator[Document]:
+    def _jsonl_lines(self, f: BinaryIO, src: str, used: _Progress | None = None) -> Iterator[Document]:
+        used = used if used is not None else _Progress()
         head = f.peek(_BINARY_PROBE)[:_BINARY_PROBE] if hasattr(f, "peek") else b""
         if b"\x00" in head:
             self._skip(src, f"binary file: NUL byte at offset {head.index(0)}; expected JSON lines")
             return
         for lineno, raw in enumerate(f, start=1):
+            used.lines = lineno
             if not raw.strip():
                 continue
             where = f"{src}:{lineno}"
@@ -219,6 +238,8 @@ class Corpus:
                 str(doc_id) if isinstance(doc_id, (str, int)) else where, value, where, replaced or fixed
             )
             if doc is not None:
+                used.documents += 1
+                used.nbytes += len(raw)
                 yield doc
 
     # ---------------------------------------------------------------------------------------- helpers
@@ -293,6 +314,56 @@ def as_documents(texts: Iterable[str | Document]) -> Iterator[Document]:
             raise PolymemError(
                 f"text {i} is a {type(t).__name__}, expected str or polymem.corpus.Document; decode bytes first"
             )
+
+
+@dataclass
+class _Progress:
+    """How far a file was read: lines seen, documents yielded and their raw bytes (to report a partial file)."""
+
+    lines: int = 0
+    documents: int = 0
+    nbytes: int = 0
+
+
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _not_regular(mode: int) -> str:
+    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "not a file")
+    return (f"not a regular file: {kind}; only regular files are read (to read a stream, "
+            "pipe its output to stdin with -)")
+
+
+def _open_regular(path: Path) -> BinaryIO | str:
+    """Open `path` for binary reading if it is a regular file, else return why not. Never blocks.
+
+    stat() first, so a FIFO or device is never opened; then open with O_NONBLOCK (a FIFO swapped in after the
+    stat opens at once instead of waiting for a writer) and fstat() the descriptor, so what is read is what
+    was checked.
+    """
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            return _not_regular(mode)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as e:
+        return _oserr(e)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            return _not_regular(mode)
+        if getattr(os, "O_NONBLOCK", 0):
+            os.set_blocking(fd, True)
+    except OSError as e:
+        os.close(fd)
+        return _oserr(e)
+    return open(fd, "rb")  # noqa: SIM115 - the caller closes it
 
 
 def _json_type(value: object) -> str:

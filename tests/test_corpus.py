@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
 import os
+import signal
+import socket
 from pathlib import Path
 
 import pytest
@@ -180,3 +183,76 @@ def test_user_errors_raise_up_front(tmp_path: Path) -> None:
         Corpus(["-", "-"])
     with pytest.raises(PolymemError, match="stdin_format"):
         Corpus(["-"], stdin_format="csv")
+
+
+# ------------------------------------------------------------------------------------------------ special files
+class _Hung(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _hang_guard(seconds: int = 20):
+    """Turn a read that blocks forever (the bug) into a test failure instead of a hung suite."""
+
+    def on_alarm(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise _Hung(f"reading the corpus blocked for {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+def test_fifos_sockets_and_devices_are_skipped_without_blocking(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("alpha", encoding="utf-8")
+    os.mkfifo(tmp_path / "feed.txt")  # nobody ever writes to it: opening it for reading would block forever
+    os.mkfifo(tmp_path / "stream.jsonl.gz")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock.md"))
+    (tmp_path / "link.txt").symlink_to(tmp_path / "feed.txt")  # a symlink is judged by what it points to
+    os.mkfifo(tmp_path / "named.fifo")
+    try:
+        with _hang_guard():
+            c = Corpus([tmp_path, tmp_path / "named.fifo", "/dev/null"])
+            assert texts(c) == ["alpha"]
+    finally:
+        sock.close()
+    r = {s.source: s.reason for s in c.skipped}
+    assert set(r) == {str(tmp_path / n) for n in ("feed.txt", "stream.jsonl.gz", "sock.md", "link.txt", "named.fifo")} | {
+        "/dev/null"}
+    assert r[str(tmp_path / "feed.txt")].startswith("not a regular file: a FIFO (named pipe)")
+    assert r[str(tmp_path / "link.txt")].startswith("not a regular file: a FIFO (named pipe)")
+    assert r[str(tmp_path / "sock.md")].startswith("not a regular file: a socket")
+    assert r["/dev/null"].startswith("not a regular file: a character device")
+    assert "pipe its output to stdin" in r[str(tmp_path / "named.fifo")]
+    assert c.skipped_by_reason() == {"not a regular file": 6}
+
+
+# ------------------------------------------------------------------------------------------------ truncation
+def test_truncated_jsonl_gz_says_how_much_of_it_was_used(tmp_path: Path) -> None:
+    lines = [json.dumps({"text": f"document number {i} " + "x" * (i % 7)}) + "\n" for i in range(2000)]
+    whole = gzip.compress("".join(lines).encode("utf-8"), mtime=0)
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    c = Corpus([tmp_path / "cut.jsonl.gz"])
+    got = texts(c)
+    assert 0 < len(got) < 2000
+    assert got == [json.loads(x)["text"] for x in lines[: len(got)]]  # a prefix, in order, nothing invented
+    (s,) = c.skipped
+    used_bytes = sum(len(x.encode("utf-8")) for x in lines[: len(got)])
+    assert s.reason.startswith("corrupt gzip: ")
+    assert f"the first {len(got)} documents (lines 1-{len(got)}, {used_bytes:,} bytes) were used" in s.reason
+    assert (s.documents_used, s.bytes_used) == (len(got), used_bytes)
+
+
+def test_truncated_text_gz_says_nothing_of_it_was_used(tmp_path: Path) -> None:
+    whole = gzip.compress(b"one text document " * 500, mtime=0)
+    (tmp_path / "cut.txt.gz").write_bytes(whole[: len(whole) // 2])
+    c = Corpus([tmp_path / "cut.txt.gz"])
+    assert texts(c) == []
+    (s,) = c.skipped
+    assert s.reason.startswith("corrupt gzip: ") and "nothing of it was used" in s.reason
+    assert (s.documents_used, s.bytes_used) == (0, 0)
