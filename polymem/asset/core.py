@@ -339,6 +339,17 @@ class MemoryAsset:
         out[ok] = vec
         return out.reshape(rows.shape + (r,))
 
+    def check_chunk_bytes(self, chunk_ids: np.ndarray, chunks: "list[np.ndarray]") -> None:
+        """Raise FormatError unless ``chunks`` (uint8 [chunk_bytes] each, read straight from the shards by the
+        page service, :mod:`polymem.asset.pages`) are intact stored chunks ``chunk_ids`` of this asset.
+
+        Format version 1 keeps one sha256 per shard (checked by :meth:`verify` and ``polymem pull``), so a
+        chunk on its own can only be checked for its length here."""
+        cb = self.geometry.chunk_bytes
+        for c, a in zip(chunk_ids.tolist(), chunks):
+            if a.nbytes != cb:
+                raise FormatError(f"{self.path}: chunk {c} has {a.nbytes} bytes, expected {cb}; restore the asset")
+
     def nonzero_pages(self) -> int:
         """Number of pages holding any non-zero value (scans the table)."""
         return int(sum(int((p != 0).any(axis=(1, 2)).sum()) for _, p in self.iter_pages()))

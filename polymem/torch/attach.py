@@ -91,7 +91,8 @@ def _input_width(model: nn.Module) -> int | None:
     return int(w.shape[1]) if isinstance(w, torch.Tensor) and w.dim() == 2 else None
 
 
-def _resolve_table(table_or_asset: Any, spec: HashSpec | None, in_memory: bool, trainable: bool) -> MemoryTable:
+def _resolve_table(table_or_asset: Any, spec: HashSpec | None, in_memory: bool, trainable: bool,
+                   serving: dict[str, Any] | None = None) -> MemoryTable:
     if isinstance(table_or_asset, MemoryTable):
         return table_or_asset
     if isinstance(table_or_asset, Layout):
@@ -112,7 +113,7 @@ def _resolve_table(table_or_asset: Any, spec: HashSpec | None, in_memory: bool, 
             asset.to_numpy(), spec=asset.spec, layout=asset.layout, orders=tuple(asset.orders), trainable=trainable,
             source={"kind": "asset", "path": str(getattr(asset, "path", "")), "dtype": str(getattr(asset, "dtype", ""))},
         )
-    return AssetTable(asset)
+    return AssetTable(asset, **(serving or {}))
 
 
 def _check_usable(spec: Any, layout: Any, *, where: str) -> None:
@@ -161,6 +162,7 @@ class AttachHandle:
             return None
         if self._pending_rows is not None:
             self._rows, self._pending_rows = self._pending_rows, None
+            self._prefetch(self._rows)
             return None
         ids = kwargs.get("input_ids")
         if ids is None and args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
@@ -184,7 +186,13 @@ class AttachHandle:
         rows = self.cache.ngram_rows(full, self.table.layout, self.max_n)[:, -T:]  # [B, T, N, K]
         self._history = full[:, -(self.max_n - 1):] if self.max_n > 1 else None
         self._rows = rows
+        self._prefetch(rows)
         return None
+
+    def _prefetch(self, rows: torch.Tensor) -> None:
+        pf = getattr(self.table, "prefetch", None)
+        if pf is not None:  # an asset-backed table starts reading the rows' pages now, before block 0
+            pf(rows)
 
     def _model_post_hook(self, module, args, output):
         # rows stay until the next forward: activation checkpointing re-runs blocks during backward
@@ -262,8 +270,18 @@ class AttachHandle:
     def table_parameters(self) -> list[nn.Parameter]:
         return [self.table.weight] if self.table.trainable else []
 
+    def stats(self) -> dict[str, Any]:
+        """Page-service counters of an asset-backed table (``in_memory=False``): hits, misses, joined, reads,
+        bytes_read, wait_s, cache_bytes, cache_peak_bytes, capacity_bytes, … ({} for in-memory tables)."""
+        fn = getattr(self.table, "stats", None)
+        return fn() if fn is not None else {}
+
     def detach(self) -> None:
-        """Remove every hook and restore the model's requires_grad flags; the model is as before attach."""
+        """Remove every hook and restore the model's requires_grad flags; the model is as before attach.
+        An asset-backed table stops using its page service (its reader threads stop when no table uses it)."""
+        close = getattr(self.table, "close", None)
+        if close is not None:
+            close()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -306,6 +324,9 @@ def attach(
     conv: bool = False,
     spec: HashSpec | None = None,
     in_memory: bool = True,
+    cache_mb: float = 256.0,
+    prefetch: bool = True,
+    read_workers: int = 4,
     init_seed: int = 0,
     strict: bool = True,
     freeze_model: bool | None = None,
@@ -319,12 +340,17 @@ def attach(
     layers: block indices or module names. train: "projection" (table frozen, model frozen; sites train),
     "table" (table and sites train, model frozen) or "all"; freeze_model=False keeps the model's own weights
     trainable whatever ``train`` says (a recipient trained from scratch next to a frozen donor table). max_n: orders 1..max_n read (default: the table's
-    largest order). in_memory=False reads a frozen asset page by page on every forward (NF4 dequantised on the
-    fly). strict=False skips layers that cannot be matched (they are listed in ``handle.report``).
+    largest order). in_memory=False serves a frozen asset page by page instead of loading it (tables bigger
+    than memory): the rows of each forward are read through a RAM page cache of ``cache_mb`` MiB (shared by
+    every table on the same opened asset) by ``read_workers`` threads, started from the model's pre-hook
+    before block 0 when ``prefetch`` (else inside the first site), and decoded (NF4 too) in torch on the
+    model's device; results are bit-identical to in_memory=True. ``handle.stats()`` has the cache counters.
+    strict=False skips layers that cannot be matched (they are listed in ``handle.report``).
     """
     if train not in TRAIN_MODES:
         raise PolymemError(f"train={train!r} is unknown; accepted: {', '.join(TRAIN_MODES)}")
-    table = _resolve_table(table_or_asset, spec, in_memory, trainable=train in ("table", "all"))
+    table = _resolve_table(table_or_asset, spec, in_memory, trainable=train in ("table", "all"),
+                           serving={"cache_mb": cache_mb, "prefetch": prefetch, "read_workers": read_workers})
     _check_usable(table.spec, table.layout, where="table")
     if isinstance(table, TrainableTable):
         table.set_trainable(train in ("table", "all"))

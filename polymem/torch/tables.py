@@ -116,32 +116,58 @@ class TrainableTable(MemoryTable):
 
 
 class AssetTable(MemoryTable):
-    """Frozen rows read from a :class:`polymem.MemoryAsset` on every forward (pages of the rows needed only).
+    """Frozen rows read from a :class:`polymem.MemoryAsset` through its page service (a bounded RAM cache of
+    stored chunks filled by background reads, :mod:`polymem.asset.pages`), decoded in torch on the device of
+    the request (:mod:`polymem.torch.pages`). The table never has to fit in memory.
 
-    Rows are read on the CPU through ``asset.read_pages`` (which dequantises NF4 pages) and moved to the
-    device of the request. Slower than an in-memory table; meant for tables larger than RAM or for checks.
+    cache_mb: RAM for cached chunks, shared by every table reading the same opened asset. prefetch: reads
+    start in :meth:`prefetch` (the model's forward pre-hook calls it) and overlap the blocks before the first
+    site; False reads inside the first site's forward (synchronous). read_workers: reader threads.
     """
 
-    def __init__(self, asset: Any) -> None:
+    def __init__(self, asset: Any, *, cache_mb: float = 256.0, prefetch: bool = True, read_workers: int = 4) -> None:
         super().__init__()
+        from polymem.asset.pages import service_for
+        from polymem.torch.pages import PagedRows
+
         self.asset = asset
         self.spec, self.layout = asset.spec, asset.layout
         self.orders = tuple(int(o) for o in asset.orders)
         self.source = {"kind": "asset", "path": str(getattr(asset, "path", "")), "dtype": str(asset.dtype)}
         self._fp: str | None = None
+        self.prefetch_enabled = bool(prefetch)
+        self.service = service_for(asset, cache_mb=cache_mb, workers=read_workers)
+        self.service.acquire()
+        self._closed = False
+        self._paged = PagedRows(asset, self.service)
 
     trainable = False
 
+    def prefetch(self, rows: torch.Tensor) -> None:
+        """Start reading (and decoding) the rows of the coming forward in the background (no-op without prefetch)."""
+        if self.prefetch_enabled:
+            self._reopen()
+            self._paged.start(rows)
+
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
-        K, S, r = self.layout.heads, self.layout.slots, self.layout.head_dim
-        flat = rows.reshape(-1).cpu().numpy()  # [M]
-        valid = flat >= 0
-        pages, inv = np.unique(flat[valid] // (K * S), return_inverse=True)  # [n], [m]
-        out = np.zeros((flat.size, r), dtype=np.float32)
-        if pages.size:
-            block = np.asarray(self.asset.read_pages(pages), dtype=np.float32)  # [n, K*S, r]
-            out[valid] = block[inv, flat[valid] % (K * S)]
-        return torch.from_numpy(out).to(rows.device).view(*rows.shape, r)
+        self._reopen()
+        return self._paged.gather(rows)
+
+    def stats(self) -> dict[str, Any]:
+        """The page service's counters (:meth:`polymem.asset.pages.PageService.stats`) and ``prefetch``."""
+        return {**self.service.stats(), "prefetch": self.prefetch_enabled}
+
+    def _reopen(self) -> None:
+        if self._closed:
+            self._closed = False
+            self.service.acquire()
+
+    def close(self) -> None:
+        """Stop using the page service (the last table of an asset stops its workers and empties its cache)."""
+        self._paged.forget()
+        if not self._closed:
+            self._closed = True
+            self.service.release()
 
     def fingerprint(self) -> str:
         if self._fp is None:

@@ -1,0 +1,294 @@
+"""Serving tables bigger than memory: attach(..., in_memory=False) reads pages through the page service.
+
+Outputs are bit-identical to the in-memory table built from the same asset (float16, bfloat16, NF4; plain
+forwards, generate() with a KV cache, a training step of a recipient); the cache stays within its size; a
+page is read once per batch; read errors surface in the forward that needed them; reader threads stop on
+detach and on garbage collection; remote (fsspec) assets are served the same way.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+
+import fsspec
+import numpy as np
+import pytest
+import torch
+
+import polymem
+from polymem import FormatError, HashSpec, Layout, MemoryAsset, PolymemError, TokenHashes
+from polymem.asset.pages import THREAD_PREFIX
+from polymem.samples import sample_text
+from polymem.torch import AssetTable, TrainableTable, attach
+
+torch.set_num_threads(1)
+LAYOUT = Layout(pages=512, heads=4, slots=4, head_dim=8)
+
+
+@pytest.fixture(scope="module")
+def byte_cache() -> TokenHashes:
+    return TokenHashes.build("bytes", HashSpec())
+
+
+@pytest.fixture(scope="module")
+def ids() -> torch.Tensor:
+    arr = polymem.load_tokenizer("bytes").encode(sample_text())[:192]
+    return torch.from_numpy(np.stack([arr[:48], arr[48:96], arr[96:144], arr[144:192]]))  # [4, 48]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> dict[str, MemoryAsset]:
+    d = tmp_path_factory.mktemp("assets")
+    w = np.random.default_rng(3).standard_normal((LAYOUT.num_rows, LAYOUT.head_dim)).astype(np.float32)
+    f32 = MemoryAsset.from_array(d / "f32", w, HashSpec(), LAYOUT, orders=(1, 2, 3), chunks_per_shard=128)
+    out = {"float32": f32}
+    for dt in ("float16", "bfloat16", "nf4"):
+        out[dt], _ = f32.quantize(d / dt, to=dt)
+    return out
+
+
+def llama(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def pages_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
+
+
+def wait_no_threads(timeout: float = 10.0) -> list[threading.Thread]:
+    for t in pages_threads():
+        t.join(timeout)
+    return pages_threads()
+
+
+def run_generate(model, h, prompt):
+    with torch.no_grad():
+        logits = model(input_ids=prompt).logits
+        h.reset()
+        gen = model.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None,
+                             output_logits=True, return_dict_in_generate=True)
+    return logits, gen.sequences, torch.stack(gen.logits)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "nf4"])
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_served_outputs_are_bit_identical_to_in_memory(byte_cache, ids, assets, dtype, prefetch):
+    asset = assets[dtype]
+    model = llama()
+    prompt = ids[:, :12]
+    h = attach(model, asset, byte_cache, layers=[0, 2], in_memory=True, value_init="orthogonal")
+    ref = run_generate(model, h, prompt)
+    with torch.no_grad():
+        full_ref = model(input_ids=ids).logits
+    h.detach()
+    h = attach(model, asset, byte_cache, layers=[0, 2], in_memory=False, prefetch=prefetch, cache_mb=1,
+               value_init="orthogonal")
+    assert isinstance(h.table, AssetTable)
+    got = run_generate(model, h, prompt)
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, full_ref)
+    with h.disabled(), torch.no_grad():  # the memory matters: without it the logits differ
+        assert not torch.equal(model(input_ids=ids).logits, full_ref)
+    st = h.stats()
+    assert st["prefetch"] is prefetch and st["misses"] > 0 and st["hits"] > 0 and st["bytes_read"] > 0
+    assert st["reads"] == st["misses"] and st["errors"] == 0
+    h.detach()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "nf4"])
+def test_training_step_with_frozen_served_table_is_bit_identical(byte_cache, ids, assets, dtype):
+    """A recipient trained from scratch next to a frozen donor table: one AdamW step on the in-memory table
+    and one on the served asset give the same loss, gradients and weights."""
+    asset = assets[dtype]
+    results = []
+    for in_memory in (True, False):
+        model = llama(seed=1).train()
+        h = attach(model, asset, byte_cache, layers=[1], in_memory=in_memory, freeze_model=False, cache_mb=1)
+        assert h.table.trainable is False
+        params = h.trainable_parameters()
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        losses = []
+        for step in range(2):
+            batch = ids[:, step * 8: step * 8 + 32]
+            loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            losses.append(loss.detach())
+            opt.step()
+            opt.zero_grad()
+        grads_seen = [p.detach().clone() for p in params]
+        results.append((torch.stack(losses), grads_seen))
+        h.detach()
+    (l1, p1), (l2, p2) = results
+    assert torch.equal(l1, l2)
+    assert len(p1) == len(p2) and all(torch.equal(a, b) for a, b in zip(p1, p2))
+
+
+def _chunks_of(ids: torch.Tensor, asset: MemoryAsset, byte_cache, max_n: int = 3) -> set[int]:
+    """Distinct stored chunks the valid rows of a forward live in (numpy, independent of torch)."""
+    from polymem.torch.hash import TorchTokenHashes
+
+    rows = TorchTokenHashes.from_cache(byte_cache).ngram_rows(ids, asset.layout, max_n).numpy().reshape(-1)
+    rows = rows[rows >= 0]
+    g = asset.geometry
+    return set((rows // g.rows_per_page // g.pages_per_chunk).tolist())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "nf4"])
+def test_a_page_is_read_once_per_batch(byte_cache, assets, dtype):
+    """A batch whose n-grams hit the same pages many times reads each chunk exactly once; the next forward
+    of the same ids reads nothing (all hits)."""
+    asset = assets[dtype]
+    model = llama()
+    text = np.frombuffer(b"the cat the cat the cat the cat the cat", dtype=np.uint8).astype(np.int64)
+    batch = torch.from_numpy(np.stack([text, text, text]))  # every n-gram repeats across rows and positions
+    need = _chunks_of(batch, asset, byte_cache)
+    h = attach(model, asset, byte_cache, layers=[0, 1, 2], in_memory=False, cache_mb=4)
+    with torch.no_grad():
+        model(input_ids=batch)
+    st = h.stats()
+    assert st["reads"] == st["misses"] == len(need) and st["hits"] == 0
+    assert st["bytes_read"] == len(need) * asset.geometry.chunk_bytes
+    with torch.no_grad():
+        model(input_ids=batch)
+    st2 = h.stats()
+    assert st2["reads"] == len(need) and st2["hits"] == len(need)
+    h.detach()
+
+
+def test_cache_never_exceeds_its_size(byte_cache, ids, assets):
+    asset = assets["float16"]
+    cb = asset.geometry.chunk_bytes
+    cache_mb = 10 * cb / 2**20  # ten chunks
+    model = llama()
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=True, value_init="orthogonal")
+    with torch.no_grad():
+        refs = [model(input_ids=ids[:, i: i + 6]).logits for i in range(0, 40, 3)]
+    h.detach()
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=False, cache_mb=cache_mb, value_init="orthogonal")
+    peaks = []
+    with torch.no_grad():
+        for j, i in enumerate(range(0, 40, 3)):
+            assert torch.equal(model(input_ids=ids[:, i: i + 6]).logits, refs[j])
+            st = h.stats()
+            peaks.append(st["cache_bytes"])
+            assert st["cache_bytes"] <= st["capacity_bytes"] == int(cache_mb * 2**20)
+    assert st["cache_peak_bytes"] <= st["capacity_bytes"] and max(peaks) == 10 * cb
+    assert st["evictions"] > 0 and st["cache_chunks"] == 10
+    h.detach()
+    # a cache of size 0 caches nothing and still serves every row
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=False, cache_mb=0, value_init="orthogonal")
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids[:, :6]).logits, refs[0])
+    assert h.stats()["cache_peak_bytes"] == 0 and h.stats()["hits"] == 0
+    h.detach()
+
+
+def test_tables_on_one_asset_share_one_cache(byte_cache, ids, assets):
+    asset = assets["nf4"]
+    m1, m2 = llama(), llama(seed=2)
+    h1 = attach(m1, asset, byte_cache, layers=[1], in_memory=False, cache_mb=1)
+    h2 = attach(m2, asset, byte_cache, layers=[0], in_memory=False, cache_mb=2)
+    assert h1.table.service is h2.table.service and h1.stats()["capacity_bytes"] == 2 << 20
+    with torch.no_grad():
+        m1(input_ids=ids)
+        reads = h1.stats()["reads"]
+        m2(input_ids=ids)  # same rows: everything is in the shared cache
+    assert h2.stats()["reads"] == reads and h2.stats()["hits"] >= reads
+    h1.detach()
+    assert pages_threads()  # h2 still serves
+    h2.detach()
+    assert wait_no_threads() == []
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_truncated_or_missing_shard_is_a_clear_error_in_the_forward(byte_cache, ids, assets, tmp_path, prefetch):
+    src = assets["float16"]
+    asset = MemoryAsset.from_array(tmp_path / "t", src.to_numpy(), HashSpec(), LAYOUT, orders=(1, 2, 3),
+                                   dtype="float16", chunks_per_shard=128)
+    model = llama()
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=False, prefetch=prefetch, cache_mb=0)
+    shard = tmp_path / "t" / asset.geometry.shard_key(2)
+    with torch.no_grad():
+        model(input_ids=ids)  # healthy
+        os.truncate(shard, 1000)
+        with pytest.raises(FormatError, match=r"shard 'pages/c/2/0/0' ended after .* truncated"):
+            model(input_ids=ids)
+    h.detach()
+    os.unlink(shard)
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=False, prefetch=prefetch, cache_mb=0)
+    with torch.no_grad(), pytest.raises(PolymemError, match=r"shard 'pages/c/2/0/0' is missing"):
+        model(input_ids=ids)
+    assert h.stats()["errors"] >= 1
+    h.detach()
+    assert wait_no_threads() == []
+
+
+def test_workers_stop_on_detach_and_on_garbage_collection(byte_cache, ids, assets):
+    assert wait_no_threads() == []
+    model = llama()
+    h = attach(model, assets["nf4"], byte_cache, layers=[1], in_memory=False, read_workers=3)
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert 1 <= len(pages_threads()) <= 3
+    h.detach()
+    assert pages_threads() == []  # detach waits for the workers
+    h = attach(model, assets["nf4"], byte_cache, layers=[1], in_memory=False, read_workers=3)
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert pages_threads()
+    del h, model
+    gc.collect()
+    assert wait_no_threads() == []
+
+
+def test_bad_serving_options_are_refused(byte_cache, assets):
+    model = llama()
+    with pytest.raises(PolymemError, match=r"cache_mb=-1 must be a number >= 0"):
+        attach(model, assets["nf4"], byte_cache, in_memory=False, cache_mb=-1)
+    with pytest.raises(PolymemError, match=r"read_workers=0 must be a positive integer"):
+        attach(model, assets["nf4"], byte_cache, in_memory=False, read_workers=0)
+
+
+@pytest.fixture()
+def memfs():
+    fs = fsspec.filesystem("memory")
+    yield fs
+    fs.rm("/", recursive=True) if fs.exists("/served") else None
+    fs.store.clear()
+
+
+def upload(fs, asset: MemoryAsset, name: str) -> str:
+    fs.put(str(asset.path), f"/served/{name}", recursive=True)
+    return f"memory://served/{name}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "nf4"])
+def test_remote_asset_is_served_through_range_requests(byte_cache, ids, assets, memfs, dtype):
+    url = upload(memfs, assets[dtype], dtype)
+    remote = MemoryAsset.open(url)
+    model = llama()
+    h = attach(model, assets[dtype], byte_cache, layers=[1], value_init="orthogonal")
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    h.detach()
+    h = attach(model, remote, byte_cache, layers=[1], in_memory=False, value_init="orthogonal", cache_mb=1)
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, ref)
+    st = h.stats()
+    assert st["source"] == "fsspec" and st["reads"] == len(_chunks_of(ids, remote, byte_cache))
+    # a missing object surfaces in the forward that needs it
+    h.detach()
+    h = attach(model, remote, byte_cache, layers=[1], in_memory=False, value_init="orthogonal", cache_mb=0)
+    memfs.rm(f"/served/{dtype}/" + remote.geometry.shard_key(0))
+    with torch.no_grad(), pytest.raises(FormatError, match=r"object .*pages/c/0/0.* is missing"):
+        model(input_ids=ids)
+    h.detach()
