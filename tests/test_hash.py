@@ -15,7 +15,15 @@ from hypothesis import strategies as st
 from polymem import HashSpec, Layout, TokenHashes
 from polymem.hash import reference as ref
 from polymem.errors import FormatError, PolymemError
-from polymem.hash.spec import MASK64, NORMALIZERS, finalize, normalize_bytes, splitmix64
+from polymem.hash.spec import (
+    MASK64,
+    MIN_BASE_ORDER_LOG2,
+    NORMALIZERS,
+    base_order_log2,
+    finalize,
+    normalize_bytes,
+    splitmix64,
+)
 from polymem.torch.hash import TorchTokenHashes
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "hash_golden_v1.json").read_text())
@@ -219,6 +227,63 @@ def test_spec_errors_name_the_value_and_the_fix() -> None:
         HashSpec(base=256)
     with pytest.raises(FormatError, match="not valid JSON"):
         HashSpec.from_json("{nope")
+
+
+# ------------------------------------------------------------------------------ the base's order
+def _brute_order(b: int, bits: int) -> int:
+    x, k = b % (1 << bits), 1
+    while x != 1:
+        x, k = (x * b) % (1 << bits), k + 1
+    return k
+
+
+@pytest.mark.parametrize("bits", [3, 4, 7, 12])
+def test_base_order_formula_matches_brute_force_on_small_rings(bits: int) -> None:
+    # (Z/2^k)^* = {±1} x <5>: the formula is checked against counting powers, for every odd b
+    for b in range(1, 1 << bits, 2):
+        assert 1 << base_order_log2(b, bits=bits) == _brute_order(b, bits), b
+
+
+def test_base_order_on_the_full_ring() -> None:
+    assert base_order_log2(SPEC.base) == 60  # default: b ≡ -1 (mod 16), not (mod 32)
+    assert base_order_log2(3) == base_order_log2(5) == 62  # the maximum: b ≡ 3, 5 (mod 8)
+    assert base_order_log2(1) == 0 and base_order_log2(MASK64) == 1
+    assert pow(SPEC.base, 1 << 60, 1 << 64) == 1 and pow(SPEC.base, 1 << 59, 1 << 64) != 1
+
+
+def test_degenerate_bases_are_refused_with_the_reason() -> None:
+    t = SPEC.byte_table
+    # what they would do: base 1 forgets byte order, base 2^64-1 cancels a repeated byte
+    assert (t[97] * 1 + t[98]) * 1 == (t[98] * 1 + t[97]) * 1  # H(ab) = H(ba) with base 1
+    assert ((t[97] * MASK64 + t[97]) * MASK64) & MASK64 == 0  # H(aa) = 0 with base 2^64-1
+    with pytest.raises(PolymemError, match=r"hash base 0x0000000000000001 has multiplicative order 1 "):
+        HashSpec(base=1)
+    with pytest.raises(PolymemError, match=r"order 2 mod 2\^64 .*at least 2\^56.*default base"):
+        HashSpec(base=MASK64)
+    with pytest.raises(PolymemError, match=r"order 2\^55 .*≡ 1 \(mod 2\^9\)"):
+        HashSpec(base=1 + (1 << 9))
+    with pytest.raises(PolymemError, match=r"order 2\^54 .*≡ -1 \(mod 2\^10\)"):
+        HashSpec(base=MASK64 - (1 << 10))
+    assert HashSpec(base=1 + (1 << 8)).base == 257  # order 2^56: the least accepted
+    assert HashSpec(base=MASK64 - (1 << 8)).base == MASK64 - 256
+    with pytest.raises(FormatError, match="order 1"):  # a stored spec is checked the same way
+        HashSpec.from_dict({**SPEC.to_dict(), "base": "0x0000000000000001", "byte_table": None})
+
+
+@HYP
+@given(base=st.integers(0, MASK64 >> 1).map(lambda x: 2 * x + 1), a=st.binary(min_size=1, max_size=1),
+       b=st.binary(min_size=1, max_size=1), seed=st.integers(0, MASK64))
+def test_accepted_bases_tell_order_and_repeats_apart(base: int, a: bytes, b: bytes, seed: int) -> None:
+    if base_order_log2(base) < MIN_BASE_ORDER_LOG2:
+        with pytest.raises(PolymemError, match="multiplicative order"):
+            HashSpec(base=base)
+        return
+    spec = HashSpec(base=base, byte_seed=seed)
+    assert spec.hash_bytes(a + a) != 0
+    assert spec.hash_bytes(a + a + a + a) != 0
+    if a != b:
+        assert spec.hash_bytes(a + b) != spec.hash_bytes(b + a)
+        assert spec.hash_bytes(a + b + b) != spec.hash_bytes(b + b + a)
 
 
 # ---------------------------------------------------------------------------------------- XOR

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from polymem.errors import PolymemError
@@ -82,7 +83,7 @@ def init(
                            orders=parse_orders(orders), provenance=prov, overwrite=overwrite)
     g = a.geometry
     console.print(
-        f"created [bold]{asset}[/]: {layout.kind}, P={layout.pages:,} pages × K={layout.heads} × S={layout.slots} "
+        f"created [bold]{escape(str(asset))}[/]: {layout.kind}, P={layout.pages:,} pages × K={layout.heads} × S={layout.slots} "
         f"rows of r={layout.head_dim} = {layout.params:,} parameters, {a.dtype}, "
         f"{g.num_shards} shard(s), {_human(g.num_chunks * g.chunk_bytes)} of pages", highlight=False,
     )
@@ -118,13 +119,13 @@ def inspect(
         h["hash_spec"] = {k: v for k, v in h["hash_spec"].items() if k != "byte_table"} | {"spec_id": a.spec.spec_id}
         print(json.dumps({"path": a.path, "header": h, "nonzero_pages": nz}, indent=2))
         return
-    t = Table(title=f"memory asset {asset}", show_header=False, title_justify="left")
+    t = Table(title=f"memory asset {escape(asset)}", show_header=False, title_justify="left")
     for k, v in _info_rows(a):
-        t.add_row(k, v)
+        t.add_row(k, escape(v))
     if nz is not None:
         t.add_row("pages non-zero", f"{nz:,} of {a.layout.pages:,} ({100 * nz / a.layout.pages:.2f}%)")
     prov = a.provenance
-    t.add_row("provenance", "\n".join(f"{k}: {json.dumps(v)}" for k, v in prov.items()) or "(none)")
+    t.add_row("provenance", escape("\n".join(f"{k}: {json.dumps(v)}" for k, v in prov.items())) or "(none)")
     console.print(t)
 
 
@@ -140,10 +141,10 @@ def verify(asset: Annotated[str, typer.Argument(help="Asset directory or fsspec 
         problems = [str(e)]
     if problems:
         for p in problems:
-            err_console.print(f"[bold red]FAIL[/] {p}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]FAIL[/] {escape(p)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     g = a.geometry
-    console.print(f"[green]OK[/] {asset}: attributes, array metadata and {g.num_shards} shard(s) match their sha256", highlight=False, soft_wrap=True)
+    console.print(f"[green]OK[/] {escape(asset)}: attributes, array metadata and {g.num_shards} shard(s) match their sha256", highlight=False, soft_wrap=True)
 
 
 def quantize(
@@ -157,7 +158,7 @@ def quantize(
 
     src = MemoryAsset.open(asset)
     out, err = src.quantize(output, to=to.value, overwrite=overwrite)
-    t = Table(title=f"{asset} ({src.dtype}) -> {output} ({out.dtype})", title_justify="left")
+    t = Table(title=f"{escape(asset)} ({src.dtype}) -> {escape(str(output))} ({out.dtype})", title_justify="left")
     t.add_column("per-row reconstruction error")
     t.add_column("mean", justify="right")
     t.add_column("max", justify="right")

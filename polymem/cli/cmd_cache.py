@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -35,21 +36,21 @@ def build_cache(
     sample_ids = tok.encode(sample_text())
     _, valid = cache.ngram_hashes(sample_ids, max_n)
 
-    t = Table(title=f"token cache for {tok.name}", show_header=False, title_justify="left")
-    t.add_row("family", tok.family)
+    t = Table(title=f"token cache for {escape(tok.name)}", show_header=False, title_justify="left")
+    t.add_row("family", escape(tok.family))
     t.add_row("vocab size", f"{cache.vocab_size:,}")
     t.add_row("special / no-byte ids", f"{cache.num_special:,}")
     t.add_row("longest token", f"{int(cache.L.max())} bytes")
-    t.add_row("fingerprint", tok.fingerprint)
+    t.add_row("fingerprint", escape(tok.fingerprint))
     t.add_row("hash spec", f"{spec.spec_id} (byte-poly64 v{spec.version}, normalizer {spec.normalizer})")
-    verdict = "faithful" if fid.faithful else f"[red]LOSSY[/] ({fid.first_mismatch})"
+    verdict = "faithful" if fid.faithful else f"[red]LOSSY[/] ({escape(str(fid.first_mismatch))})"
     if fid.faithful and fid.dummy_prefix:
         verdict += " (with SentencePiece dummy-prefix space)"
     t.add_row("byte fidelity on sample", verdict)
     t.add_row("sample", f"{len(sample_ids):,} tokens, {int(valid.sum()):,} valid n-grams (n ≤ {max_n})")
     t.add_row("time", f"load {load_s:.2f} s, build {cache.build_seconds * 1000:.0f} ms")
     console.print(t)
-    console.print(f"written {path}", soft_wrap=True, highlight=False)
+    console.print(f"written {escape(str(path))}", soft_wrap=True, highlight=False)
 
 
 def demo(
@@ -73,18 +74,18 @@ def demo(
         ids = tok.encode(body)
         fid = check_fidelity(tok, [body])
         console.print(
-            f"[bold]{tok.name}[/] ({tok.family}): vocab {tok.vocab_size:,}, cache built in "
+            f"[bold]{escape(tok.name)}[/] ({escape(tok.family)}): vocab {tok.vocab_size:,}, cache built in "
             f"{cache.build_seconds * 1000:.0f} ms, {len(ids):,} tokens on the text, byte fidelity "
             f"{'faithful' if fid.faithful else 'LOSSY'}"
         )
         sides.append((tok, cache, ids))
     (ta, ca, ia), (tb, cb, ib) = sides
     r = crosscheck(ca, ta.all_token_bytes(), ia, cb, tb.all_token_bytes(), ib, max_n)
-    table = Table(title=f"byte-equivalent n-grams, {ta.name} vs {tb.name}: same bytes, different order n, same hash")
+    table = Table(title=escape(f"byte-equivalent n-grams, {ta.name} vs {tb.name}: same bytes, different order n, same hash"))
     for col in ("bytes", f"n in {ta.name}", f"n in {tb.name}", "hash"):
-        table.add_column(col)
+        table.add_column(escape(col))
     for bts, oa, ob, h in r.examples[:8]:
-        table.add_row(repr(bts.decode("utf-8", "replace")), str(oa), str(ob), f"0x{h:016x}")
+        table.add_row(escape(repr(bts.decode("utf-8", "replace"))), str(oa), str(ob), f"0x{h:016x}")
     console.print(table)
     console.print(
         f"{r.shared_distinct:,} distinct byte strings occur as an n-gram (n ≤ {max_n}) in both streams; "
@@ -98,7 +99,7 @@ def demo(
     from polymem import coverage
 
     cov = coverage(tb, ta, [body], max_n=max_n)
-    ct = Table(title=f"what a {ta.name} table could serve to {tb.name} on this text (polymem coverage)")
+    ct = Table(title=escape(f"what a {ta.name} table could serve to {tb.name} on this text (polymem coverage)"))
     ct.add_column("n")
     for col in ("unique n-grams found (byte hash)", "token positions served", "same with Engram's XOR id hash"):
         ct.add_column(col, justify="right")

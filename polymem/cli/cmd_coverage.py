@@ -61,6 +61,7 @@ def coverage_cmd(
     corpus-level share, and the same measure under Engram's XOR token-id hash. See docs/coverage.md.
     """
     from rich.console import Console
+    from rich.markup import escape
 
     from polymem.corpus import Corpus
     from polymem.analysis.coverage import check_max_n, coverage
@@ -85,7 +86,7 @@ def coverage_cmd(
         render(report, out)
         for what, path in (("JSON", json_out if json_out != "-" else None), ("CSV", csv_out), ("plot", plot_out)):
             if path:
-                out.print(f"[dim]{what} written to {path}[/]")
+                out.print(f"[dim]{what} written to {escape(str(path))}[/]", soft_wrap=True)
 
 
 class _progress:
@@ -126,8 +127,8 @@ def render(report: Any, console: Any) -> None:
         return "–" if v is None else f"{v:.3f}"
 
     N = report.max_n
-    t = Table(title=f"coverage of {report.target.name} n-grams by {report.reference.name} "
-                    f"({report.docs} docs, {report.method})", title_justify="left")
+    t = Table(title=escape(f"coverage of {report.target.name} n-grams by {report.reference.name} "
+                           f"({report.docs} docs, {report.method})"), title_justify="left")
     for col in ("n", "per-doc mean", "pooled", "occurrence", "XOR ids", "unique target n-grams"):
         t.add_column(col, justify="right")
     for i in range(N):
@@ -146,7 +147,8 @@ def render(report: Any, console: Any) -> None:
     tok = report.tokens
     console.print(
         f"{report.docs} documents, {report.bytes / 1e6:.2f} MB; tokens: {report.target.name} {tok['target']:,}, "
-        f"{report.reference.name} {tok['reference']:,}; {report.elapsed_s:.1f} s with {report.workers} worker(s)"
+        f"{report.reference.name} {tok['reference']:,}; {report.elapsed_s:.1f} s with {report.workers} worker(s)",
+        markup=False,
     )
     for side in ("target", "reference"):
         fid = report.fidelity[side]

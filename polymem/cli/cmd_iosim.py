@@ -10,6 +10,7 @@ from typing import Annotated, Iterator, Optional
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from polymem.cli.cmd_asset import AssetDtype, parse_count, parse_orders
@@ -63,7 +64,7 @@ def iosim(
     secs = time.perf_counter() - t0
     r0 = sim.results[0]
     t = Table(
-        title=(
+        title=escape(
             f"storage reads per token — {tok.name}, {r0.tokens:,} tokens, {base.params / 1e6:,.1f}M params "
             f"(P={base.pages:,} K={base.heads} S={base.slots} r={base.head_dim}), {dt}, orders "
             f"{','.join(map(str, sim.orders))}, table {sim.table_bytes / 2**20:,.1f} MiB, "
@@ -87,15 +88,15 @@ def iosim(
         console.print("independent-heads / page-local reads: " + ", ".join(f"{x:.1f}×" for x in ratios)
                       + f"   ({secs:.1f} s)", highlight=False)
     if corpus.skipped:
-        console.print(f"[yellow]skipped {len(corpus.skipped)} document(s)[/] (first: {corpus.skipped[0]})")
+        console.print(f"[yellow]skipped {len(corpus.skipped)} document(s)[/] (first: {escape(str(corpus.skipped[0]))})")
     if json_out:
         doc = sim.to_dict() | {"tokenizer": {"name": tok.name, "fingerprint": tok.fingerprint},
                                "corpus": [str(p) for p in paths]}
         json_out.write_text(json.dumps(doc, indent=2))
-        console.print(f"wrote {json_out}")
+        console.print(f"wrote {escape(str(json_out))}", soft_wrap=True)
     if plot_out:
         plot(sim, str(plot_out))
-        console.print(f"wrote {plot_out}")
+        console.print(f"wrote {escape(str(plot_out))}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -24,7 +25,7 @@ def list_tokenizers(ctx: typer.Context) -> None:
     t.add_column("name")
     t.add_column("what")
     for name, desc in known_tokenizers():
-        t.add_row(name, desc)
+        t.add_row(escape(name), escape(desc))
     console.print(t)
 
 
@@ -46,9 +47,9 @@ def check(
     n = len(tok.encode(body))
     if rep.faithful:
         how = "exactly" if rep.exact else "after the SentencePiece dummy-prefix space"
-        console.print(f"[green]faithful[/]: {tok.name} gives back the {len(body.encode()):,} bytes {how} ({n:,} tokens)")
+        console.print(f"[green]faithful[/]: {escape(tok.name)} gives back the {len(body.encode()):,} bytes {how} ({n:,} tokens)")
         return
-    console.print(f"[red]lossy[/]: {tok.name} does not give back the text: {rep.first_mismatch}")
+    console.print(f"[red]lossy[/]: {escape(tok.name)} does not give back the text: {escape(str(rep.first_mismatch))}")
     if tok.lossy:
         console.print("this tokenizer is known to be lossy (e.g. WordPiece): its n-gram hashes will not match other tokenizers'")
     raise typer.Exit(1)

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -76,12 +77,12 @@ def train(
 
         summary = train_donor(tokenizer, corpus, out, cfg=cfg, mem=mem, heldout_every=heldout_every,
                               max_eval_tokens=max_eval_tokens, overwrite=overwrite, on_step=on_step,
-                              on_phase=lambda s: prog.update(task, description=s))
-    t = Table(title=f"donor table {summary['path']}", show_header=False, title_justify="left")
+                              on_phase=lambda s: prog.update(task, description=escape(s)))
+    t = Table(title=f"donor table {escape(str(summary['path']))}", show_header=False, title_justify="left")
     for k in ("tokenizer", "train_tokens_available", "heldout_tokens", "rows", "rows_touched", "final_loss",
               "heldout_bpb", "heldout_bpb_memory_off", "tokens_per_s", "elapsed_s"):
         v = summary[k]
-        t.add_row(k, f"{v:.4f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
+        t.add_row(k, f"{v:.4f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else escape(str(v)))
     console.print(t)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)

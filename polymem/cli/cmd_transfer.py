@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -57,10 +58,10 @@ def transfer(
 
         def on_event(kind: str, **k) -> None:
             if kind == "phase":
-                prog.update(task, description=k["name"])
+                prog.update(task, description=escape(k["name"]))
             elif kind == "run":
                 state["run"] = f"{k['arm']} seed {k['seed']}"
-                prog.update(task, description=state["run"] if jobs == 1 else "recipients")
+                prog.update(task, description=escape(state["run"]) if jobs == 1 else "recipients")
             elif kind == "step":
                 state["done"] += 1
                 prog.update(task, completed=state["done"], info=f"loss {k['loss']:.3f}")
@@ -74,7 +75,7 @@ def transfer(
                                    scratch=scratch, max_eval_tokens=max_eval_tokens, on_event=on_event, jobs=jobs,
                                    value_init=value_init,
                                    threads=threads)
-    t = Table(title=f"held-out bits/byte: {result['donor']['tokenizer']} donor -> {result['recipient']['tokenizer']} recipient",
+    t = Table(title=escape(f"held-out bits/byte: {result['donor']['tokenizer']} donor -> {result['recipient']['tokenizer']} recipient"),
               title_justify="left")
     t.add_column("arm")
     for s in result["seeds"]:
@@ -92,9 +93,9 @@ def transfer(
         console.print("coverage of recipient held-out n-grams by donor-trained hashes: "
                       + ", ".join(f"n={n} {v:.0%}" for n, v in cov["per_n"].items()))
     if json_out:
-        console.print(f"wrote {write_json(result, json_out)}")
+        console.print(f"wrote {escape(str(write_json(result, json_out)))}", soft_wrap=True)
     if plot:
-        console.print(f"wrote {plot_transfer(result, plot)}")
+        console.print(f"wrote {escape(str(plot_transfer(result, plot)))}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -27,7 +27,8 @@ GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / phi, odd: the stream offset of the finalis
 
 HASH_SPEC_FORMAT = "polymem.hash-spec"
 SUPPORTED_HASH_SPEC_VERSIONS = (1,)
-DEFAULT_BASE = 0xC2B2AE3D27D4EB4F  # odd, so base^p never reaches 0 mod 2^64
+DEFAULT_BASE = 0xC2B2AE3D27D4EB4F  # odd (base^p never reaches 0); ≡ -1 mod 16, order 2^60 (see base_order_log2)
+MIN_BASE_ORDER_LOG2 = 56  # a base must have multiplicative order >= 2^56 mod 2^64 (docs/hash-spec.md §2)
 DEFAULT_BYTE_SEED = 0x706F6C796D656D31  # ASCII "polymem1"
 FINALIZER = "fmix64-golden-v1"
 
@@ -68,6 +69,50 @@ def fastrange(z: int, m: int) -> int:
     Defined for 0 < m < 2^32, which layouts enforce.
     """
     return ((z & MASK64) * m) >> 64
+
+
+def base_order_log2(base: int, *, bits: int = 64) -> int:
+    """log2 of the multiplicative order of an odd ``base`` modulo 2^bits.
+
+    The units mod 2^k form {±1} x <5> (a cyclic group of order 2^(k-2) times a sign), so the order is a power
+    of two read off the 2-adic valuation: with t = v2(base - 1) when base ≡ 1 (mod 4) and t = v2(base + 1)
+    when base ≡ 3 (mod 4), the order is 2^(k-t); the one exception is base ≡ -1, of order 2. The maximum,
+    2^(k-2), is reached iff base ≡ 3 or 5 (mod 8). Example: base = 5 mod 2^4 is 5, 9, 13, 1: order 4 = 2^(4-2).
+    """
+    m = 1 << bits
+    b = base % m
+    if b % 2 == 0:
+        raise PolymemError(f"base {base!r} is even; only odd numbers have a multiplicative order mod 2^{bits}")
+    if b == 1:
+        return 0
+    if b == m - 1:
+        return 1
+    near = (b - 1) if b % 4 == 1 else (b + 1)  # the one of b-1, b+1 divisible by 4
+    t = (near & -near).bit_length() - 1
+    return bits - t
+
+
+def _check_base(base: object) -> None:
+    """Refuse a base that is not odd, or whose order mod 2^64 is short (docs/hash-spec.md §2)."""
+    if not isinstance(base, int) or isinstance(base, bool) or not (0 < base <= MASK64) or base % 2 == 0:
+        raise PolymemError(
+            f"hash base {base!r} must be an odd integer in (0, 2^64); an even base loses bits "
+            "of the hash with every power. Use the default base or an odd constant."
+        )
+    k = base_order_log2(base)
+    if k >= MIN_BASE_ORDER_LOG2:
+        return
+    sign, near = (1, base - 1) if base % 4 == 1 else (-1, base + 1)
+    t = 64 if near % (1 << 64) == 0 else (near & -near).bit_length() - 1
+    raise PolymemError(
+        f"hash base 0x{base:016x} has multiplicative order {'1' if k == 0 else '2' if k == 1 else f'2^{k}'} "
+        f"mod 2^64 (base ≡ {sign} (mod 2^{t})): the low {t} bits of every hash are "
+        + ("the plain sum of its byte values, blind to their order (Hash(ab) ≡ Hash(ba) there)" if sign == 1 else
+           "an alternating sum of its byte values (Hash(aa) ≡ 0 there)")
+        + f"; a base must have "
+        f"order at least 2^{MIN_BASE_ORDER_LOG2}, i.e. base ≢ ±1 (mod 2^{64 - MIN_BASE_ORDER_LOG2 + 1}). Use the "
+        f"default base 0x{DEFAULT_BASE:016x}, or an odd constant ≡ 3 or 5 (mod 8) (order 2^62, the maximum)."
+    )
 
 
 def make_byte_table(seed: int) -> tuple[int, ...]:
@@ -138,7 +183,7 @@ class HashSpec:
     Stored in every token cache and every asset (as JSON, see :meth:`to_dict`).
     """
 
-    base: int = DEFAULT_BASE  # odd 64-bit multiplier of the polynomial
+    base: int = DEFAULT_BASE  # odd 64-bit multiplier, of multiplicative order >= 2^56 mod 2^64
     byte_seed: int = DEFAULT_BYTE_SEED  # splitmix64 seed of the byte table h
     normalizer: str = "none"  # per-byte map applied before h (NORMALIZERS)
     version: int = 1
@@ -150,11 +195,7 @@ class HashSpec:
                 f"hash spec version {self.version!r} is not supported; supported: "
                 f"{list(SUPPORTED_HASH_SPEC_VERSIONS)}. Upgrade polymem to read newer specs."
             )
-        if not isinstance(self.base, int) or not (0 < self.base <= MASK64) or self.base % 2 == 0:
-            raise PolymemError(
-                f"hash base {self.base!r} must be an odd integer in (0, 2^64); an even base loses bits "
-                "of the hash with every power. Use the default base or an odd constant."
-            )
+        _check_base(self.base)
         if not isinstance(self.byte_seed, int) or not (0 <= self.byte_seed <= MASK64):
             raise PolymemError(f"byte_seed {self.byte_seed!r} must be an integer in [0, 2^64)")
         _normalizer_map(self.normalizer)
@@ -229,6 +270,10 @@ class HashSpec:
             )
         except KeyError as e:
             raise FormatError(f"hash spec is missing field {e.args[0]!r}") from None
+        except FormatError:
+            raise
+        except PolymemError as e:
+            raise FormatError(f"stored hash spec is invalid: {e}") from None
         table = d.get("byte_table")
         if table is not None:
             parsed = tuple(_parse_u64(v, "byte_table entry") for v in table)
