@@ -23,7 +23,6 @@ import numpy as np
 
 import polymem
 from polymem import HashSpec, Layout, TokenHashes, XorHashSpec
-from polymem.hash.layout import rows_numpy
 from polymem.tokenizers import load_tokenizer
 
 
@@ -149,7 +148,7 @@ def main() -> None:
     for label, fn, orders in [
         ("hashes + page-local rows (numba)", lambda n: (lambda x: cache.ngram_rows(x, layout, n)), (3, 7)),
         ("hashes only (numba)", lambda n: (lambda x: cache.ngram_hashes(x, n)), (3, 7)),
-        ("hashes + page-local rows (pure numpy path)", lambda n: (lambda x: rows_numpy(layout, cache.ngram_hashes(x, n, backend="numpy")[0])), (3,)),
+        ("hashes + page-local rows (pure numpy path)", lambda n: (lambda x: layout.rows(cache.ngram_hashes(x, n, backend="numpy")[0], backend="numpy")), (3,)),
     ]:
         for n in orders:
             f = fn(n)

@@ -36,7 +36,7 @@ def main() -> None:
 
     from polymem import HashSpec, Layout, TokenHashes
     from polymem.asset._format import geometry
-    from polymem.cli.cmd_asset import parse_count
+    from polymem.cli._options import parse_count
     from polymem.corpus import Corpus
     from polymem.analysis.iosim import simulate
     from polymem.tokenizers import load_tokenizer

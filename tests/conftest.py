@@ -96,7 +96,7 @@ def sample() -> str:
 @pytest.fixture(scope="session")
 def cl100k() -> Tokenizer:
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the offline-fallback warning is tested on its own
+        warnings.simplefilter("ignore")  # no warnings expected; the offline fallback line is tested on its own
         return load_tokenizer("cl100k_base")
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from polymem import Layout, TokenHashes
 from polymem.hash import reference as ref
 from polymem.errors import FormatError, PolymemError
-from polymem.hash.layout import LAYOUT_KINDS, rows_numpy
+from polymem.hash.layout import LAYOUT_KINDS
 from polymem.torch.hash import rows_torch
 
 REF = {"page-local": ref.page_local_rows, "flat": ref.flat_rows, "independent-heads": ref.independent_rows}
@@ -29,7 +29,9 @@ def test_rows_reference_equals_numba_numpy_torch(geom: dict, hashes: list[int]) 
     got = layout.rows(h)
     expected = np.array([REF[layout.kind](x, heads=layout.heads, slots=layout.slots, pages=layout.pages) for x in hashes])
     np.testing.assert_array_equal(got, expected)
-    np.testing.assert_array_equal(rows_numpy(layout, h), expected)
+    np.testing.assert_array_equal(layout.rows(h, backend="numpy"), expected)
+    v = np.arange(len(hashes)) % 2 == 0
+    np.testing.assert_array_equal(layout.rows(h, v, backend="numpy"), layout.rows(h, v))
     np.testing.assert_array_equal(rows_torch(layout, torch.from_numpy(h.view(np.int64))).numpy(), expected)
     assert got.min() >= 0 and got.max() < layout.num_rows
 

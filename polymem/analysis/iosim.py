@@ -25,6 +25,7 @@ from polymem.asset._format import Geometry, geometry
 from polymem.hash.token_hashes import TokenHashes
 from polymem.errors import PolymemError
 from polymem.hash.layout import LAYOUT_KINDS, Layout
+from polymem.hash.spec import check_orders
 
 IOSIM_FORMAT = "polymem.analysis.iosim"
 
@@ -196,9 +197,7 @@ def simulate(
     max_tokens: int | None = None,
 ) -> IoSimulation:
     """Replay ``token_streams`` (one int array per document) through each layout kind and every cache size."""
-    orders_t = tuple(sorted(set(int(o) for o in orders)))
-    if not orders_t or orders_t[0] < 1:
-        raise PolymemError(f"orders {orders!r} must be positive integers, e.g. 2,3")
+    orders_t = check_orders(orders)
     layouts = equal_param_layouts(base, kinds)
     geom = geometry(base, dtype)
     n_blocks = geom.num_chunks
@@ -242,10 +241,9 @@ def simulate(
 
 def plot(sim: IoSimulation, path: str) -> None:
     """Reads per token vs cache size, one line per layout kind (uncached as a dashed level)."""
-    import matplotlib
+    from polymem._optional import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("iosim --plot")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     mb = [b / 2**20 for b in sim.results[0].cache_bytes]

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from polymem.asset import nf4
 from polymem.errors import FormatError, PolymemError
-from polymem.hash.spec import HashSpec
+from polymem.hash.spec import HashSpec, check_orders
 from polymem.hash.layout import Layout
 
 ASSET_FORMAT = "polymem.asset"
@@ -26,7 +26,6 @@ BLOCK_BYTES = 4096  # flash / OS page: NF4 pages are packed into blocks of this 
 SHARD_TARGET_BYTES = 64 << 20  # default shard size
 ARRAY_NAME = "pages"
 WRITING_MARKER = ".polymem-writing"
-MAX_ORDER = 32
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -41,16 +40,6 @@ def check_dtype(dtype: Any) -> str:
     if dtype not in DTYPES:
         raise PolymemError(f"asset dtype {dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
     return str(dtype)
-
-
-def check_orders(orders: Any) -> tuple[int, ...]:
-    try:
-        out = tuple(sorted({int(o) for o in orders}))
-    except (TypeError, ValueError):
-        raise PolymemError(f"orders {orders!r} must be integers, e.g. (1, 2, 3)") from None
-    if not out or out[0] < 1 or out[-1] > MAX_ORDER or any(isinstance(o, bool) for o in orders):
-        raise PolymemError(f"orders {orders!r} must be a non-empty set of integers in 1..{MAX_ORDER}, e.g. (1, 2, 3)")
-    return out
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from polymem.asset._format import ARRAY_NAME, Geometry
-from polymem.errors import PolymemError
 
 
 def create_array_metadata(root: Path, geom: Geometry) -> None:
@@ -63,10 +62,9 @@ class TensorstoreReader:
     """Chunks through tensorstore's zarr3 driver (local files only here)."""
 
     def __init__(self, root: Path) -> None:
-        try:
-            import tensorstore as ts
-        except ImportError:
-            raise PolymemError("backend 'tensorstore' needs the tensorstore package: pip install 'polymem[fast]'") from None
+        from polymem._optional import optional_import
+
+        ts = optional_import("tensorstore", extra="fast", purpose="the asset backend 'tensorstore'")
         spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root / ARRAY_NAME)}}
         self._ts = ts
         self._spec = spec

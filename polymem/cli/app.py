@@ -35,3 +35,7 @@ def main() -> None:
 
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,46 +12,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from polymem.errors import PolymemError
+from polymem.cli._options import (
+    AssetDtype, Dtype, HeadDim, Heads, LayoutKind, Normalizer, NormalizerOpt, Orders, Params, Slots, parse_count,
+    parse_orders,
+)
 
 console = Console()
 err_console = Console(stderr=True)
-
-_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9, "T": 10**12}
-
-
-class AssetDtype(str, Enum):
-    float32 = "float32"
-    float16 = "float16"
-    bfloat16 = "bfloat16"
-    nf4 = "nf4"
-
-
-class LayoutKind(str, Enum):
-    page_local = "page-local"
-    flat = "flat"
-    independent_heads = "independent-heads"
-
-
-def parse_count(text: str) -> int:
-    """'200M' -> 200_000_000; suffixes K, M, G (= B, billion), T; decimals allowed ('1.5G')."""
-    t = text.strip().upper().replace("_", "")
-    suffix = t[-1] if t and t[-1] in _SUFFIX else ""
-    try:
-        value = float(t[: len(t) - len(suffix)]) * _SUFFIX[suffix]
-    except ValueError:
-        raise PolymemError(f"{text!r} is not a count; use e.g. 200M, 1.5G, 20B or 12000000") from None
-    if value < 1:
-        raise PolymemError(f"{text!r} must be at least 1")
-    return int(value)
-
-
-def parse_orders(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise PolymemError(f"--orders {text!r} must be comma-separated integers, e.g. 1,2,3") from None
-
 
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -64,14 +30,14 @@ def _human(n: float) -> str:
 
 def init(
     asset: Annotated[Path, typer.Argument(help="Directory to create (a zarr v3 group).")],
-    params: Annotated[str, typer.Option("--params", help="Parameter budget of the table: 200M, 1.5G, 20B …; P = the most pages that fit.")] = "200M",
-    heads: Annotated[int, typer.Option("--heads", min=1, max=64, help="K: head rows per n-gram.")] = 8,
-    slots: Annotated[int, typer.Option("--slots", min=1, help="S: slots per head per page (4 was best in PageGram).")] = 4,
-    head_dim: Annotated[int, typer.Option("--head-dim", min=1, help="r: width of one head row.")] = 64,
-    dtype: Annotated[AssetDtype, typer.Option("--dtype", help="Storage type.")] = AssetDtype.float32,
-    kind: Annotated[LayoutKind, typer.Option("--kind", help="Layout: page-local (default) or a baseline.")] = LayoutKind.page_local,
-    orders: Annotated[str, typer.Option("--orders", help="n-gram orders the table serves, e.g. 1,2,3.")] = "1,2,3",
-    normalizer: Annotated[str, typer.Option(help="Per-byte normaliser of the hash spec: none, ascii-lower, ascii-lower-ws.")] = "none",
+    params: Params = "200M",
+    heads: Heads = 8,
+    slots: Slots = 4,
+    head_dim: HeadDim = 64,
+    dtype: Dtype = AssetDtype("float32"),
+    kind: Annotated[LayoutKind, typer.Option("--kind", help="Layout: page-local (default) or a baseline.")] = LayoutKind("page-local"),
+    orders: Orders = "1,2,3",
+    normalizer: NormalizerOpt = Normalizer("none"),
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing asset at ASSET.")] = False,
 ) -> None:
     """Create an all-zero memory asset sized from a parameter budget."""
@@ -79,7 +45,7 @@ def init(
 
     layout = Layout.for_params(parse_count(params), heads=heads, slots=slots, head_dim=head_dim, kind=kind.value)
     prov = {"created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "created_by": f"polymem {__version__}"}
-    a = MemoryAsset.create(asset, HashSpec(normalizer=normalizer), layout, dtype=dtype.value,
+    a = MemoryAsset.create(asset, HashSpec(normalizer=normalizer.value), layout, dtype=dtype.value,
                            orders=parse_orders(orders), provenance=prov, overwrite=overwrite)
     g = a.geometry
     console.print(
@@ -150,7 +116,7 @@ def verify(asset: Annotated[str, typer.Argument(help="Asset directory or fsspec 
 def quantize(
     asset: Annotated[str, typer.Argument(help="Source asset.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the converted asset.")],
-    to: Annotated[AssetDtype, typer.Option("--to", help="Target storage type.")] = AssetDtype.nf4,
+    to: Annotated[AssetDtype, typer.Option("--to", help="Target storage type.")] = AssetDtype("nf4"),
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing asset at OUTPUT.")] = False,
 ) -> None:
     """Convert an asset to another storage type (nf4: 4-bit codes + fp16 scale per head row); report the error per row."""

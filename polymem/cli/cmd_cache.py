@@ -11,14 +11,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from polymem.cli._options import Normalizer, NormalizerOpt, Tokenizer
+
 console = Console()
 
 
 def build_cache(
-    tokenizer: Annotated[str, typer.Option("--tokenizer", "-t", help="Tokenizer spec: a name (cl100k_base, mistral-v1, bytes, …), hf:NAME, or a path to tokenizer.json / .model / .tiktoken.")],
+    tokenizer: Tokenizer,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the cache (.npz). Default: the user cache dir.")] = None,
     max_n: Annotated[int, typer.Option("--max-n", min=1, max=32, help="Highest n-gram order to check on the sample (the cache itself serves any order).")] = 7,
-    normalizer: Annotated[str, typer.Option(help="Per-byte normaliser: none, ascii-lower, ascii-lower-ws.")] = "none",
+    normalizer: NormalizerOpt = Normalizer("none"),
 ) -> None:
     """Hash every token of a tokenizer: C(t), byte length L(t), base powers. Saves a cache and reports it."""
     from polymem import HashSpec, TokenHashes
@@ -29,7 +31,7 @@ def build_cache(
     t0 = time.perf_counter()
     tok = load_tokenizer(tokenizer)
     load_s = time.perf_counter() - t0
-    spec = HashSpec(normalizer=normalizer)
+    spec = HashSpec(normalizer=normalizer.value)
     cache = TokenHashes.build(tok, spec)
     fid = check_fidelity(tok, [sample_text()])
     path = cache.save(output or default_cache_path(tok.name, tok.fingerprint, spec))

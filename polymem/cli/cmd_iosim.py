@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Annotated, Iterator, Optional
 
 import numpy as np
@@ -13,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from polymem.cli.cmd_asset import AssetDtype, parse_count, parse_orders
+from polymem.cli._options import AssetDtype, Dtype, HeadDim, Heads, JsonOut, Orders, Params, PlotOut, Slots, Tokenizer, parse_count, parse_orders
 from polymem.errors import PolymemError
 
 console = Console()
@@ -21,18 +20,18 @@ console = Console()
 
 def iosim(
     paths: Annotated[list[str], typer.Argument(help="Corpus: text files, directories, .jsonl(.gz) files, or - for stdin.")],
-    tokenizer: Annotated[str, typer.Option("--tokenizer", "-t", help="Tokenizer spec (cl100k_base, mistral-v1, bytes, a tokenizer.json …).")],
+    tokenizer: Tokenizer,
     cache_mb: Annotated[str, typer.Option("--cache-mb", help="LRU page-cache sizes in MiB, comma-separated, e.g. 64,256,1024.")],
     asset: Annotated[Optional[str], typer.Option("--asset", help="Take layout, dtype, orders and hash spec from this asset.")] = None,
-    params: Annotated[str, typer.Option("--params", help="Without --asset: table parameters (200M, 20B …).")] = "200M",
-    heads: Annotated[int, typer.Option("--heads", min=1, max=64, help="K")] = 8,
-    slots: Annotated[int, typer.Option("--slots", min=1, help="S")] = 4,
-    head_dim: Annotated[int, typer.Option("--head-dim", min=1, help="r")] = 64,
-    dtype: Annotated[AssetDtype, typer.Option("--dtype", help="Storage type (sets the block size).")] = AssetDtype.nf4,
-    orders: Annotated[str, typer.Option("--orders", help="n-gram orders looked up per token.")] = "1,2,3",
+    params: Params = "200M",
+    heads: Heads = 8,
+    slots: Slots = 4,
+    head_dim: HeadDim = 64,
+    dtype: Dtype = AssetDtype("nf4"),
+    orders: Orders = "1,2,3",
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", min=1, help="Stop after this many tokens.")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here.")] = None,
-    plot_out: Annotated[Optional[Path], typer.Option("--plot", help="Write a plot (PNG) here.")] = None,
+    json_out: JsonOut = None,
+    plot_out: PlotOut = None,
 ) -> None:
     """Replay a corpus's token stream through page-local, independent-heads and flat layouts of equal size;
     report storage reads per token uncached and with an LRU page cache of each size."""

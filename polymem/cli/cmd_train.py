@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+from polymem.cli._options import (
+    BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HeadDim, Heads, JsonOut, Lr, MaxEvalTokens, MaxN,
+    NHead, NLayer, Slots, Steps, TableLrMult, Threads, Tokenizer, parse_count,
+)
 
 console = Console()
 
@@ -21,33 +26,33 @@ def _progress() -> Progress:
 
 
 def train(
-    tokenizer: Annotated[str, typer.Option("--tokenizer", "-t", help="Tokenizer spec (cl100k_base, mistral-v1, bytes, a path…).")],
-    corpus: Annotated[list[Path], typer.Option("--corpus", "-c", exists=True, help="Corpus files/folders (.txt, .md, .jsonl[.gz]); repeatable.")],
+    tokenizer: Tokenizer,
+    corpus: CorpusFiles,
     out: Annotated[Path, typer.Option("--out", "-o", help="Asset to write (a zarr folder; NAME.safetensors for a single-file table).")],
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 620,
-    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per step.")] = 8,
-    block_size: Annotated[int, typer.Option(min=8, help="Tokens per sequence.")] = 256,
-    n_layer: Annotated[int, typer.Option(min=1)] = 4,
-    d_model: Annotated[int, typer.Option(min=16)] = 256,
-    n_head: Annotated[int, typer.Option(min=1)] = 4,
+    steps: Steps = 620,
+    batch_size: BatchSize = 8,
+    block_size: BlockSize = 256,
+    n_layer: NLayer = 4,
+    d_model: DModel = 256,
+    n_head: NHead = 4,
     layers: Annotated[str, typer.Option(help="Blocks that get a memory site before them, comma-separated.")] = "1",
-    max_n: Annotated[int, typer.Option("--max-n", min=1, max=32, help="n-gram orders 1..N.")] = 3,
-    params: Annotated[int, typer.Option(min=1, help="Table size in scalars (rows × head dim).")] = 12_000_000,
-    heads: Annotated[int, typer.Option(min=1, max=64, help="K, head rows per n-gram.")] = 8,
-    slots: Annotated[int, typer.Option(min=1, help="S, slots per head per page.")] = 4,
-    head_dim: Annotated[int, typer.Option(min=1, help="r, width of a head row.")] = 32,
-    gate: Annotated[str, typer.Option(help="scalar (PageGram, init 0.5) or context (Engram).")] = "scalar",
+    max_n: MaxN = 3,
+    params: Annotated[str, typer.Option("--params", help="Table size in scalars (rows × head dim): 12M, 1.5G, 12000000 …")] = "12M",
+    heads: Heads = 8,
+    slots: Slots = 4,
+    head_dim: HeadDim = 32,
+    gate: Annotated[Gate, typer.Option(help="scalar (PageGram, init 0.5) or context (Engram).")] = Gate("scalar"),
     conv: Annotated[bool, typer.Option(help="Engram's causal depthwise conv after the gate.")] = False,
-    lr: Annotated[float, typer.Option(min=0.0, help="Dense AdamW peak learning rate.")] = 2e-3,
-    table_lr_mult: Annotated[float, typer.Option(min=0.0, help="Table learning rate = lr × this (row-wise RMS rule).")] = 70.0,
+    lr: Lr = 2e-3,
+    table_lr_mult: TableLrMult = 70.0,
     seed: Annotated[int, typer.Option(help="Model init and data order.")] = 0,
     heldout_every: Annotated[int, typer.Option(min=2, help="Every k-th document is held out (never trained on).")] = 10,
-    max_eval_tokens: Annotated[Optional[int], typer.Option(min=1, help="Cap on held-out tokens scored.")] = None,
-    bf16: Annotated[bool, typer.Option(help="bf16 autocast (the table stays fp32).")] = True,
-    threads: Annotated[Optional[int], typer.Option(min=1, help="torch CPU threads (1 is faster on a busy shared CPU).")] = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, …")] = "auto",
+    max_eval_tokens: MaxEvalTokens = None,
+    bf16: Bf16 = True,
+    threads: Threads = None,
+    device: Device = "auto",
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the summary as JSON here.")] = None,
+    json_out: JsonOut = None,
 ) -> None:
     """Train a small causal LM with memory site(s) from scratch and write the table as an asset with provenance."""
     import torch
@@ -63,8 +68,8 @@ def train(
         raise PolymemError(f"--layers {layers!r} must be comma-separated block indices, e.g. 1 or 1,3") from None
     cfg = TrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
                       d_model=d_model, lr=lr, table_lr_mult=table_lr_mult, seed=seed, bf16=bf16, device=device)
-    mem = MemoryConfig(layers=layer_ids, max_n=max_n, params=params, heads=heads, slots=slots, head_dim=head_dim,
-                       gate=gate, conv=conv)
+    mem = MemoryConfig(layers=layer_ids, max_n=max_n, params=parse_count(params), heads=heads, slots=slots,
+                       head_dim=head_dim, gate=gate.value, conv=conv)
     with _progress() as prog:
         task = prog.add_task("train", total=steps, info="")
 

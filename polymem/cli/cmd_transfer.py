@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -11,32 +10,37 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from polymem.cli._options import (
+    BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, JsonOut, Lr, MaxEvalTokens, NHead, NLayer, PlotOut,
+    Steps, TableLrMult, Threads, ValueInit,
+)
+
 console = Console()
 
 
 def transfer(
     asset: Annotated[str, typer.Option("--asset", "-a", help="Donor asset (from `polymem train`), a path or URL.")],
     tokenizer: Annotated[str, typer.Option("--tokenizer", "-t", help="Recipient tokenizer spec (another family than the donor's).")],
-    corpus: Annotated[list[Path], typer.Option("--corpus", "-c", exists=True, help="Corpus files/folders; same held-out rule as the donor.")],
+    corpus: CorpusFiles,
     seeds: Annotated[int, typer.Option(min=1, help="Number of seeds (0..seeds-1); each seed fixes init and data order for all arms.")] = 2,
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps per recipient.")] = 400,
-    batch_size: Annotated[int, typer.Option(min=1)] = 8,
-    block_size: Annotated[int, typer.Option(min=8)] = 256,
-    n_layer: Annotated[int, typer.Option(min=1)] = 4,
-    d_model: Annotated[int, typer.Option(min=16)] = 256,
-    n_head: Annotated[int, typer.Option(min=1)] = 4,
+    steps: Steps = 400,
+    batch_size: BatchSize = 8,
+    block_size: BlockSize = 256,
+    n_layer: NLayer = 4,
+    d_model: DModel = 256,
+    n_head: NHead = 4,
     max_n: Annotated[Optional[int], typer.Option("--max-n", min=1, max=32, help="Recipient orders 1..N (default: the donor's).")] = None,
-    lr: Annotated[float, typer.Option(min=0.0, help="Dense AdamW peak learning rate.")] = 2e-3,
-    table_lr_mult: Annotated[float, typer.Option(min=0.0, help="Table lr multiplier for the scratch arm.")] = 70.0,
-    value_init: Annotated[str, typer.Option(help="Recipient W_V init for the frozen tables: zero (step 0 = no memory) or orthogonal (PageGram's gain).")] = "zero",
+    lr: Lr = 2e-3,
+    table_lr_mult: TableLrMult = 70.0,
+    value_init: Annotated[ValueInit, typer.Option(help="Recipient W_V init for the frozen tables: zero (step 0 = no memory) or orthogonal (PageGram's gain).")] = ValueInit("zero"),
     scratch: Annotated[bool, typer.Option(help="Also run a table trained from scratch with the recipient tokenizer.")] = False,
-    max_eval_tokens: Annotated[Optional[int], typer.Option(min=1, help="Cap on held-out tokens scored per arm.")] = None,
-    bf16: Annotated[bool, typer.Option(help="bf16 autocast (tables stay fp32).")] = True,
+    max_eval_tokens: MaxEvalTokens = None,
+    bf16: Bf16 = True,
     jobs: Annotated[int, typer.Option(min=1, help="Worker processes (one seed each); 2 suits a 2-core CPU with --threads 1.")] = 1,
-    threads: Annotated[Optional[int], typer.Option(min=1, help="torch CPU threads (1 is faster on a busy shared CPU).")] = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, …")] = "auto",
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the result JSON here.")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="Write a bar chart (PNG) here.")] = None,
+    threads: Threads = None,
+    device: Device = "auto",
+    json_out: JsonOut = None,
+    plot: PlotOut = None,
 ) -> None:
     """Train recipients (no memory / frozen random table / frozen donor table [/ scratch table]) with identical
     backbone, init, data order and steps; report held-out bits per byte per arm and seed."""
@@ -73,7 +77,7 @@ def transfer(
 
         result = run_transfer_jobs(asset, tokenizer, corpus, cfg=cfg, seeds=list(range(seeds)), max_n=max_n,
                                    scratch=scratch, max_eval_tokens=max_eval_tokens, on_event=on_event, jobs=jobs,
-                                   value_init=value_init,
+                                   value_init=value_init.value,
                                    threads=threads)
     t = Table(title=escape(f"held-out bits/byte: {result['donor']['tokenizer']} donor -> {result['recipient']['tokenizer']} recipient"),
               title_justify="left")

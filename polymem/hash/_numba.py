@@ -10,16 +10,17 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from polymem.hash.layout import KIND_FLAT, KIND_PAGE_LOCAL  # one home for the codes
+from polymem.hash.spec import FMIX_M1, FMIX_M2, GOLDEN
+
 _U0 = np.uint64(0)
 _U1 = np.uint64(1)
 _S16 = np.uint64(16)
 _S33 = np.uint64(33)
 _M16 = np.uint64(0xFFFF)
-_F1 = np.uint64(0xFF51AFD7ED558CCD)
-_F2 = np.uint64(0xC4CEB9FE1A85EC53)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-from polymem.hash.layout import KIND_FLAT, KIND_PAGE_LOCAL  # noqa: E402  one home for the codes
+_F1 = np.uint64(FMIX_M1)
+_F2 = np.uint64(FMIX_M2)
+_GOLDEN = np.uint64(GOLDEN)  # numba needs the constant as a module-level np.uint64
 
 
 @njit(cache=True, inline="always")

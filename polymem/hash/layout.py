@@ -74,12 +74,21 @@ class Layout:
             )
         return cls(pages=params // per_page, heads=heads, slots=slots, head_dim=head_dim, kind=kind)
 
-    def rows(self, hashes: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
-        """uint64 hashes [...] -> int64 rows [..., K]; -1 where ``valid`` is False (may be a non-contiguous view)."""
+    def rows(self, hashes: np.ndarray, valid: np.ndarray | None = None, *, backend: str = "numba") -> np.ndarray:
+        """uint64 hashes [...] -> int64 rows [..., K]; -1 where ``valid`` is False (may be a non-contiguous view).
+
+        ``backend="numpy"`` runs the vectorised numpy path (:func:`polymem.hash.ngram.rows_numpy`), same bits.
+        """
         h = np.ascontiguousarray(hashes, dtype=np.uint64)
         v = np.ones(h.shape, dtype=bool) if valid is None else np.ascontiguousarray(valid, dtype=bool)
         if v.shape != h.shape:
             raise PolymemError(f"valid has shape {v.shape}, hashes {h.shape}; they must match")
+        if backend == "numpy":
+            from polymem.hash.ngram import rows_numpy
+
+            return np.where(v[..., None], rows_numpy(self, h), -1)
+        if backend != "numba":
+            raise PolymemError(f"backend {backend!r} is unknown; accepted: 'numba', 'numpy'")
         from polymem.hash import _numba  # numba loads on first use, not on `import polymem`
 
         planar = _numba.rows_planar(
@@ -109,47 +118,3 @@ class Layout:
             raise FormatError(f"layout is missing field {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
             raise FormatError(f"layout field is malformed: {e}") from None
-
-
-# ------------------------------------------------------------------------ numpy path (no numba needed)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _fmix64_np(k: np.ndarray) -> np.ndarray:
-    k = k ^ (k >> np.uint64(33))
-    k = k * np.uint64(0xFF51AFD7ED558CCD)
-    k = k ^ (k >> np.uint64(33))
-    k = k * np.uint64(0xC4CEB9FE1A85EC53)
-    return k ^ (k >> np.uint64(33))
-
-
-def finalize_np(h: np.ndarray, stream: int) -> np.ndarray:
-    return _fmix64_np(h + np.uint64(stream + 1) * _GOLDEN)
-
-
-def fastrange_np(z: np.ndarray, m: int) -> np.ndarray:
-    """⌊z·m / 2^64⌋ for m < 2^32 (exact, from 32-bit halves)."""
-    mu = np.uint64(m)
-    c = ((z & np.uint64(0xFFFFFFFF)) * mu) >> np.uint64(32)
-    return (((z >> np.uint64(32)) * mu + c) >> np.uint64(32)).astype(np.int64)
-
-
-def rows_numpy(layout: Layout, hashes: np.ndarray) -> np.ndarray:
-    """Vectorised numpy version of :meth:`Layout.rows` (no masking); same results bit for bit."""
-    h = np.asarray(hashes, dtype=np.uint64)
-    K, S, P = layout.heads, layout.slots, layout.pages
-    k = np.arange(K, dtype=np.int64)
-    with np.errstate(over="ignore"):
-        if layout.kind == "page-local":
-            page = fastrange_np(finalize_np(h, 0), P)
-            ws = np.stack([finalize_np(h, 1 + g) for g in range((K + 3) // 4)], axis=-1)  # [..., G]
-            w = ws[..., k // 4]  # [..., K]
-            field = (w >> (np.uint64(16) * (k % 4).astype(np.uint64))) & np.uint64(0xFFFF)
-            slot = ((field * np.uint64(S)) >> np.uint64(16)).astype(np.int64)
-            return (page[..., None] * K + k) * S + slot
-        if layout.kind == "flat":
-            e = fastrange_np(finalize_np(h, 0), P * S)
-            return e[..., None] * K + k
-        q = P * S
-        u = np.stack([fastrange_np(finalize_np(h, 1 + j), q) for j in range(K)], axis=-1)
-        return k * q + u

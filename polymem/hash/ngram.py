@@ -1,4 +1,5 @@
-"""Vectorised n-gram hashing over token ids (numpy path; the numba kernel lives in :mod:`polymem.hash._numba`).
+"""Vectorised n-gram hashing and layout rows in numpy: the readable fallback of the numba kernels in
+:mod:`polymem.hash._numba` (``TokenHashes.ngram_hashes(backend="numpy")``, ``Layout.rows(backend="numpy")``).
 
 Given per-token caches C(t) = Hash(bytes(t)) and P(t) = base^L(t), the suffix n-gram ending at position i
 extends leftwards (DESIGN §2)::
@@ -12,7 +13,14 @@ An n-gram is valid iff i-n+1 ≥ 0 and none of its tokens is special (no bytes);
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from polymem.hash.spec import FMIX_M1, FMIX_M2, GOLDEN
+
+if TYPE_CHECKING:
+    from polymem.hash.layout import Layout
 
 
 def ngram_hashes_numpy(
@@ -43,3 +51,48 @@ def ngram_hashes_numpy(
             H[..., n - 1] = np.where(v, h, 0)
             V[..., n - 1] = v
     return H, V
+
+
+# ------------------------------------------------------------------ finaliser and layouts (docs/hash-spec.md)
+def fmix64(k: np.ndarray) -> np.ndarray:
+    """:func:`polymem.hash.spec.fmix64` on uint64 arrays."""
+    with np.errstate(over="ignore"):
+        k = k ^ (k >> np.uint64(33))
+        k = k * np.uint64(FMIX_M1)
+        k = k ^ (k >> np.uint64(33))
+        k = k * np.uint64(FMIX_M2)
+        return k ^ (k >> np.uint64(33))
+
+
+def finalize(h: np.ndarray, stream: int) -> np.ndarray:
+    """:func:`polymem.hash.spec.finalize` on uint64 arrays."""
+    with np.errstate(over="ignore"):
+        return fmix64(h + np.uint64(stream + 1) * np.uint64(GOLDEN))
+
+
+def fastrange(z: np.ndarray, m: int) -> np.ndarray:
+    """⌊z·m / 2^64⌋ for m < 2^32 (exact, from 32-bit halves) -> int64."""
+    mu = np.uint64(m)
+    with np.errstate(over="ignore"):
+        c = ((z & np.uint64(0xFFFFFFFF)) * mu) >> np.uint64(32)
+        return (((z >> np.uint64(32)) * mu + c) >> np.uint64(32)).astype(np.int64)
+
+
+def rows_numpy(layout: "Layout", hashes: np.ndarray) -> np.ndarray:
+    """uint64 hashes [...] -> int64 rows [..., K], every hash treated as valid; same bits as :meth:`Layout.rows`."""
+    h = np.asarray(hashes, dtype=np.uint64)
+    K, S, P = layout.heads, layout.slots, layout.pages
+    k = np.arange(K, dtype=np.int64)
+    if layout.kind == "page-local":
+        page = fastrange(finalize(h, 0), P)  # [...]
+        ws = np.stack([finalize(h, 1 + g) for g in range((K + 3) // 4)], axis=-1)  # [..., G]
+        w = ws[..., k // 4]  # [..., K]
+        field = (w >> (np.uint64(16) * (k % 4).astype(np.uint64))) & np.uint64(0xFFFF)
+        slot = ((field * np.uint64(S)) >> np.uint64(16)).astype(np.int64)
+        return (page[..., None] * K + k) * S + slot
+    if layout.kind == "flat":
+        e = fastrange(finalize(h, 0), P * S)
+        return e[..., None] * K + k
+    q = P * S
+    u = np.stack([fastrange(finalize(h, 1 + j), q) for j in range(K)], axis=-1)  # [..., K]
+    return k * q + u

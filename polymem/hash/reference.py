@@ -9,34 +9,33 @@ Not for production use: ~1 µs per byte.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Union
 
 from polymem.hash.spec import MASK64, HashSpec, fastrange, finalize
 
 
-def ngram_hashes(
-    spec: HashSpec,
-    token_bytes: Callable[[int], bytes | None],
-    ids: Sequence[int],
-    max_n: int,
-) -> list[list[int | None]]:
-    """out[i][n-1] = Hash(bytes(ids[i-n+1]) ‖ … ‖ bytes(ids[i])), or None if the n-gram reaches before the
-    start of ``ids`` or includes a token without bytes (special/control)."""
-    out: list[list[int | None]] = []
-    for i in range(len(ids)):
-        row: list[int | None] = []
+TokenBytes = Union[Callable[[int], "bytes | None"], Sequence["bytes | None"]]  # id -> bytes (None: special)
+
+
+def ngram_bytes(token_bytes: TokenBytes, ids: Sequence[int], max_n: int) -> list[list[bytes | None]]:
+    """out[i][n-1] = bytes(ids[i-n+1]) ‖ … ‖ bytes(ids[i]), or None if the n-gram reaches before the start of
+    ``ids`` or includes a token without bytes (special/control). The one definition of "the bytes of an n-gram";
+    ``token_bytes`` is a function of the id or a table indexed by it."""
+    get = token_bytes if callable(token_bytes) else token_bytes.__getitem__
+    toks = [get(int(t)) for t in ids]
+    out: list[list[bytes | None]] = []
+    for i in range(len(toks)):
+        row: list[bytes | None] = []
         for n in range(1, max_n + 1):
-            start = i - n + 1
-            if start < 0:
-                row.append(None)
-                continue
-            parts = [token_bytes(int(t)) for t in ids[start : i + 1]]
-            if any(p is None for p in parts):
-                row.append(None)
-                continue
-            row.append(spec.hash_bytes(b"".join(parts)))  # type: ignore[arg-type]
+            parts = toks[i - n + 1 : i + 1] if i - n + 1 >= 0 else None
+            row.append(None if parts is None or None in parts else b"".join(parts))  # type: ignore[arg-type]
         out.append(row)
     return out
+
+
+def ngram_hashes(spec: HashSpec, token_bytes: TokenBytes, ids: Sequence[int], max_n: int) -> list[list[int | None]]:
+    """out[i][n-1] = Hash(the bytes of the n-gram ending at i) (:func:`ngram_bytes`), None where invalid."""
+    return [[None if b is None else spec.hash_bytes(b) for b in row] for row in ngram_bytes(token_bytes, ids, max_n)]
 
 
 def page_local_rows(h: int, *, heads: int, slots: int, pages: int) -> list[int]:

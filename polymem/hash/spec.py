@@ -18,12 +18,14 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+import operator
 from typing import Any, Mapping
 
 from polymem.errors import FormatError, PolymemError
 
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / phi, odd: the stream offset of the finaliser and splitmix64's step
+FMIX_M1, FMIX_M2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53  # MurmurHash3 fmix64 multipliers
 
 HASH_SPEC_FORMAT = "polymem.hash-spec"
 SUPPORTED_HASH_SPEC_VERSIONS = (1,)
@@ -31,6 +33,7 @@ DEFAULT_BASE = 0xC2B2AE3D27D4EB4F  # odd (base^p never reaches 0); ≡ -1 mod 16
 MIN_BASE_ORDER_LOG2 = 56  # a base must have multiplicative order >= 2^56 mod 2^64 (docs/hash-spec.md §2)
 DEFAULT_BYTE_SEED = 0x706F6C796D656D31  # ASCII "polymem1"
 FINALIZER = "fmix64-golden-v1"
+MAX_ORDER = 32  # the longest n-gram any table, cache or site hashes (orders 1..MAX_ORDER)
 
 
 # --------------------------------------------------------------------------------------------- mixers
@@ -47,9 +50,9 @@ def fmix64(k: int) -> int:
     """MurmurHash3's 64-bit finaliser: a bijection of [0, 2^64) with full avalanche."""
     k &= MASK64
     k ^= k >> 33
-    k = (k * 0xFF51AFD7ED558CCD) & MASK64
+    k = (k * FMIX_M1) & MASK64
     k ^= k >> 33
-    k = (k * 0xC4CEB9FE1A85EC53) & MASK64
+    k = (k * FMIX_M2) & MASK64
     k ^= k >> 33
     return k
 
@@ -127,6 +130,42 @@ def make_byte_table(seed: int) -> tuple[int, ...]:
         if v != 0:
             out.append(v)
     return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------- orders
+def check_max_n(max_n: Any, *, hint: str = "pass e.g. max_n=3 (--max-n 3)") -> int:
+    """``max_n`` as an int, checked: the n-gram orders hashed are 1..max_n, 1 ≤ max_n ≤ MAX_ORDER."""
+    n = _as_int(max_n)
+    if n is None or not 1 <= n <= MAX_ORDER:
+        raise PolymemError(
+            f"max_n={max_n!r} is out of range: the n-gram orders are 1..max_n, with max_n an integer from 1 to "
+            f"{MAX_ORDER}; {hint}"
+        )
+    return n
+
+
+def check_orders(orders: Any) -> tuple[int, ...]:
+    """A non-empty set of n-gram orders in 1..MAX_ORDER, as a sorted tuple: (3, 1, 2, 2) -> (1, 2, 3)."""
+    try:
+        ints = [_as_int(o) for o in orders] if not isinstance(orders, (str, bytes)) else [None]
+    except TypeError:  # not iterable
+        ints = [None]
+    if None in ints:
+        raise PolymemError(f"orders {orders!r} must be integers in 1..{MAX_ORDER}, e.g. (1, 2, 3) or --orders 1,2,3")
+    out = tuple(sorted(set(ints)))  # type: ignore[arg-type]
+    if not out or out[0] < 1 or out[-1] > MAX_ORDER:
+        raise PolymemError(f"orders {orders!r} must be a non-empty set of integers in 1..{MAX_ORDER}, e.g. (1, 2, 3)")
+    return out
+
+
+def _as_int(o: Any) -> int | None:
+    """An integer (Python or numpy), else None; bools are not orders."""
+    if isinstance(o, bool):
+        return None
+    try:
+        return operator.index(o)
+    except TypeError:
+        return None
 
 
 # ----------------------------------------------------------------------------------------- normalisers

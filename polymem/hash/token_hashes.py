@@ -23,13 +23,13 @@ import numpy as np
 
 from polymem.hash import _numba as _kernels
 from polymem.errors import FormatError, PolymemError, SpecMismatchError
-from polymem.hash.spec import HashSpec
+from polymem.hash.spec import HashSpec, check_max_n
 from polymem.hash.layout import Layout
 from polymem.hash.ngram import ngram_hashes_numpy
+from polymem.tokenizers.base import pack_token_bytes
 
 CACHE_FORMAT = "polymem.token-cache"
 SUPPORTED_CACHE_VERSIONS = (1,)
-MAX_ORDER = 32
 _ARRAYS = ("header", "C", "L", "P", "special", "powers")
 
 
@@ -87,10 +87,8 @@ class TokenHashes:
         spec = spec or HashSpec()
         tb = token_bytes
         special = np.fromiter((b is None for b in tb), dtype=bool, count=len(tb))
-        lengths = np.fromiter((0 if b is None else len(b) for b in tb), dtype=np.int64, count=len(tb))
-        buf = np.frombuffer(b"".join(b for b in tb if b is not None), dtype=np.uint8)
-        offsets = np.zeros(len(tb) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        buf, offsets = pack_token_bytes(tb)
+        lengths = np.diff(offsets)
         table = np.array(spec.effective_byte_table, dtype=np.uint64)
         C = _kernels.token_hashes(buf, offsets, table, np.uint64(spec.base))
         max_len = int(lengths.max()) if len(tb) else 0
@@ -127,7 +125,7 @@ class TokenHashes:
         order n; invalid n-grams (reaching before the start, or containing a special token) hash to 0.
         """
         arr = self.check_ids(ids)
-        _check_order(max_n)
+        max_n = check_max_n(max_n)
         if backend == "numpy":
             return ngram_hashes_numpy(self.C, self.P, self.special, arr, max_n)
         if backend != "numba":
@@ -140,7 +138,7 @@ class TokenHashes:
     def ngram_rows(self, ids: Any, layout: Layout, max_n: int = 3) -> np.ndarray:
         """Fused hashing + layout: ids [..., T] -> rows int64 [..., T, max_n, K]; -1 for invalid n-grams."""
         arr = self.check_ids(ids)
-        _check_order(max_n)
+        max_n = check_max_n(max_n)
         ids2 = _as_2d(arr)
         rows = _kernels.ngram_rows(
             ids2, self.C, self.P, self.special, max_n,
@@ -262,7 +260,3 @@ def _as_2d(arr: np.ndarray) -> np.ndarray:
         raise PolymemError("token ids must be a sequence [T] or a batch [B, T], got a scalar; wrap it in a list")
     return np.ascontiguousarray(arr.reshape(int(np.prod(arr.shape[:-1])), arr.shape[-1]))
 
-
-def _check_order(max_n: Any) -> None:
-    if not isinstance(max_n, (int, np.integer)) or isinstance(max_n, bool) or not 1 <= max_n <= MAX_ORDER:
-        raise PolymemError(f"max_n={max_n!r} must be an integer in [1, {MAX_ORDER}] (the n-gram orders hashed are 1..max_n)")

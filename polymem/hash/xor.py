@@ -12,6 +12,7 @@ Not implemented: Engram's "tokenizer compression" id remapping (it changes which
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -65,13 +66,8 @@ class XorHashSpec:
             if _is_prime(cand):
                 primes.append(cand)
             cand -= 1
-        state = self.seed
-        mults: list[int] = []
-        for _ in range(max(self.orders)):
-            state, v = splitmix64(state)
-            mults.append(v | 1)  # odd multipliers, as Engram draws them
         object.__setattr__(self, "primes", tuple(primes))
-        object.__setattr__(self, "multipliers", tuple(mults))
+        object.__setattr__(self, "multipliers", xor_multipliers(max(self.orders), seed=self.seed))
 
     @property
     def num_rows(self) -> int:
@@ -83,22 +79,46 @@ class XorHashSpec:
         Rows index one concatenated table (each sub-table at its own offset). Positions whose n-gram
         reaches before the start are invalid (their rows are still computed from zero padding, as Engram does).
         """
-        x = np.asarray(ids, dtype=np.int64).astype(np.uint64)
-        T = x.shape[0]
+        T = np.asarray(ids).shape[0]
         primes = np.array(self.primes, dtype=np.uint64).reshape(len(self.orders), self.heads)
         offsets = np.concatenate([[0], np.cumsum(self.primes)[:-1]]).astype(np.int64).reshape(primes.shape)
         out = np.empty((T, len(self.orders), self.heads), dtype=np.int64)
         valid = np.zeros((T, len(self.orders)), dtype=bool)
-        mult = [np.uint64(m) for m in self.multipliers]
-        with np.errstate(over="ignore"):
-            mix = x * mult[0]
-            done = 1
-            for oi, n in enumerate(self.orders):
-                while done < n:  # extend the mix leftwards: shifted ids padded with 0
-                    shifted = np.zeros_like(x)
-                    shifted[done:] = x[: max(T - done, 0)]
-                    mix = mix ^ (shifted * mult[done])
-                    done += 1
-                out[:, oi, :] = (mix[:, None] % primes[oi][None, :]).astype(np.int64) + offsets[oi]
-                valid[n - 1 :, oi] = True
+        mixes = xor_mixes(ids, self.multipliers, max(self.orders))  # [T, max order]
+        for oi, n in enumerate(self.orders):
+            out[:, oi, :] = (mixes[:, n - 1, None] % primes[oi][None, :]).astype(np.int64) + offsets[oi]
+            valid[n - 1 :, oi] = True
         return out, valid
+
+
+def xor_multipliers(count: int, *, seed: int = 0) -> tuple[int, ...]:
+    """Engram's per-position odd multipliers m_0..m_{count-1}: successive splitmix64 outputs of ``seed``, | 1."""
+    state, mults = seed, []
+    for _ in range(count):
+        state, v = splitmix64(state)
+        mults.append(v | 1)  # odd, as Engram draws them
+    return tuple(mults)
+
+
+def xor_mixes(ids: np.ndarray, multipliers: Sequence[int], max_n: int) -> np.ndarray:
+    """The XOR mix of every suffix n-gram, n = 1..max_n: ids int [T] -> uint64 [T, max_n],
+
+        out[i, n-1] = ids[i]·m_0 ⊕ ids[i-1]·m_1 ⊕ … ⊕ ids[i-n+1]·m_{n-1}   (mod 2^64)
+
+    with ids before the start read as 0 (Engram's padding); the n-gram is real only for i ≥ n-1.
+    The one implementation of the mix (the slow definition for tests: :func:`polymem.hash.reference.xor_mix`).
+    """
+    if len(multipliers) < max_n:
+        raise PolymemError(f"{len(multipliers)} multipliers cannot mix orders up to {max_n}; pass at least {max_n}")
+    x = np.asarray(ids, dtype=np.int64).astype(np.uint64)
+    T = x.shape[0]
+    out = np.empty((T, max_n), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        mix = x * np.uint64(multipliers[0])
+        out[:, 0] = mix
+        for n in range(1, max_n):  # extend leftwards: ids shifted by n, zero-padded
+            shifted = np.zeros_like(x)
+            shifted[n:] = x[: max(T - n, 0)]
+            mix = mix ^ (shifted * np.uint64(multipliers[n]))
+            out[:, n] = mix
+    return out

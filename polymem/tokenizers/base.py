@@ -72,6 +72,28 @@ def fingerprint_of(vocab_size: int, token_bytes: Sequence[bytes | None]) -> str:
     return hashlib.sha256(b"".join(parts)).hexdigest()
 
 
+def check_pinned_sha256(data: bytes, expected: str, *, path: object, what: str, fix: str) -> bytes:
+    """``data`` if its sha256 is ``expected`` (a pinned tokenizer file); else a TokenizerError naming the file,
+    both hashes and the fix."""
+    got = hashlib.sha256(data).hexdigest()
+    if got != expected:
+        raise TokenizerError(
+            f"{str(path)!r} has sha256 {got}, expected {expected} ({what}); the file is corrupt or another "
+            f"version. Fix: {fix}"
+        )
+    return data
+
+
+def pack_token_bytes(token_bytes: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
+    """The byte map as one buffer for kernels: (buf uint8 [Σ len], offsets int64 [V+1]); token t is
+    buf[offsets[t]:offsets[t+1]] (empty for None)."""
+    lengths = np.fromiter((0 if b is None else len(b) for b in token_bytes), dtype=np.int64, count=len(token_bytes))
+    offsets = np.zeros(len(token_bytes) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    buf = np.frombuffer(b"".join(b for b in token_bytes if b is not None), dtype=np.uint8)
+    return buf, offsets
+
+
 class Tokenizer(abc.ABC):
     """One tokenizer, whatever its backend: ids <-> bytes.
 

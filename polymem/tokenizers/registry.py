@@ -20,7 +20,6 @@ tokenizers (load once and pass the object around).
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib.util
 import os
 import re
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from polymem.errors import TokenizerError
-from polymem.tokenizers.base import Tokenizer
+from polymem.tokenizers.base import Tokenizer, check_pinned_sha256
 from polymem.tokenizers.bytes_adapter import BytesTokenizer
 from polymem.tokenizers.tiktoken_adapter import TIKTOKEN_ENCODINGS, load_tiktoken_name, load_tiktoken_path
 
@@ -149,29 +148,23 @@ def _load_mistral(name: str) -> Tokenizer:
     roots = list(spec.submodule_search_locations or []) if spec is not None else []
     path = next((Path(r) / "data" / filename for r in roots if (Path(r) / "data" / filename).is_file()), None)
     if path is None:
-        raise TokenizerError(
-            f"builtin tokenizer {name!r} needs mistral_common/data/{filename}, which is not installed; "
-            "Fix: pip install mistral-common, or pass the path of a tokenizer.model"
-        )
-    data = path.read_bytes()
-    got = hashlib.sha256(data).hexdigest()
-    if got != sha256:
-        raise TokenizerError(
-            f"{str(path)!r} has sha256 {got}, expected {sha256} for builtin {name!r}; the file is corrupt or a "
-            "different version. Fix: pip install --force-reinstall mistral-common, or pass the .model path directly"
-        )
+        from polymem._optional import missing_extra
+
+        raise missing_extra(f"mistral-common (its data/{filename})", "mistral",
+                            f"the builtin tokenizer {name!r} (or pass the path of a tokenizer.model)")
+    data = check_pinned_sha256(path.read_bytes(), sha256, path=path, what=f"builtin {name!r}",
+                               fix="pip install --force-reinstall mistral-common, or pass the .model path directly")
     return load_sentencepiece_bytes(data, name=name, source=repr(str(path)))
 
 
 def _load_hub(repo_id: str) -> Tokenizer:
     if not repo_id:
         raise TokenizerError("'hf:' needs a Hub repo id after the colon, e.g. 'hf:gpt2'")
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError as exc:
-        raise TokenizerError(
-            f"'hf:{repo_id}' needs huggingface_hub (pip install huggingface_hub); or pass a local tokenizer.json path"
-        ) from exc
+    from polymem._optional import optional_import
+
+    hf_hub_download = optional_import(
+        "huggingface_hub", extra="hf", purpose=f"'hf:{repo_id}' (or pass a local tokenizer.json path)"
+    ).hf_hub_download
     offline = os.environ.get("POLYMEM_OFFLINE", "") in ("1", "true", "yes")
     try:
         # Cache first: a cached tokenizer.json needs no network (and no retries when there is none).

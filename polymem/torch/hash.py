@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from polymem.hash.spec import GOLDEN, MASK64
+from polymem.hash.spec import FMIX_M1, FMIX_M2, GOLDEN, MASK64
 from polymem.hash.layout import Layout
 
 
@@ -23,8 +23,8 @@ def _s64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-_F1 = _s64(0xFF51AFD7ED558CCD)
-_F2 = _s64(0xC4CEB9FE1A85EC53)
+_F1 = _s64(FMIX_M1)
+_F2 = _s64(FMIX_M2)
 
 
 def _lsr(x: torch.Tensor, s: int) -> torch.Tensor:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from polymem.errors import PolymemError
 from polymem.hash.layout import Layout
+from polymem.hash.spec import check_max_n
 
 GATES = ("scalar", "context")
 VALUE_INITS = ("orthogonal", "zero")
@@ -50,8 +51,7 @@ class SiteConfig:
             raise PolymemError(f"gate {self.gate!r} is unknown; accepted: {', '.join(GATES)}")
         if self.value_init not in VALUE_INITS:
             raise PolymemError(f"value_init {self.value_init!r} is unknown; accepted: {', '.join(VALUE_INITS)}")
-        if not 1 <= self.max_n <= 32:
-            raise PolymemError(f"max_n={self.max_n} must be in 1..32 (n-gram orders 1..max_n)")
+        check_max_n(self.max_n)
 
 
 def _rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -244,10 +244,9 @@ def run_transfer_jobs(
 
 def plot_transfer(result: dict[str, Any], path: str | Path) -> Path:
     """Bars: mean held-out bpb per arm, with one dot per seed."""
-    import matplotlib
+    from polymem._optional import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("transfer --plot")
 
     names = [k for k in ("none", "random", "donor", "donor_memory_off", "scratch") if result["arms"].get(k, {}).get("bpb")]
     fig, ax = plt.subplots(figsize=(6.4, 3.6))

@@ -1,4 +1,4 @@
-"""numba kernels for coverage: per-document open-addressing sets over 64-bit n-gram keys, XOR mixes,
+"""numba kernels for coverage: per-document open-addressing sets over 64-bit n-gram keys,
 a partitioned set for the corpus-wide reference n-grams, and the byte-fidelity comparison.
 
 Tables are power-of-two arrays of uint64 keys with linear probing; key 0 means "empty", so a real key of 0
@@ -15,33 +15,37 @@ from numba import njit
 
 from polymem.hash._numba import _GOLDEN, _U0, _U1, _fmix64  # one fmix64 for the whole package
 
-ZERO_KEY = np.uint64(0x9E3779B97F4A7C15)
-
-
-@njit(cache=True)
-def xor_keys(ids, valid, mults):  # pragma: no cover - compiled
-    """Engram's XOR mix of the n-gram ending at i, with its order folded in (Engram's tables are disjoint per order):
-
-        mix(i, n) = ids[i]*m_0 ^ ids[i-1]*m_1 ^ ... ^ ids[i-n+1]*m_{n-1}
-        X[i, n-1] = mix(i, n) + n*GOLDEN   (mod 2^64)
-
-    so equal keys mean the same mix at the same order. ids int64 [T], valid bool [T, N] (the byte path's
-    validity: before the start or with a special token -> invalid) -> uint64 [T, N]; invalid entries are 0.
-    """
-    T, N = valid.shape
-    out = np.zeros((T, N), dtype=np.uint64)
-    for i in range(T):
-        acc = _U0
-        for n in range(N):
-            if not valid[i, n]:
-                break
-            acc ^= np.uint64(ids[i - n]) * mults[n]
-            out[i, n] = acc + np.uint64(n + 1) * _GOLDEN  # tables hash their slots with fmix64 anyway
-    return out
+ZERO_KEY = _GOLDEN  # any fixed non-zero key would do; a byte hash equals it with probability 2^-64
 
 
 _LOW = np.uint64(0x1F)  # the low 5 bits of a reference-table entry hold the smallest reference order - 1
 _HIGH = ~np.uint64(0x1F)
+
+
+@njit(cache=True, inline="always")
+def _key(h):  # pragma: no cover - compiled
+    """A key as stored: 0 means "empty", so a real 0 becomes ZERO_KEY."""
+    return h if h != _U0 else ZERO_KEY
+
+
+@njit(cache=True, inline="always")
+def _probe(tt, h, mask):  # pragma: no cover - compiled
+    """Linear probing in a keyed table (keys in column 0): the slot holding ``h``, or the empty slot where it
+    would go."""
+    s = _fmix64(h) & mask
+    while tt[s, 0] != _U0 and tt[s, 0] != h:
+        s = (s + _U1) & mask
+    return s
+
+
+@njit(cache=True, inline="always")
+def _probe_high(rt, hi, mask):  # pragma: no cover - compiled
+    """Linear probing in the reference table, comparing the top 59 bits: the slot whose entry has the high bits
+    ``hi``, or the empty slot where it would go."""
+    s = _fmix64(hi) & mask
+    while rt[s] != _U0 and (rt[s] & _HIGH) != hi:
+        s = (s + _U1) & mask
+    return s
 
 
 @njit(cache=True)
@@ -69,23 +73,15 @@ def doc_scan(
             if not rV[i, m]:
                 break  # validity is monotone in the order: a longer n-gram reaches further back
             h = rH[i, m]
-            hi = h & _HIGH
-            if hi == _U0:
-                hi = ZERO_KEY & _HIGH
-            s = _fmix64(hi) & rmask
-            while True:
-                k = rt[s]
-                if k == _U0:
-                    rt[s] = hi | np.uint64(m)
-                    if record:
-                        ref_out[n_ref] = h
-                        n_ref += 1
-                    break
-                if (k & _HIGH) == hi:
-                    if np.uint64(m) < (k & _LOW):
-                        rt[s] = hi | np.uint64(m)
-                    break
-                s = (s + _U1) & rmask
+            hi = _key(h & _HIGH)
+            s = _probe_high(rt, hi, rmask)
+            if rt[s] == _U0:
+                rt[s] = hi | np.uint64(m)
+                if record:
+                    ref_out[n_ref] = h
+                    n_ref += 1
+            elif np.uint64(m) < (rt[s] & _LOW):
+                rt[s] = hi | np.uint64(m)
     # the target, one order at a time: the table holds one order's n-grams, so it stays cache-sized
     n_pend = 0
     Tt = tH.shape[0]
@@ -97,43 +93,26 @@ def doc_scan(
         for i in range(n, Tt):
             if not tV[i, n]:
                 continue
-            h = tH[i, n]
-            if h == _U0:
-                h = ZERO_KEY
+            h = _key(tH[i, n])
             positions[n] += 1
-            s = _fmix64(h) & tmask
-            while True:
-                k = tt[s, 0]
-                if k == _U0:
-                    # a new unique target n-gram: look it up among the reference's n-grams of every order
-                    hi = h & _HIGH
-                    if hi == _U0:
-                        hi = ZERO_KEY & _HIGH
-                    f = 0
-                    r = _fmix64(hi) & rmask
-                    while True:
-                        rk = rt[r]
-                        if rk == _U0:
-                            break
-                        if (rk & _HIGH) == hi:
-                            f = np.int64(rk & _LOW) + 1
-                            break
-                        r = (r + _U1) & rmask
-                    tt[s, 0] = h
-                    tt[s, 1] = (_U1 << np.uint64(16)) | (np.uint64(f) << np.uint64(8))
-                    uniq[n] += 1
-                    if f:
-                        hits[n, f - 1] += 1
-                        pos_hits[n] += 1
-                    tlist[n_list] = s
-                    n_list += 1
-                    break
-                if k == h:
-                    tt[s, 1] += _U1 << np.uint64(16)
-                    if (tt[s, 1] >> np.uint64(8)) & np.uint64(0xFF):
-                        pos_hits[n] += 1
-                    break
-                s = (s + _U1) & tmask
+            s = _probe(tt, h, tmask)
+            if tt[s, 0] == _U0:
+                # a new unique target n-gram: look it up among the reference's n-grams of every order
+                hi = _key(h & _HIGH)
+                r = _probe_high(rt, hi, rmask)
+                f = np.int64(rt[r] & _LOW) + 1 if rt[r] != _U0 else 0
+                tt[s, 0] = h
+                tt[s, 1] = (_U1 << np.uint64(16)) | (np.uint64(f) << np.uint64(8))
+                uniq[n] += 1
+                if f:
+                    hits[n, f - 1] += 1
+                    pos_hits[n] += 1
+                tlist[n_list] = s
+                n_list += 1
+            else:
+                tt[s, 1] += _U1 << np.uint64(16)
+                if (tt[s, 1] >> np.uint64(8)) & np.uint64(0xFF):
+                    pos_hits[n] += 1
         if record:
             for j in range(n_list):
                 s = tlist[j]
@@ -149,7 +128,7 @@ def doc_scan(
 @njit(cache=True)
 def xor_scan(tX, tV, rX, rV, tt, tlist, alive, uniq, hits):  # pragma: no cover - compiled
     """The XOR baseline's unique-set counts for one document: uniq[n] distinct target keys of order n, hits[n]
-    of them also among the reference's keys of order n (XOR keys carry their order, see xor_keys).
+    of them also among the reference's keys of order n (XOR keys carry their order, see counter.xor_keys).
 
     Target first, one order at a time; then the reference's keys are looked up in it. A reference n-gram whose
     (n-1)-suffix matched no target (n-1)-gram cannot match a target n-gram (a target n-gram's suffix is a
@@ -166,40 +145,22 @@ def xor_scan(tX, tV, rX, rV, tt, tlist, alive, uniq, hits):  # pragma: no cover 
         for i in range(n, Tt):
             if not tV[i, n]:
                 continue
-            h = tX[i, n]
-            if h == _U0:
-                h = ZERO_KEY
-            s = _fmix64(h) & tmask
-            while True:
-                k = tt[s, 0]
-                if k == _U0:
-                    tt[s, 0] = h
-                    tt[s, 1] = _U0
-                    tlist[n_list] = s
-                    n_list += 1
-                    break
-                if k == h:
-                    break
-                s = (s + _U1) & tmask
+            h = _key(tX[i, n])
+            s = _probe(tt, h, tmask)
+            if tt[s, 0] == _U0:
+                tt[s, 0] = h
+                tt[s, 1] = _U0
+                tlist[n_list] = s
+                n_list += 1
         uniq[n] += n_list
         for j in range(Tr):
             if j < n or (n > 0 and not alive[j]) or not rV[j, n]:
                 alive[j] = False
                 continue
-            h = rX[j, n]
-            if h == _U0:
-                h = ZERO_KEY
-            s = _fmix64(h) & tmask
-            found = False
-            while True:
-                k = tt[s, 0]
-                if k == _U0:
-                    break
-                if k == h:
-                    tt[s, 1] = _U1
-                    found = True
-                    break
-                s = (s + _U1) & tmask
+            s = _probe(tt, _key(rX[j, n]), tmask)
+            found = tt[s, 0] != _U0
+            if found:
+                tt[s, 1] = _U1
             alive[j] = found
         for q in range(n_list):
             if tt[tlist[q], 1] != _U0:
@@ -231,10 +192,7 @@ def _partition(keys, bshift):  # pragma: no cover - compiled
     mixed = np.empty(n, dtype=np.uint64)
     counts = np.zeros(B + 1, dtype=np.int64)
     for i in range(n):
-        h = keys[i]
-        if h == _U0:
-            h = ZERO_KEY
-        x = _fmix64(h)
+        x = _fmix64(_key(keys[i]))
         mixed[i] = x
         counts[np.int64(x >> np.uint64(bshift)) + 1] += 1
     for b in range(B):
@@ -247,8 +205,7 @@ def _partition(keys, bshift):  # pragma: no cover - compiled
         x = mixed[i]
         b = np.int64(x >> np.uint64(bshift))
         j = fill[b]
-        h = keys[i]
-        pk[j] = h if h != _U0 else ZERO_KEY
+        pk[j] = _key(keys[i])
         pm[j] = x
         idx[j] = i
         fill[b] = j + 1

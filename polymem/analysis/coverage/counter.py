@@ -26,7 +26,9 @@ import numpy as np
 
 from polymem.hash.token_hashes import TokenHashes
 from polymem.analysis.coverage import _sets as _kernels
-from polymem.hash.xor import XorHashSpec
+from polymem.hash.reference import ngram_bytes
+from polymem.hash.spec import GOLDEN
+from polymem.hash.xor import xor_mixes, xor_multipliers
 
 _FLUSH_KEYS = 1 << 23  # buffered reference keys / pending entries before a compaction (64 MiB of uint64)
 
@@ -85,10 +87,17 @@ class Tally:
         return self
 
 
-def xor_multipliers(max_n: int) -> np.ndarray:
-    """Engram's per-position odd multipliers m_0..m_{max_n-1} (``XorHashSpec(seed=0).multipliers``)."""
-    spec = XorHashSpec(head_rows=1 << 16, orders=tuple(range(1, max_n + 1)), heads=1)
-    return np.array(spec.multipliers[:max_n], dtype=np.uint64)
+def xor_keys(ids: np.ndarray, valid: np.ndarray, mults: tuple[int, ...]) -> np.ndarray:
+    """Engram's XOR mix of the n-gram ending at i with its order folded in (Engram's tables are disjoint per
+    order): X[i, n-1] = mix(i, n) + n·GOLDEN (mod 2^64), so equal keys mean the same mix at the same order.
+
+    ids int [T], valid bool [T, N] (the byte path's validity: before the start or with a special token ->
+    invalid) -> uint64 [T, N]; invalid entries are 0.
+    """
+    N = valid.shape[1]
+    with np.errstate(over="ignore"):
+        keys = xor_mixes(ids, mults, N) + np.arange(1, N + 1, dtype=np.uint64) * np.uint64(GOLDEN)
+    return np.where(valid, keys, np.uint64(0))
 
 
 def _pow2(n: int) -> int:
@@ -195,8 +204,8 @@ class HashCounter:
             uniq, hits, t.positions, t.pos_hits, ref_out, pend_h, pend_n, pend_c,
         )
         # the XOR baseline: Engram's token-id mix, same multipliers for both tokenizers, order folded into the key
-        tX = _kernels.xor_keys(np.ascontiguousarray(target_ids, dtype=np.int64), tV, self._mults)
-        rX = _kernels.xor_keys(np.ascontiguousarray(reference_ids, dtype=np.int64), rV, self._mults)
+        tX = xor_keys(target_ids, tV, self._mults)
+        rX = xor_keys(reference_ids, rV, self._mults)
         xuniq = np.zeros(N, dtype=np.int64)
         xhits = np.zeros(N, dtype=np.int64)
         _kernels.xor_scan(tX, tV, rX, rV, tt, tlist, self._alive[:Tr], xuniq, xhits)
@@ -306,16 +315,13 @@ class ExactCounter:
 
     def _ngrams(self, ids: np.ndarray, table: list[bytes | None]) -> list[list[tuple[bytes, tuple[int, ...]]]]:
         """[n-1] -> list of (bytes, ids) of every valid n-gram, in position order."""
-        toks = [table[i] for i in ids.tolist()]
         ids_l = ids.tolist()
         out: list[list[tuple[bytes, tuple[int, ...]]]] = [[] for _ in range(self.max_n)]
-        for i in range(len(toks)):
-            for n in range(1, self.max_n + 1):
-                lo = i - n + 1
-                window = toks[lo:i + 1] if lo >= 0 else None
-                if window is None or any(b is None for b in window):
+        for i, row in enumerate(ngram_bytes(table, ids_l, self.max_n)):
+            for n, b in enumerate(row, start=1):
+                if b is None:
                     break  # reaches before the start, or holds a special token: invalid (and so are longer ones)
-                out[n - 1].append((b"".join(window), tuple(ids_l[lo:i + 1])))  # type: ignore[arg-type]
+                out[n - 1].append((b, tuple(ids_l[i - n + 1 : i + 1])))
         return out
 
     def add(self, target_ids: np.ndarray, reference_ids: np.ndarray) -> None:

@@ -152,10 +152,9 @@ class CoverageReport:
         """A PNG like seed 002's Fig. 2: one stacked bar per target order n, stacked by the smallest reference
         order m at which the n-gram was found (per-document mean), with the XOR baseline and the
         occurrence-weighted coverage as markers."""
-        import matplotlib
+        from polymem._optional import pyplot
 
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
+        plt = pyplot("coverage --plot")
 
         N = self.max_n
         xs = np.arange(1, N + 1)

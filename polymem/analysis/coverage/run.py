@@ -26,25 +26,23 @@ from typing import Any
 
 import numpy as np
 
-from polymem.hash.token_hashes import MAX_ORDER, TokenHashes
+from polymem.hash.token_hashes import TokenHashes
 from polymem.corpus import Corpus, Document, Skipped, as_documents
 from polymem.analysis.coverage import _sets as _kernels
 from polymem.analysis.coverage.counter import ExactCounter, HashCounter, HashPartial
 from polymem.analysis.coverage.report import CoverageReport, TokenizerInfo
 from polymem.errors import PolymemError, TokenizerError
 from polymem.hash.spec import HashSpec
+from polymem.tokenizers.base import pack_token_bytes
+from polymem.hash.spec import check_max_n as _check_max_n
 
 ProgressFn = Callable[[int, int], None]  # (documents done, UTF-8 bytes done), cumulative
 _BATCH_BYTES = 1 << 18
 
 
 def check_max_n(max_n: Any) -> int:
-    if isinstance(max_n, bool) or not isinstance(max_n, (int, np.integer)) or not 1 <= int(max_n) <= MAX_ORDER:
-        raise PolymemError(
-            f"max_n={max_n!r} is out of range: the target n-gram orders measured are 1..max_n, with max_n an "
-            f"integer from 1 to {MAX_ORDER} (seed 002 uses 7); pass e.g. --max-n 7"
-        )
-    return int(max_n)
+    """The target orders measured are 1..max_n (seed 002 uses 7)."""
+    return _check_max_n(max_n, hint="seed 002 uses 7; pass e.g. --max-n 7")
 
 
 class _Fidelity:
@@ -53,10 +51,7 @@ class _Fidelity:
     def __init__(self, tok: Any) -> None:
         self.dummy = bool(tok.dummy_prefix)
         tb = tok.all_token_bytes()
-        lengths = np.fromiter((0 if b is None else len(b) for b in tb), dtype=np.int64, count=len(tb))
-        self.offsets = np.zeros(len(tb) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=self.offsets[1:])
-        self.buf = np.frombuffer(b"".join(b for b in tb if b is not None), dtype=np.uint8)
+        self.buf, self.offsets = pack_token_bytes(tb)
         self.tok = tok
         self.docs = self.exact = self.prefixed = self.mismatched = 0
         self.first: str | None = None

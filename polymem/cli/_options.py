@@ -1,0 +1,87 @@
+"""Options shared by several commands, defined once: typer ``Annotated`` aliases, ``Enum`` choices and the
+parsers of counts and order lists. A command declares ``heads: Heads = 8``; the flag name, range and help come
+from here, so ``init``, ``iosim``, ``train`` and ``transfer`` cannot drift apart.
+
+Choices whose home is a module that loads heavy dependencies (torch for gates, numba for asset dtypes) are
+spelled out here and checked against that home by tests/test_cli_foundation.py; the CLI must start fast.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from polymem.errors import PolymemError
+from polymem.hash.layout import LAYOUT_KINDS
+from polymem.hash.spec import NORMALIZERS
+
+
+def _choices(name: str, values: tuple[str, ...] | list[str]) -> type[Enum]:
+    return Enum(name, [(v, v) for v in values], type=str)  # type: ignore[return-value]
+
+
+AssetDtype = _choices("AssetDtype", ("float32", "float16", "bfloat16", "nf4"))  # = polymem.asset.DTYPES
+LayoutKind = _choices("LayoutKind", LAYOUT_KINDS)
+Normalizer = _choices("Normalizer", sorted(NORMALIZERS))
+Gate = _choices("Gate", ("scalar", "context"))  # = polymem.torch.site.GATES
+ValueInit = _choices("ValueInit", ("zero", "orthogonal"))  # = polymem.torch.site.VALUE_INITS
+
+_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9, "T": 10**12}
+
+
+def parse_count(text: str) -> int:
+    """'200M' -> 200_000_000; suffixes K, M, G (= B, billion), T; decimals allowed ('1.5G')."""
+    t = text.strip().upper().replace("_", "")
+    suffix = t[-1] if t and t[-1] in _SUFFIX else ""
+    try:
+        value = float(t[: len(t) - len(suffix)]) * _SUFFIX[suffix]
+    except ValueError:
+        raise PolymemError(f"{text!r} is not a count; use e.g. 200M, 1.5G, 20B or 12000000") from None
+    if value < 1:
+        raise PolymemError(f"{text!r} must be at least 1")
+    return int(value)
+
+
+def parse_orders(text: str) -> tuple[int, ...]:
+    """'1,2,3' -> (1, 2, 3) (checked by :func:`polymem.hash.spec.check_orders`)."""
+    from polymem.hash.spec import check_orders
+
+    try:
+        values = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise PolymemError(f"--orders {text!r} must be comma-separated integers, e.g. 1,2,3") from None
+    return check_orders(values)
+
+
+# ------------------------------------------------------------------------------ tokenizer and corpus
+Tokenizer = Annotated[str, typer.Option("--tokenizer", "-t", help="Tokenizer spec: a name (cl100k_base, mistral-v1, bytes, …), hf:NAME, or a path to tokenizer.json / .model / .tiktoken.")]
+CorpusFiles = Annotated[list[Path], typer.Option("--corpus", "-c", exists=True, help="Corpus files/folders (.txt, .md, .jsonl[.gz]); repeatable.")]
+MaxN = Annotated[int, typer.Option("--max-n", min=1, max=32, help="n-gram orders 1..N.")]
+JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write the result as JSON here.")]
+PlotOut = Annotated[Optional[Path], typer.Option("--plot", help="Write a plot (PNG) here; needs polymem[plot].")]
+NormalizerOpt = Annotated[Normalizer, typer.Option("--normalizer", help="Per-byte normaliser of the hash spec.")]
+
+# ------------------------------------------------------------------------------ table geometry (K, S, r, params)
+Params = Annotated[str, typer.Option("--params", help="Table parameters (rows × head dim): 200M, 1.5G, 20B …; P = the most pages that fit.")]
+Heads = Annotated[int, typer.Option("--heads", min=1, max=64, help="K: head rows per n-gram.")]
+Slots = Annotated[int, typer.Option("--slots", min=1, max=1 << 16, help="S: slots per head per page (4 was best in PageGram).")]
+HeadDim = Annotated[int, typer.Option("--head-dim", min=1, max=1 << 16, help="r: width of one head row.")]
+Dtype = Annotated[AssetDtype, typer.Option("--dtype", help="Storage type of the table.")]
+Orders = Annotated[str, typer.Option("--orders", help="n-gram orders, comma-separated, e.g. 1,2,3.")]
+
+# ------------------------------------------------------------------------------ training (train, transfer)
+Steps = Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps (per model).")]
+BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per step.")]
+BlockSize = Annotated[int, typer.Option("--block-size", min=8, help="Tokens per sequence.")]
+NLayer = Annotated[int, typer.Option("--n-layer", min=1, help="Transformer blocks.")]
+DModel = Annotated[int, typer.Option("--d-model", min=16, help="Model width.")]
+NHead = Annotated[int, typer.Option("--n-head", min=1, help="Attention heads.")]
+Lr = Annotated[float, typer.Option("--lr", min=0.0, help="Dense AdamW peak learning rate.")]
+TableLrMult = Annotated[float, typer.Option("--table-lr-mult", min=0.0, help="Table learning rate = lr × this (row-wise RMS rule).")]
+MaxEvalTokens = Annotated[Optional[int], typer.Option("--max-eval-tokens", min=1, help="Cap on held-out tokens scored.")]
+Bf16 = Annotated[bool, typer.Option("--bf16/--no-bf16", help="bf16 autocast (tables stay fp32).")]
+Threads = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads (1 is faster on a busy shared CPU).")]
+Device = Annotated[str, typer.Option("--device", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, …")]

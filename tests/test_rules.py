@@ -1,0 +1,158 @@
+"""One home per rule: order validators, CLI choices vs their homes, optional extras named in errors,
+README/CI install commands."""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from polymem._optional import EXTRAS, MissingExtraError, optional_import, pyplot
+from polymem.errors import PolymemError
+from polymem.hash.spec import MAX_ORDER, check_max_n, check_orders
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("good,expected", [(1, 1), (np.int64(7), 7), (MAX_ORDER, MAX_ORDER)])
+def test_check_max_n_accepts_integers_in_range(good, expected) -> None:
+    assert check_max_n(good) == expected and type(check_max_n(good)) is int
+
+
+@pytest.mark.parametrize("bad", [0, MAX_ORDER + 1, -3, 2.0, True, "3", None])
+def test_check_max_n_names_the_value_and_the_range(bad) -> None:
+    with pytest.raises(PolymemError, match=rf"max_n={re.escape(repr(bad))} is out of range.*1 to {MAX_ORDER}"):
+        check_max_n(bad)
+
+
+def test_check_orders_sorts_and_dedupes() -> None:
+    assert check_orders([3, 1, 2, 2]) == (1, 2, 3)
+    assert check_orders(np.array([2, 3])) == (2, 3)
+
+
+@pytest.mark.parametrize("bad", [(), (0, 1), (1, MAX_ORDER + 1), (1.5,), (True, 2), "12", 3, None])
+def test_check_orders_rejects_with_the_value(bad) -> None:
+    with pytest.raises(PolymemError, match="orders .* must be"):
+        check_orders(bad)
+
+
+def test_every_order_check_is_the_same_rule(tmp_path: Path) -> None:
+    """TokenHashes, the asset, iosim, coverage and the torch site all refuse max_n/orders beyond MAX_ORDER."""
+    from polymem import HashSpec, Layout, MemoryAsset, TokenHashes, load_tokenizer
+    from polymem.analysis.coverage import check_max_n as coverage_check
+    from polymem.analysis.iosim import simulate
+
+    cache = TokenHashes.build(load_tokenizer("bytes"))
+    with pytest.raises(PolymemError, match="out of range"):
+        cache.ngram_hashes([1, 2, 3], MAX_ORDER + 1)
+    with pytest.raises(PolymemError, match="seed 002 uses 7"):
+        coverage_check(MAX_ORDER + 1)
+    small = Layout(pages=4, heads=2, slots=2, head_dim=8)
+    with pytest.raises(PolymemError, match=r"orders .* integers in 1\.\.32"):
+        MemoryAsset.create(tmp_path / "a", HashSpec(), small, orders=(1, MAX_ORDER + 1))
+    with pytest.raises(PolymemError, match=r"orders .* integers in 1\.\.32"):
+        simulate([np.arange(5)], cache, small, orders=(0, 1))
+    from polymem.torch.site import SiteConfig
+
+    with pytest.raises(PolymemError, match="out of range"):
+        SiteConfig(d_model=16, max_n=MAX_ORDER + 1)
+
+
+def test_cli_choices_match_their_homes() -> None:
+    from polymem.asset import DTYPES
+    from polymem.cli import _options
+    from polymem.hash.layout import LAYOUT_KINDS
+    from polymem.hash.spec import NORMALIZERS
+    from polymem.torch.site import GATES, VALUE_INITS
+
+    values = lambda e: sorted(m.value for m in e)  # noqa: E731
+    assert values(_options.AssetDtype) == sorted(DTYPES)
+    assert values(_options.LayoutKind) == sorted(LAYOUT_KINDS)
+    assert values(_options.Normalizer) == sorted(NORMALIZERS)
+    assert values(_options.Gate) == sorted(GATES)
+    assert values(_options.ValueInit) == sorted(VALUE_INITS)
+
+
+def test_shared_options_are_declared_once() -> None:
+    """train/transfer and init/iosim take their common options from polymem/cli/_options.py, so the flags,
+    ranges and help agree; no command re-declares them with typer.Option."""
+    import typer.main
+
+    from polymem.cli.app import app
+
+    cmd = typer.main.get_command(app)
+
+    def opts(name: str) -> dict:
+        return {p.name: p for p in cmd.commands[name].params if p.param_type_name == "option"}
+
+    for a, b, shared in [("train", "transfer", ("steps", "batch_size", "block_size", "n_layer", "d_model", "n_head",
+                                                "lr", "table_lr_mult", "max_eval_tokens", "bf16", "threads",
+                                                "device", "json_out")),
+                         ("init", "iosim", ("params", "heads", "slots", "head_dim", "dtype", "orders"))]:
+        oa, ob = opts(a), opts(b)
+        for name in shared:
+            pa, pb = oa[name], ob[name]
+            same = ("opts", "secondary_opts", "min", "max", "help", "metavar", "is_flag")
+            assert [getattr(pa, k) for k in same] == [getattr(pb, k) for k in same], name
+    for src in ("cmd_train.py", "cmd_transfer.py", "cmd_asset.py", "cmd_iosim.py"):
+        text = (ROOT / "polymem" / "cli" / src).read_text()
+        for flag in ("--batch-size", "--heads", "--head-dim", "--slots", "--table-lr-mult", "--device"):
+            assert f'"{flag}"' not in text, f"{src} re-declares {flag}"
+
+
+def test_missing_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what Python does for a package that is not installed
+    with pytest.raises(MissingExtraError, match=r"iosim --plot needs matplotlib.*pip install 'polymem\[plot\]'"):
+        pyplot("iosim --plot")
+    monkeypatch.setitem(sys.modules, "tensorstore", None)
+    with pytest.raises(PolymemError, match=r"pip install 'polymem\[fast\]'"):
+        optional_import("tensorstore", extra="fast", purpose="the asset backend 'tensorstore'")
+
+
+def test_missing_extra_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from polymem.cli.app import app
+
+    (tmp_path / "c.txt").write_text("hello hello world " * 20)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    r = CliRunner().invoke(app, ["iosim", "-t", "bytes", "--params", "64K", "--cache-mb", "1",
+                                 "--plot", str(tmp_path / "p.png"), str(tmp_path / "c.txt")])
+    assert isinstance(r.exception, MissingExtraError) and "polymem[plot]" in str(r.exception)
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_missing_mistral_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from polymem.tokenizers import load_tokenizer
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mistral_common" else real(name, *a))
+    with pytest.raises(MissingExtraError, match=r"'mistral-v1'.*pip install 'polymem\[mistral\]'"):
+        load_tokenizer("mistral-v1")
+
+
+def test_extras_declared_and_test_pulls_all() -> None:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = meta["optional-dependencies"]
+    assert set(EXTRAS) <= set(extras)
+    assert "polymem[all]" in extras["test"]
+    core = {re.split(r"[<>=\[; ]", d, maxsplit=1)[0] for d in meta["dependencies"]}
+    for heavy in ("transformers", "matplotlib", "mistral-common", "tensorstore", "dask", "s3fs"):
+        assert heavy not in core, f"{heavy} is a core dependency; it belongs in an extra"
+    assert {"tokenizers", "tiktoken", "sentencepiece", "torch", "numpy", "zarr", "typer", "numba"} <= core
+
+
+def test_readme_commands_install_what_they_run() -> None:
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    demo = next(line for line in readme.splitlines() if line.endswith("polymem demo"))
+    assert "'.[mistral]'" in demo or "'.[all]'" in demo  # the demo's default second tokenizer is mistral-v1
+    test_cmd = next(line for line in readme.splitlines() if line.endswith("python -m pytest"))
+    assert test_cmd.split("&& ", 2)[-1] in ci  # .ci/run runs the README's test command verbatim
