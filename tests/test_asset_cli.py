@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from polymem import HashSpec, Layout, MemoryAsset, PolymemError
 from polymem.cli.app import app
-from polymem.cli.cmd_asset import parse_count
+from polymem.cli._options import parse_count
 
 runner = CliRunner()
 
