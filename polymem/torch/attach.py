@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -72,8 +73,84 @@ def _d_model(model: nn.Module) -> int:
 
 
 def _model_vocab(model: nn.Module) -> int | None:
+    """The ids the model accepts: config.vocab_size, else the input embedding's rows (None if neither)."""
     v = getattr(getattr(model, "config", None), "vocab_size", None)
-    return int(v) if isinstance(v, int) else None
+    if isinstance(v, int):
+        return int(v)
+    emb = None
+    with contextlib.suppress(NotImplementedError, AttributeError):
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    w = getattr(emb, "weight", None)
+    return int(w.shape[0]) if isinstance(w, torch.Tensor) and w.dim() == 2 else None
+
+
+def vocab_padding_limit(tokenizer_vocab: int) -> int:
+    """How many ids a model's vocabulary may exceed the tokenizer's by and still count as padding: the larger of
+    1,024 and 1/16 of the tokenizer's (GPT-2 50,257 -> 50,304, Phi-2 50,295 -> 51,200, Qwen2 151,665 ->
+    151,936 pass; the 256-id bytes tokenizer on a 32,000-id model does not)."""
+    return max(1024, tokenizer_vocab // 16)
+
+
+def _check_vocab(model: nn.Module, tok_name: str, V: int, allow_padding: bool) -> int | None:
+    """Refuse a tokenizer whose ids do not fit the model: more ids than the model's vocabulary (the forward would
+    raise IndexError in the embedding), or far fewer (another tokenizer's ids would be hashed as this one's)."""
+    vocab = _model_vocab(model)
+    if vocab is None or vocab == V:
+        return vocab
+    what = f"tokenizer {tok_name!r} has {V:,} ids but {type(model).__name__} has a vocabulary of {vocab:,}"
+    fix = ("pass the model's own tokenizer (the tokenizer.json / tokenizer.model saved with the checkpoint, "
+           "or hf:ORG/NAME of the model)")
+    if V > vocab:
+        raise PolymemError(
+            f"{what}: ids {vocab}..{V - 1} of the tokenizer do not exist in the model (its embedding would raise "
+            f"IndexError in the forward), so this is not the tokenizer this model was trained with; {fix}"
+        )
+    if vocab - V > vocab_padding_limit(V) and not allow_padding:
+        raise PolymemError(
+            f"{what}: {vocab - V:,} model ids would have no tokenizer bytes, more than padding "
+            f"(at most {vocab_padding_limit(V):,}), so this is most likely not the tokenizer this model was trained "
+            f"with and its ids would be hashed as another tokenizer's bytes; {fix}. If the model's embedding really "
+            "is padded that far beyond the tokenizer, pass allow_vocab_padding=True"
+        )
+    return vocab
+
+
+@dataclass
+class _GradState:
+    """The model's own requires_grad flags, saved by the first attach, and which live handles freeze it."""
+
+    original: dict[str, bool]
+    freezers: dict[int, bool] = field(default_factory=dict)  # id(handle) -> does it freeze the model
+
+
+# One entry per model with live handles; weak, so a model dropped without detach is not kept alive.
+_GRAD_STATES: "weakref.WeakKeyDictionary[nn.Module, _GradState]" = weakref.WeakKeyDictionary()
+
+
+def _hold_grads(model: nn.Module, handle: Any, freeze: bool) -> None:
+    state = _GRAD_STATES.get(model)
+    if state is None:
+        state = _GRAD_STATES[model] = _GradState({n: p.requires_grad for n, p in model.named_parameters()})
+    state.freezers[id(handle)] = freeze
+    _apply_grads(model, state)
+
+
+def _release_grads(model: nn.Module, handle: Any) -> None:
+    """Drop ``handle``'s hold: a parameter trains again iff it did before the first attach and no live handle
+    freezes the model, whatever order the handles are detached in."""
+    state = _GRAD_STATES.get(model)
+    if state is None or state.freezers.pop(id(handle), None) is None:
+        return
+    _apply_grads(model, state)
+    if not state.freezers:
+        del _GRAD_STATES[model]
+
+
+def _apply_grads(model: nn.Module, state: _GradState) -> None:
+    frozen = any(state.freezers.values())
+    for name, p in model.named_parameters():
+        if name in state.original:
+            p.requires_grad_(state.original[name] and not frozen)
 
 
 def _input_width(model: nn.Module) -> int | None:
@@ -154,7 +231,6 @@ class AttachHandle:
         self._rows: torch.Tensor | None = None  # rows of the forward in progress [B, T, N, K]
         self._history: torch.Tensor | None = None  # last max_n-1 ids of each row [B, <=N-1]
         self._pending_rows: torch.Tensor | None = None
-        self._saved_grad: dict[str, bool] = {}
 
     # -- hooks
     def _model_pre_hook(self, module, args, kwargs):
@@ -285,10 +361,7 @@ class AttachHandle:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        for name, p in self.model.named_parameters():
-            if name in self._saved_grad:
-                p.requires_grad_(self._saved_grad[name])
-        self._saved_grad.clear()
+        _release_grads(self.model, self)
         self._rows = self._history = None
 
     def __enter__(self) -> "AttachHandle":
@@ -331,6 +404,7 @@ def attach(
     strict: bool = True,
     freeze_model: bool | None = None,
     value_init: str | None = None,
+    allow_vocab_padding: bool = False,
 ) -> AttachHandle:
     """Attach a hashed n-gram memory to ``model`` before each block in ``layers``.
 
@@ -346,9 +420,20 @@ def attach(
     before block 0 when ``prefetch`` (else inside the first site), and decoded (NF4 too) in torch on the
     model's device; results are bit-identical to in_memory=True. ``handle.stats()`` has the cache counters.
     strict=False skips layers that cannot be matched (they are listed in ``handle.report``).
+    The tokenizer must be the model's: a tokenizer with more ids than the model's vocabulary, or with far fewer
+    (more than :func:`vocab_padding_limit` padding ids) is refused up front; allow_vocab_padding=True accepts a
+    model whose embedding really is padded further. Several handles may be stacked on one model and detached in
+    any order: the model's requires_grad flags come back once no live handle freezes it.
     """
     if train not in TRAIN_MODES:
         raise PolymemError(f"train={train!r} is unknown; accepted: {', '.join(TRAIN_MODES)}")
+    from polymem.hash.token_hashes import TokenHashes
+    from polymem.tokenizers import load_tokenizer
+
+    if not isinstance(tokenizer, TokenHashes):
+        tokenizer = load_tokenizer(tokenizer)  # loaded once, checked before the table is read
+    tok_name = tokenizer.tokenizer_name if isinstance(tokenizer, TokenHashes) else tokenizer.name
+    _check_vocab(model, tok_name, int(tokenizer.vocab_size), allow_vocab_padding)
     table = _resolve_table(table_or_asset, spec, in_memory, trainable=train in ("table", "all"),
                            serving={"cache_mb": cache_mb, "prefetch": prefetch, "read_workers": read_workers})
     _check_usable(table.spec, table.layout, where="table")
@@ -394,11 +479,12 @@ def attach(
             SiteConfig(**{**asdict(cfg), "init_seed": init_seed + j}), table.layout)
         report.matched.append({"layer": name.rsplit(".", 1)[-1], "module": name, "d_model": d})
     # the token cache as tensors; ids beyond the tokenizer's vocabulary (padded embeddings) are invalid
-    vocab = _model_vocab(model)
     tc = TorchTokenHashes.from_cache(cache)
     V = tc.C.numel()
-    if vocab is not None and vocab != V:
-        report.notes.append(f"model vocab_size {vocab} != tokenizer vocab size {V}: ids >= {V} never hit memory")
+    vocab = _check_vocab(model, cache.tokenizer_name, V, allow_vocab_padding)
+    if vocab is not None and vocab != V:  # vocab > V: padding, checked above
+        report.notes.append(f"model vocab_size {vocab} > tokenizer vocab size {V}: the {vocab - V:,} ids "
+                            f"({V}..{vocab - 1}) never hit memory")
         if vocab > V:
             pad = vocab - V
             tc = TorchTokenHashes(
@@ -421,10 +507,7 @@ def attach(
     handle.to(dev)
     freeze = (train != "all") if freeze_model is None else bool(freeze_model)
     handle.freeze_model = freeze
-    for pname, p in model.named_parameters():
-        handle._saved_grad[pname] = p.requires_grad
-        if freeze:
-            p.requires_grad_(False)
+    _hold_grads(model, handle, freeze)
     handle._install()
     return handle
 
