@@ -22,9 +22,10 @@ which is what a per-token hash cache depends on).
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -33,6 +34,25 @@ from polymem.errors import TokenizerError
 FINGERPRINT_VERSION = 1
 _FINGERPRINT_MAGIC = b"polymem-tokenizer-fingerprint/v1\x00"
 FAMILIES = ("tiktoken", "hf", "sentencepiece", "bytes")
+
+
+@contextlib.contextmanager
+def rust_panics_as_errors(name: str) -> Iterator[None]:
+    """Turn a panic in a Rust tokenizer core (pyo3's PanicException, a BaseException that escapes every
+    ``except Exception``) into a TokenizerError, so one bad document or file cannot kill a whole run.
+    KeyboardInterrupt and SystemExit pass through."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - only pyo3's PanicException is converted, see below
+        if type(e).__name__ != "PanicException":
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
+        raise TokenizerError(
+            f"tokenizer {name!r} failed inside its Rust core (a panic: {msg}); its file is probably broken "
+            "(missing byte tokens, duplicate ranks); check it, or load the complete file"
+        ) from None
 
 
 def check_text(text: object) -> str:
@@ -145,7 +165,9 @@ class Tokenizer(abc.ABC):
 
         Raises TokenizerError for non-str input and for lone surrogates (naming the position).
         """
-        ids = self._encode(check_text(text))
+        text = check_text(text)
+        with rust_panics_as_errors(self.name):
+            ids = self._encode(text)
         return np.asarray(ids, dtype=np.int64).reshape(-1)
 
     def encode_batch(self, texts: Iterable[str]) -> list[np.ndarray]:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from polymem.errors import TokenizerError
-from polymem.tokenizers.base import Tokenizer, check_text
+from polymem.tokenizers.base import Tokenizer, check_text, rust_panics_as_errors
 
 _SPACE_MARK = "\u2581"  # "▁"
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -156,7 +156,8 @@ class HFTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Iterable[str]) -> list[np.ndarray]:
         batch = [check_text(t) for t in texts]
-        out = self._tok.encode_batch(batch, add_special_tokens=False)
+        with rust_panics_as_errors(self.name):
+            out = self._tok.encode_batch(batch, add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int64) for e in out]
 
     def _vocab_lists(self) -> tuple[list[str], list[int]]:

