@@ -63,9 +63,14 @@ class Layout:
 
     @classmethod
     def for_params(
-        cls, params: int, *, heads: int = 8, slots: int = 4, head_dim: int = 64, kind: str = "page-local"
+        cls, params: int | float, *, heads: int = 8, slots: int = 4, head_dim: int = 64, kind: str = "page-local"
     ) -> "Layout":
-        """The layout with the most pages whose table holds at most ``params`` scalars."""
+        """The layout with the most pages whose table holds at most ``params`` scalars (``20e9`` or
+        ``20_000_000_000``; a float must be a whole number)."""
+        if isinstance(params, float) and params.is_integer():
+            params = int(params)
+        if isinstance(params, bool) or not isinstance(params, (int, np.integer)):
+            raise PolymemError(f"parameter budget {params!r} must be a whole number of scalars, e.g. 200_000_000 or 20e9")
         per_page = heads * slots * head_dim
         if params < per_page:
             raise PolymemError(
