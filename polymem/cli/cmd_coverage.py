@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,7 +42,20 @@ def coverage_cmd(
     csv_out: Annotated[Path | None, typer.Option("--csv", help="Write one row per target order as CSV.")] = None,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a stacked-bar PNG like seed 002's Fig. 2.")]
     = None,
-    workers: Annotated[int, typer.Option("--workers", "-j", min=1, help="Processes counting in parallel.")] = 1,
+    workers: Annotated[int, typer.Option("--workers", "-j", min=1, help="Count on a local Dask cluster of N "
+                                         "worker processes (1 thread each); 1 = in this process.")] = 1,
+    dask: Annotated[str | None, typer.Option("--dask", metavar="ADDRESS", help="Count on an existing Dask "
+                                             "cluster, e.g. tcp://scheduler:8786.")] = None,
+    partition_mb: Annotated[float, typer.Option("--partition-mb", help="MB of text per partition (the unit of "
+                                                "work and of memory).")] = 4.0,
+    scratch: Annotated[str | None, typer.Option("--scratch", metavar="DIR|URL", help="Where the occurrence pass "
+                                                "writes its key files (default: a temporary directory here; "
+                                                "a multi-machine cluster needs a shared path or s3:// URL).")]
+    = None,
+    storage_options: Annotated[str | None, typer.Option("--storage-options", metavar="JSON", help="fsspec "
+                                                        "storage options for s3:// (and other) URLs, e.g. "
+                                                        "'{\"endpoint_url\": \"http://127.0.0.1:9000\"}'.")]
+    = None,
     text_field: Annotated[str, typer.Option("--text-field", help="The JSONL field holding the text.")] = "text",
     exact_bytes: Annotated[bool, typer.Option("--exact-bytes", help="Compare n-grams as byte strings instead of "
                                               "64-bit hashes (slow reference path; same results).")] = False,
@@ -67,13 +82,19 @@ def coverage_cmd(
     from polymem.analysis.coverage import check_max_n, coverage
 
     check_max_n(max_n)
+    if dask is not None and workers != 1:
+        raise typer.BadParameter(f"--dask {dask} and --workers {workers} both choose where to count; pass one "
+                                 "(--dask for an existing cluster, --workers N for a local one)",
+                                 param_hint="'--dask' / '--workers'")
+    options = parse_storage_options(storage_options)
     out = Console(stderr=json_out == "-")
     err = Console(stderr=True)
     corpus = Corpus(paths, text_field=text_field, invalid_utf8=invalid_utf8.value,
                     stdin_format=stdin_format.value)
-    with _progress(err, quiet) as update:
+    with _client(dask) as client, _progress(err, quiet) as update:
         report = coverage(target, reference, corpus, max_n, exact_bytes=exact_bytes, occurrence=occurrence,
-                          workers=workers, progress=update)
+                          workers=workers, client=client, partition_mb=partition_mb, scratch=scratch,
+                          storage_options=options, progress=update)
     if json_out == "-":
         sys.stdout.write(report.to_json() + "\n")
     elif json_out:
@@ -87,6 +108,44 @@ def coverage_cmd(
         for what, path in (("JSON", json_out if json_out != "-" else None), ("CSV", csv_out), ("plot", plot_out)):
             if path:
                 out.print(f"[dim]{what} written to {escape(str(path))}[/]", soft_wrap=True)
+
+
+def parse_storage_options(text: str | None) -> dict[str, Any]:
+    """--storage-options JSON -> dict (exit 2 with the reason when it is not a JSON object)."""
+    import json
+
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"{text!r} is not JSON ({e.msg} at column {e.colno}); pass a JSON object such as "
+                                 "'{\"anon\": true}'", param_hint="'--storage-options'") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter(f"{text!r} is a JSON {type(value).__name__}, expected an object such as "
+                                 "'{\"anon\": true}'", param_hint="'--storage-options'")
+    return value
+
+
+@contextlib.contextmanager
+def _client(address: str | None) -> Iterator[Any]:
+    """A distributed.Client connected to ``address`` (None: no client)."""
+    if address is None:
+        yield None
+        return
+    try:
+        from distributed import Client
+    except ImportError:
+        raise typer.BadParameter("--dask needs Dask: pip install 'polymem[dask]'", param_hint="'--dask'") from None
+    try:
+        client = Client(address, timeout=30)
+    except (OSError, TimeoutError, ValueError) as e:
+        from polymem.errors import PolymemError
+
+        raise PolymemError(f"cannot connect to the Dask scheduler at {address!r} ({type(e).__name__}: {e}); "
+                           "check the address (tcp://HOST:8786) and that the scheduler is running") from None
+    with client:
+        yield client
 
 
 class _progress:

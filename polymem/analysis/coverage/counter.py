@@ -256,6 +256,15 @@ class HashCounter:
         return HashPartial(tally=self.tally, ref=self._refset.keys() if keys else _EMPTY_U64, pend_h=h, pend_n=n,
                            pend_c=c)
 
+    def partition_output(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(distinct reference keys, unresolved target keys, their orders - 1, their counts) after resolving the
+        pending entries against this counter's own reference set: what a corpus partition hands to the
+        bucketed occurrence pass (:mod:`polymem.analysis.coverage.dist`)."""
+        self._flush_ref()
+        self._resolve_pending()
+        h, n, c = self._pending()
+        return self._refset.keys(), h, n, c
+
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """bool [len(keys)]: which keys this counter's reference set holds (after flushing it)."""
         self._flush_ref()

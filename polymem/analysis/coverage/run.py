@@ -1,9 +1,10 @@
 """`coverage()`: tokenise each document with the target and the reference tokenizer, count, report.
 
-Streaming: documents are read one at a time (see :mod:`polymem.corpus`) and, with ``workers > 1``, sent in
-small batches through a bounded queue to worker processes (fork), each with its own counter; their partial
-results are merged at the end. Memory: the largest document (times max_n, per worker) plus the corpus-wide
-reference n-gram set of the occurrence-weighted metric (see :mod:`polymem.analysis.coverage.counter`).
+Streaming in partitions: documents are grouped into partitions (``partition_mb`` of text each) and counted one
+at a time, partition by partition, in this process or as tasks on a Dask cluster (``client=``, or
+``workers=N`` for a local cluster of N processes); the corpus-wide occurrence-weighted metric is settled by
+key bucket (:mod:`polymem.analysis.coverage.dist`). Memory per process: one partition's distinct n-gram keys
+and one document's scratch, never the corpus's.
 
 Byte fidelity of both tokenizers is checked on every document as it goes (token bytes vs the text's UTF-8,
 the definitions of :func:`polymem.check_fidelity`), without tokenising twice.
@@ -16,12 +17,12 @@ n n-grams per order per document; docs/coverage.md quantifies it.
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import contextlib
 import os
-import queue
+import shutil
+import tempfile
 import time
-import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,8 @@ import numpy as np
 from polymem.hash.token_hashes import TokenHashes
 from polymem.corpus import Corpus, Document, Skipped, as_documents
 from polymem.analysis.coverage import _sets as _kernels
-from polymem.analysis.coverage.counter import ExactCounter, HashCounter, HashPartial
+from polymem.analysis.coverage import dist
+from polymem.analysis.coverage.counter import ExactCounter, HashCounter
 from polymem.analysis.coverage.report import CoverageReport, TokenizerInfo
 from polymem.errors import PolymemError, TokenizerError
 from polymem.hash.spec import HashSpec
@@ -37,7 +39,7 @@ from polymem.tokenizers.base import pack_token_bytes
 from polymem.hash.spec import check_max_n as _check_max_n
 
 ProgressFn = Callable[[int, int], None]  # (documents done, UTF-8 bytes done), cumulative
-_BATCH_BYTES = 1 << 18
+PARTITION_MB = 4.0  # default partition size: MB of UTF-8 text per task
 
 
 def check_max_n(max_n: Any) -> int:
@@ -80,6 +82,8 @@ class _Fidelity:
 def _merge_fidelity(states: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"docs": 0, "exact": 0, "dummy_prefix": 0, "mismatched": 0, "first_mismatch": None}
     for s in states:
+        if s is None:
+            continue
         for k in ("docs", "exact", "dummy_prefix", "mismatched"):
             out[k] += s[k]
         out["first_mismatch"] = out["first_mismatch"] or s["first_mismatch"]
@@ -125,9 +129,6 @@ class _Job:
         self.nbytes += len(data)
         return len(data)
 
-    def result(self, *, in_process: bool = False, keys: bool = True) -> dict[str, Any]:
-        return {"partial": self.counter.partial(in_process=in_process, keys=keys), "fid_t": self.fid_t.state(), "fid_r": self.fid_r.state(),
-                "skipped": self.skipped, "bytes": self.nbytes, "encode_s": self.encode_s, "count_s": self.count_s}
 
 
 def coverage(
@@ -139,6 +140,10 @@ def coverage(
     exact_bytes: bool = False,
     occurrence: bool = True,
     workers: int = 1,
+    client: Any = None,
+    partition_mb: float = PARTITION_MB,
+    scratch: str | None = None,
+    storage_options: dict[str, Any] | None = None,
     spec: HashSpec | None = None,
     progress: ProgressFn | None = None,
 ) -> CoverageReport:
@@ -147,210 +152,228 @@ def coverage(
     target, reference: anything :func:`polymem.load_tokenizer` accepts ("mistral-v1", "cl100k_base", a path,
     a Tokenizer). texts: strings, :class:`polymem.corpus.Document` objects, or a :class:`polymem.corpus.Corpus`
     (whose skipped inputs then appear in the report). max_n: target (and reference) orders 1..max_n.
-    exact_bytes: compare byte strings instead of 64-bit hashes (slow; the reference path).
-    occurrence: also compute the corpus-level occurrence-weighted coverage (keeps the corpus's distinct
-    reference n-gram hashes in memory). workers: processes counting in parallel (fork; 1 = in this process).
+    exact_bytes: compare byte strings instead of 64-bit hashes (slow; the reference path; one process).
+    occurrence: also compute the corpus-level occurrence-weighted coverage.
+    client: a ``distributed.Client``: count the partitions as tasks on its cluster. workers: without a
+    client, N > 1 starts a local Dask cluster of N worker processes (1 thread each) for this call.
+    partition_mb: MB of text per partition (the unit of work and of memory). scratch: directory or fsspec URL
+    for the occurrence pass's key files (default: a temporary directory here; a cluster spanning machines
+    needs a shared one, e.g. ``s3://bucket/tmp``), with fsspec ``storage_options``.
+    progress: ``callback(docs_done, bytes_done)``, per document in this process, per partition on Dask.
     """
     from polymem.tokenizers import load_tokenizer
 
     t_start = time.perf_counter()
     max_n = check_max_n(max_n)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise PolymemError(f"workers={workers!r} must be an integer ≥ 1 (processes counting in parallel)")
+        raise PolymemError(f"workers={workers!r} must be an integer ≥ 1 (Dask worker processes; 1 = this process)")
+    if isinstance(partition_mb, bool) or not isinstance(partition_mb, (int, float)) or not partition_mb > 0:
+        raise PolymemError(f"partition_mb={partition_mb!r} must be a positive number of MB of text per partition "
+                           f"(default {PARTITION_MB})")
     if isinstance(texts, (str, bytes)):
         raise PolymemError(
             "texts should be an iterable of documents but got one str; wrap it in a list: coverage(t, r, [text])"
         )
+    if exact_bytes and (client is not None or workers > 1):
+        raise PolymemError("exact_bytes runs in one process (it is the slow reference path that checks the hash "
+                           "path); drop workers/client (--workers/--dask), or drop exact_bytes")
     spec = spec or HashSpec()
     tok_t, tok_r = load_tokenizer(target), load_tokenizer(reference)
-    tcache = TokenHashes.build(tok_t, spec) if not exact_bytes else None
-    rcache = TokenHashes.build(tok_r, spec) if not exact_bytes else None
-    docs_iter = iter(texts) if isinstance(texts, Corpus) else as_documents(texts)
-    read_s = [0.0]
-
-    def timed_docs() -> Iterable[Document]:
-        while True:
-            t0 = time.perf_counter()
-            try:
-                doc = next(docs_iter)
-            except StopIteration:
-                return
-            finally:
-                read_s[0] += time.perf_counter() - t0
-            yield doc
-
-    args = (tok_t, tok_r, tcache, rcache, max_n, exact_bytes, occurrence)
-    if workers == 1 or not _can_fork():
-        results = [_run_inline(_Job(*args), timed_docs(), progress)]
-        workers = 1
+    info_t, info_r = _info(tok_t), _info(tok_r)
+    if exact_bytes:
+        results, nproc = [_run_exact(tok_t, tok_r, max_n, occurrence, texts, progress)], 1
+        tally = ExactCounter.finish([results[0].pop("partial")])
     else:
-        results = _run_pool(args, timed_docs(), progress, workers)
+        own_scratch = scratch is None
+        scratch_dir = tempfile.mkdtemp(prefix="polymem-coverage-") if own_scratch else str(scratch)
+        # on a cluster, send what the caller named (workers load it themselves) rather than loaded objects
+        remote = client is not None or workers > 1
+        plan = dist.Plan(target=_portable(target) if remote else tok_t,
+                         reference=_portable(reference) if remote else tok_r,
+                         max_n=max_n, occurrence=occurrence, spec=spec, scratch=scratch_dir,
+                         storage_options=dict(storage_options or {}))
+        try:
+            if client is not None:
+                results, extra, nproc = _run_dask(client, plan, texts, partition_mb, progress)
+            elif workers > 1:
+                with _local_cluster(workers) as local:
+                    results, extra, nproc = _run_dask(local, plan, texts, partition_mb, progress)
+            else:
+                dist.preload(plan, (tok_t, tok_r, TokenHashes.build(tok_t, spec), TokenHashes.build(tok_r, spec)))
+                results, extra, nproc = _run_inline(plan, texts, partition_mb, progress)
+        finally:
+            if own_scratch:
+                shutil.rmtree(scratch_dir, ignore_errors=True)
+        tally = dist.merge_tallies(results, max_n)
+        tally.pos_hits += extra
 
     skipped = [s for r in results for s in r["skipped"]]
     if isinstance(texts, Corpus):
         skipped = list(texts.skipped) + skipped
-    counter_cls = ExactCounter if exact_bytes else HashCounter
-    tally = counter_cls.finish([r["partial"] for r in results])
     if tally.docs == 0:
         reasons = "; ".join(f"{s.source}: {s.reason}" for s in skipped[:3]) or "the input was empty"
         raise PolymemError(
             f"empty corpus: no documents to measure ({len(skipped)} skipped: {reasons}). Pass text files, "
             "directories of .txt/.md/.jsonl(.gz) files, or JSONL with a text field (--text-field)"
         )
-
-    def info(tok: Any) -> TokenizerInfo:
-        return TokenizerInfo(name=tok.name, fingerprint=tok.fingerprint, vocab_size=int(tok.vocab_size),
-                             dummy_prefix=bool(tok.dummy_prefix), lossy=bool(tok.lossy))
-
+    replaced = sum(r.get("replaced", 0) for r in results) + (texts.replaced if isinstance(texts, Corpus) else 0)
     return CoverageReport.from_tally(
         tally, occurrence=occurrence,
-        target=info(tok_t), reference=info(tok_r),
+        target=info_t, reference=info_r,
         method="exact-bytes" if exact_bytes else "hash",
         bytes=sum(r["bytes"] for r in results),
         fidelity={"target": _merge_fidelity([r["fid_t"] for r in results]),
                   "reference": _merge_fidelity([r["fid_r"] for r in results])},
         skipped=[{"source": s.source, "reason": s.reason} for s in skipped],
-        replaced_utf8=texts.replaced if isinstance(texts, Corpus) else 0,
-        elapsed_s=time.perf_counter() - t_start, workers=workers,
+        replaced_utf8=replaced,
+        elapsed_s=time.perf_counter() - t_start, workers=nproc,
         timing={"encode_s": sum(r["encode_s"] for r in results), "count_s": sum(r["count_s"] for r in results),
-                "read_s": read_s[0]},
+                "read_s": sum(r["read_s"] for r in results)},
         hash_spec="" if exact_bytes else spec.spec_id,
     )
 
 
-def _run_inline(job: _Job, docs: Iterable[Document], progress: ProgressFn | None) -> dict[str, Any]:
-    n = b = 0
-    for doc in docs:
-        b += job.run(doc)
-        n += 1
-        if progress is not None:
-            progress(n, b)
-    return job.result(in_process=True)
+def _info(tok: Any) -> TokenizerInfo:
+    return TokenizerInfo(name=tok.name, fingerprint=tok.fingerprint, vocab_size=int(tok.vocab_size),
+                         dummy_prefix=bool(tok.dummy_prefix), lossy=bool(tok.lossy))
 
 
-# ------------------------------------------------------------------------------------------- worker pool
-def _can_fork() -> bool:
-    return "fork" in mp.get_all_start_methods()
+def _portable(spec: Any) -> Any:
+    """A tokenizer spec to send to workers: names and paths as they are (each worker loads them once), a
+    loaded Tokenizer as the object itself (Dask serialises it)."""
+    return os.fspath(spec) if isinstance(spec, os.PathLike) else spec
 
 
-def _worker(args: tuple[Any, ...], wid: int, tasks: Any, inbox: Any, results: Any) -> None:  # pragma: no cover
-    """Count batches from `tasks` until None; send the result. A hash counter then stays to answer lookups of
-    the other workers' unresolved n-grams in its reference set (arrays on `inbox`) until None."""
+def _docs(texts: Iterable[str | Document] | Corpus) -> Iterator[Document]:
+    return iter(texts) if isinstance(texts, Corpus) else as_documents(texts)
+
+
+def _partitions(texts: Iterable[str | Document] | Corpus, partition_mb: float) -> Iterator[Any]:
+    """The corpus as partitions: documents grouped by the driver, about ``partition_mb`` MB of text each."""
+    limit = max(1, int(partition_mb * 1e6))
+    batch: list[Document] = []
+    size = 0
+    for doc in _docs(texts):
+        batch.append(doc)
+        size += len(doc.text)
+        if size >= limit:
+            yield dist.DocsPartition(tuple(batch))
+            batch, size = [], 0
+    if batch:
+        yield dist.DocsPartition(tuple(batch))
+
+
+def _timed(it: Iterator[Any], clock: list[float]) -> Iterator[Any]:
+    while True:
+        t0 = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        finally:
+            clock[0] += time.perf_counter() - t0
+        yield item
+
+
+class _Progress:
+    def __init__(self, progress: ProgressFn | None) -> None:
+        self.fn, self.docs, self.bytes = progress, 0, 0
+
+    def add(self, docs: int, nbytes: int) -> None:
+        self.docs += docs
+        self.bytes += nbytes
+        if self.fn is not None:
+            self.fn(self.docs, self.bytes)
+
+
+def _run_inline(plan: dist.Plan, texts: Any, partition_mb: float,
+                progress: ProgressFn | None) -> tuple[list[dict[str, Any]], np.ndarray, int]:
+    """The same tasks as on Dask, one after the other in this process."""
+    prog = _Progress(progress)
+    read_s = [0.0]
+    results = []
+    for i, part in enumerate(_timed(_partitions(texts, partition_mb), read_s)):
+        results.append(dist.count_partition(plan, i, part, on_doc=lambda nbytes: prog.add(1, nbytes)))
+    results[0:0] = [_empty_result(read_s[0])] if results else []
+    extra = np.zeros(plan.max_n, dtype=np.int64)
+    if plan.occurrence and results:
+        parts = [r["index"] for r in results if "index" in r]
+        for lo, hi in dist.bucket_ranges(sum(r["ref_keys"] for r in results)):
+            extra += dist.resolve_buckets(plan, parts, lo, hi)
+    return results, extra, 1
+
+
+def _empty_result(read_s: float) -> dict[str, Any]:
+    """Driver-side time (reading documents into partitions), as a result with nothing counted."""
+    return {"tally": None, "fid_t": None, "fid_r": None, "skipped": [], "bytes": 0, "encode_s": 0.0,
+            "count_s": 0.0, "read_s": read_s, "ref_keys": 0, "pending": 0}
+
+
+def _run_dask(client: Any, plan: dist.Plan, texts: Any, partition_mb: float,
+              progress: ProgressFn | None) -> tuple[list[dict[str, Any]], np.ndarray, int]:
+    """Partitions as Dask tasks (at most 2 per worker in flight, so the driver never holds more), then one
+    reduce task per bucket range. A task lost with a worker is rerun by Dask."""
+    from distributed import as_completed
+
+    nworkers = max(1, len(client.nthreads()))
+    prog = _Progress(progress)
+    read_s = [0.0]
+    results: dict[int, dict[str, Any]] = {}
+    pending = as_completed()
+    inflight = 0
+
+    def collect(fut: Any) -> None:
+        r = fut.result()
+        fut.release()
+        results[r["index"]] = r
+        prog.add(r["tally"].docs, r["bytes"])
+
+    for i, part in enumerate(_timed(_partitions(texts, partition_mb), read_s)):
+        pending.add(client.submit(dist.count_partition, plan, i, part, key=f"polymem-count-{plan.token}-{i}",
+                                  pure=False))
+        inflight += 1
+        while inflight >= 2 * nworkers:
+            collect(next(pending))
+            inflight -= 1
+    for fut in pending:
+        collect(fut)
+    ordered = [_empty_result(read_s[0])] + [results[i] for i in sorted(results)]
+    extra = np.zeros(plan.max_n, dtype=np.int64)
+    if plan.occurrence and results:
+        parts = sorted(results)
+        ranges = dist.bucket_ranges(sum(r["ref_keys"] for r in results.values()), minimum=nworkers)
+        futs = [client.submit(dist.resolve_buckets, plan, parts, lo, hi, key=f"polymem-resolve-{plan.token}-{lo}",
+                              pure=False) for lo, hi in ranges]
+        for fut in futs:
+            extra += fut.result()
+            fut.release()
+    return ordered, extra, nworkers
+
+
+@contextlib.contextmanager
+def _local_cluster(workers: int) -> Iterator[Any]:
+    """A Dask LocalCluster of ``workers`` processes with one thread each, for one call."""
     try:
-        job = _Job(*args)
-        while True:
-            batch = tasks.get()
-            if batch is None:
-                break
-            b = sum(job.run(doc) for doc in batch)
-            results.put(("progress", len(batch), b))
-        two_phase = isinstance(job.counter, HashCounter)
-        results.put(("done", wid, job.result(keys=not two_phase)))
-        while two_phase:
-            keys = inbox.get()
-            if keys is None:
-                break
-            results.put(("found", wid, job.counter.lookup(keys)))
-    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
-        results.put(("error", traceback.format_exc()))
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise PolymemError(f"workers={workers} runs on a local Dask cluster, and Dask is not installed; "
+                           "pip install 'polymem[dask]' (or use workers=1)") from None
+    import logging
 
-
-def _run_pool(args: tuple[Any, ...], docs: Iterable[Document], progress: ProgressFn | None,
-              workers: int) -> list[dict[str, Any]]:
-    """Fork `workers` processes (they inherit the loaded tokenizers and caches), feed them batches of
-    documents through a bounded queue, and collect their partial results.
-
-    Hash counters settle the occurrence-weighted pass without shipping their reference sets: each worker
-    first resolves its own pending n-grams, then the parent sends every worker the others' unresolved ones to
-    look up in parallel; an entry is a hit if any worker holds it.
-    """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    ctx = mp.get_context("fork")
-    tasks = ctx.Queue(maxsize=2 * workers)
-    inboxes = [ctx.Queue() for _ in range(workers)]
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(args, w, tasks, inboxes[w], results), daemon=True)
-             for w in range(workers)]
-    for p in procs:
-        p.start()
-    done: dict[int, dict[str, Any]] = {}
-    found: dict[int, np.ndarray] = {}
-    state = {"n": 0, "b": 0}
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        yield client
 
-    def drain(block: bool) -> None:
-        while True:
-            try:
-                msg = results.get(timeout=0.2) if block else results.get_nowait()
-            except queue.Empty:
-                if block and any(p.exitcode not in (None, 0) for p in procs):
-                    raise RuntimeError("a coverage worker process died (exit codes "
-                                       f"{[p.exitcode for p in procs]}); rerun with --workers 1") from None
-                return
-            if msg[0] == "progress":
-                state["n"] += msg[1]
-                state["b"] += msg[2]
-                if progress is not None:
-                    progress(state["n"], state["b"])
-            elif msg[0] == "done":
-                done[msg[1]] = msg[2]
-            elif msg[0] == "found":
-                found[msg[1]] = msg[2]
-            else:
-                raise RuntimeError(f"a coverage worker failed:\n{msg[1]}")
-            if block:
-                return
 
-    def put(item: Any) -> None:
-        while True:
-            try:
-                tasks.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                drain(block=False)
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    drain(block=False)
-                    raise RuntimeError(f"a coverage worker process died (exit codes {[p.exitcode for p in procs]})")
-
-    try:
-        batch: list[Document] = []
-        size = 0
-        for doc in docs:
-            batch.append(doc)
-            size += len(doc.text)
-            if size >= _BATCH_BYTES:
-                put(batch)
-                batch, size = [], 0
-                drain(block=False)
-        if batch:
-            put(batch)
-        for _ in procs:
-            put(None)
-        while len(done) < workers:
-            drain(block=True)
-        partials = [done[w]["partial"] for w in range(workers)]
-        if all(isinstance(p, HashPartial) for p in partials):
-            # worker w looks up everyone else's unresolved n-grams
-            for w in range(workers):
-                others = [partials[v].pend_h for v in range(workers) if v != w]
-                inboxes[w].put(np.concatenate(others) if others else np.empty(0, np.uint64))
-            while len(found) < workers:
-                drain(block=True)
-            sizes = [p.pend_h.shape[0] for p in partials]
-            hit = [np.zeros(k, dtype=bool) for k in sizes]
-            for w in range(workers):
-                off = 0
-                for v in range(workers):
-                    if v != w:
-                        hit[v] |= found[w][off:off + sizes[v]]
-                        off += sizes[v]
-            for p, h in zip(partials, hit):
-                HashCounter.settle(p, h)
-        for q in inboxes:
-            q.put(None)
-    finally:
-        for p in procs:
-            p.join(timeout=5 if len(done) == workers else 0.1)
-            if p.is_alive():
-                p.terminate()
-                p.join()
-    return [done[w] for w in range(workers)]
+def _run_exact(tok_t: Any, tok_r: Any, max_n: int, occurrence: bool, texts: Any,
+               progress: ProgressFn | None) -> dict[str, Any]:
+    """The exact-bytes reference path: one process, Python sets of byte strings."""
+    job = _Job(tok_t, tok_r, None, None, max_n, True, occurrence)  # type: ignore[arg-type]
+    prog = _Progress(progress)
+    read_s = [0.0]
+    for doc in _timed(_docs(texts), read_s):
+        prog.add(1, job.run(doc))
+    return {"partial": job.counter, "fid_t": job.fid_t.state(), "fid_r": job.fid_r.state(),
+            "skipped": job.skipped, "bytes": job.nbytes, "encode_s": job.encode_s, "count_s": job.count_s,
+            "read_s": read_s[0]}

@@ -1,0 +1,228 @@
+"""Partitioned coverage with bounded memory: count corpus partitions (map), then settle the corpus-wide
+occurrence-weighted metric by key bucket (shuffle + reduce). Runs in this process or on a Dask cluster.
+
+    partitions ──count_partition──▶ per-partition tally + key files ──resolve_buckets──▶ occurrence hits
+
+* **map** (:func:`count_partition`, one task per corpus partition): documents are counted one at a time
+  (per-document metrics need nothing else). For the occurrence-weighted metric the partition's distinct
+  reference n-gram keys are collected in a :class:`~polymem.analysis.coverage.counter.KeySet`; target n-grams
+  that their own document's reference did not contain are looked up there first, and what is still unresolved
+  is kept as (key, order, count). Both lists are sorted by **key bucket** (the top ``BUCKET_BITS`` bits of the
+  64-bit byte hash) and written to the scratch directory (``.npy`` files, fsspec URL), with each bucket's
+  offsets. A task holds one partition's keys, never the corpus's.
+* **reduce** (:func:`resolve_buckets`, one task per contiguous range of buckets): builds the set of the
+  reference keys of its buckets from every partition's files (range reads), then looks up the unresolved
+  target entries of the same buckets and sums the counts found, per order. A key lives in exactly one bucket,
+  so the union over tasks is exact: a position is a hit iff its n-gram is anywhere in the corpus's reference
+  stream, as in the single-set computation. Each task holds ~1/R of the corpus's distinct reference keys.
+
+Tasks are pure functions of their arguments (files are written under a temporary name and renamed), so a task
+lost with a killed worker is simply run again by Dask; the result does not change.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from polymem.analysis.coverage import _sets as _kernels
+from polymem.analysis.coverage.counter import KeySet, Tally
+from polymem.corpus import Document, Skipped
+from polymem.hash.spec import HashSpec
+
+BUCKET_BITS = 10  # key buckets written by each partition; a reduce task takes a contiguous range of them
+REDUCE_KEYS = 1 << 22  # aim for about this many reference keys (summed over partitions) per reduce task
+_PEND_DTYPE = np.dtype([("h", "<u8"), ("n", "i1"), ("c", "<i8")])  # packed: 17 bytes per entry
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every task needs (small, sent with each task): tokenizers (specs, or Tokenizer objects), options,
+    and where the shuffle files go."""
+
+    target: Any
+    reference: Any
+    max_n: int
+    occurrence: bool
+    spec: HashSpec
+    scratch: str  # directory (local path or fsspec URL) for the key files, shared by all workers
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)  # names this run's cached tools per process
+
+
+@dataclass(frozen=True)
+class DocsPartition:
+    """A partition whose documents travel with the task (strings, stdin, or a Corpus read by the driver)."""
+
+    docs: tuple[Document, ...]
+
+    def read(self, skipped: list[Skipped]) -> Iterator[Document]:
+        return iter(self.docs)
+
+    @property
+    def replaced(self) -> int:
+        return 0
+
+
+# ------------------------------------------------------------------------------------------- per process
+_TOOLS: dict[str, Any] = {}
+
+
+def _tools(plan: Plan) -> Any:
+    """(target, reference, target hashes, reference hashes), loaded once per process and run."""
+    got = _TOOLS.get(plan.token)
+    if got is None:
+        from polymem.hash.token_hashes import TokenHashes
+        from polymem.tokenizers import load_tokenizer
+
+        tok_t, tok_r = load_tokenizer(plan.target), load_tokenizer(plan.reference)
+        got = (tok_t, tok_r, TokenHashes.build(tok_t, plan.spec), TokenHashes.build(tok_r, plan.spec))
+        _TOOLS.clear()  # one run at a time per process: do not keep old tokenizers alive
+        _TOOLS[plan.token] = got
+    return got
+
+
+def preload(plan: Plan, tools: Any) -> None:
+    """Seed this process's cache with tools the caller already loaded (the in-process executor)."""
+    _TOOLS.clear()
+    _TOOLS[plan.token] = tools
+
+
+# ------------------------------------------------------------------------------------------------- map
+def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None) -> dict[str, Any]:
+    """Count one corpus partition (see the module docstring); returns its small summary.
+    ``on_doc(nbytes)`` is called after each document (in-process progress)."""
+    from polymem.analysis.coverage.run import _Job
+
+    tok_t, tok_r, tcache, rcache = _tools(plan)
+    job = _Job(tok_t, tok_r, tcache, rcache, plan.max_n, False, plan.occurrence)
+    skipped: list[Skipped] = []
+    t_read = 0.0
+    docs = part.read(skipped)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            doc = next(docs)
+        except StopIteration:
+            break
+        finally:
+            t_read += time.perf_counter() - t0
+        nbytes = job.run(doc)
+        if on_doc is not None:
+            on_doc(nbytes)
+    out: dict[str, Any] = {"index": index, "tally": job.counter.tally, "fid_t": job.fid_t.state(),
+                           "fid_r": job.fid_r.state(), "skipped": skipped + job.skipped, "bytes": job.nbytes,
+                           "replaced": part.replaced, "encode_s": job.encode_s, "count_s": job.count_s,
+                           "read_s": t_read, "ref_keys": 0, "pending": 0, "pid": os.getpid()}
+    if plan.occurrence:
+        ref, pend_h, pend_n, pend_c = job.counter.partition_output()
+        out["ref_keys"], out["pending"] = int(ref.shape[0]), int(pend_h.shape[0])
+        _write_buckets(plan, index, ref, pend_h, pend_n, pend_c)
+    return out
+
+
+def _bucket_sort(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order that groups keys by bucket, offsets [2^BUCKET_BITS + 1])."""
+    b = (keys >> np.uint64(64 - BUCKET_BITS)).astype(np.int64)
+    order = np.argsort(b, kind="stable")
+    off = np.zeros((1 << BUCKET_BITS) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(b, minlength=1 << BUCKET_BITS), out=off[1:])
+    return order, off
+
+
+def _write_buckets(plan: Plan, index: int, ref: np.ndarray, pend_h: np.ndarray, pend_n: np.ndarray,
+                   pend_c: np.ndarray) -> None:
+    o, ref_off = _bucket_sort(ref)
+    ref = ref[o]
+    pend_h = np.where(pend_h == 0, _kernels.ZERO_KEY, pend_h)  # as the sets store it (see _sets)
+    o, pend_off = _bucket_sort(pend_h)
+    pend = np.empty(pend_h.shape[0], dtype=_PEND_DTYPE)
+    pend["h"], pend["n"], pend["c"] = pend_h[o], pend_n[o], pend_c[o]
+    fs, root = _fs(plan)
+    fs.makedirs(root, exist_ok=True)
+    # offsets last: a reader that finds a partition's offsets finds its data (each file renamed into place)
+    for name, arr in (("ref", ref), ("pend", pend), ("off", np.stack([ref_off, pend_off]))):
+        _save(fs, f"{root}/p{index:07d}.{name}.npy", arr)
+
+
+def _fs(plan: Plan) -> tuple[Any, str]:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(plan.scratch, **plan.storage_options)
+    return fs, root.rstrip("/")
+
+
+def _save(fs: Any, path: str, arr: np.ndarray) -> None:
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with fs.open(tmp, "wb") as f:
+        np.save(f, arr, allow_pickle=False)
+    fs.mv(tmp, path)
+
+
+def _read_slice(fs: Any, path: str, lo: int, hi: int) -> np.ndarray:
+    """Rows lo:hi of a 1-D .npy file, read with one range request."""
+    with fs.open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read_header(f)
+        start = f.tell()
+        if hi <= lo:
+            return np.empty(0, dtype=dtype)
+        f.seek(start + lo * dtype.itemsize)
+        data = f.read((hi - lo) * dtype.itemsize)
+    return np.frombuffer(data, dtype=dtype)
+
+
+def _read_all(fs: Any, path: str) -> np.ndarray:
+    with fs.open(path, "rb") as f:
+        return np.load(f, allow_pickle=False)
+
+
+# ----------------------------------------------------------------------------------------------- reduce
+def resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int) -> np.ndarray:
+    """Occurrence hits per order (int64 [max_n]) of the unresolved target entries in key buckets lo:hi,
+    looked up in every listed partition's reference keys of the same buckets."""
+    fs, root = _fs(plan)
+    keys = KeySet()
+    offsets = {}
+    for p in parts:
+        path = f"{root}/p{p:07d}.off.npy"
+        if not fs.exists(path):
+            raise FileNotFoundError(
+                f"coverage scratch file {plan.scratch}/p{p:07d}.off.npy is missing: the scratch directory must be "
+                "shared by every Dask worker (pass scratch= / --scratch with a shared path or an s3:// URL)")
+        offsets[p] = _read_all(fs, path)
+        keys.add(_read_slice(fs, f"{root}/p{p:07d}.ref.npy", int(offsets[p][0, lo]), int(offsets[p][0, hi])))
+    hits = np.zeros(plan.max_n, dtype=np.int64)
+    for p in parts:
+        pend = _read_slice(fs, f"{root}/p{p:07d}.pend.npy", int(offsets[p][1, lo]), int(offsets[p][1, hi]))
+        if pend.shape[0]:
+            found = keys.contains(np.ascontiguousarray(pend["h"]))
+            hits += np.bincount(pend["n"][found].astype(np.int64), weights=pend["c"][found],
+                                minlength=plan.max_n).astype(np.int64)
+    return hits
+
+
+def bucket_ranges(total_keys: int, minimum: int = 1) -> list[tuple[int, int]]:
+    """Split the 2^BUCKET_BITS buckets into a power of two of contiguous ranges, about REDUCE_KEYS keys each."""
+    nb = 1 << BUCKET_BITS
+    r = 1
+    while r < nb and (r < minimum or total_keys > r * REDUCE_KEYS):
+        r *= 2
+    step = nb // r
+    return [(i, i + step) for i in range(0, nb, step)]
+
+
+def merge_tallies(results: list[dict[str, Any]], max_n: int) -> Tally:
+    total = Tally(max_n)
+    for r in results:
+        if r["tally"] is not None:
+            total += r["tally"]
+    return total

@@ -1,0 +1,258 @@
+"""Corpus files as fsspec URLs, globs and partitions: what :class:`polymem.corpus.Corpus` reads beyond local paths.
+
+    s3://bucket/shard-*.jsonl.zst     a glob: every matching object, in sorted order
+    s3://bucket/corpus/                a "directory": every object under it with a corpus suffix
+    gs://…, https://…, file://…        any fsspec protocol (its package installed: s3fs for s3://)
+
+Formats, by suffix (a compression suffix .gz or .zst first is stripped and the stream decompressed):
+    .jsonl                 one document per line (a JSON object with the text field)
+    .txt .md               one document per file
+    .parquet               one document per row of the text column (``text_field``), row group by row group
+
+A corpus is cut into **partitions** of about ``partition_mb`` MB of text, each read on its own (by a Dask worker
+or in turn in one process), so no process holds more than a partition of documents:
+    plain .jsonl           byte ranges of the file, cut at line starts (a line belongs to the range it starts in)
+    compressed .jsonl      ranges of the *decompressed* stream, estimated from the compressed size (x COMPRESSED_RATIO);
+                           the last range runs to the end, so every line is read exactly once whatever the real
+                           ratio; a range's reader decompresses (and discards) what comes before it
+    .parquet               runs of row groups (their uncompressed size from the footer)
+    .txt/.md and small     whole files, several to a partition
+    files
+
+Labels: a JSONL line is ``URL:LINE``; in a byte range of a plain file that does not start at 0 the line number is
+not known without reading the file up to it, so it is ``URL@BYTE`` (the line's byte offset). A Parquet row is
+``URL#ROW``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from polymem.errors import PolymemError
+
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
+COMPRESSED_RATIO = 4.0  # decompressed / compressed size assumed when cutting a compressed file into ranges
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_GLOB = re.compile(r"[*?\[]")
+_SKIP_CHUNK = 1 << 20
+
+
+def is_url(path: Any) -> bool:
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+def kind_of(name: str) -> tuple[str | None, str | None]:
+    """(kind: "text" | "jsonl" | "parquet" | None, compression: "gzip" | "zstd" | None) from a file name."""
+    low = name.lower()
+    comp = None
+    for suffix, c in COMPRESSIONS.items():
+        if low.endswith(suffix):
+            low, comp = low[: -len(suffix)], c
+            break
+    if low.endswith((".txt", ".md")):
+        return "text", comp
+    if low.endswith(".jsonl"):
+        return "jsonl", comp
+    if low.endswith(".parquet") and comp is None:
+        return "parquet", None
+    return None, comp
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """(fsspec filesystem, path) for a URL; a clear error when its protocol's package is missing."""
+    import fsspec
+
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except ImportError as e:
+        proto = url.split("://", 1)[0]
+        hint = "pip install 'polymem[s3]'" if proto in ("s3", "s3a") else f"install the fsspec package for {proto}://"
+        raise PolymemError(f"cannot read {url!r}: {e}; {hint}") from None
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    url: str  # protocol-qualified (s3://bucket/key) or a local path
+    size: int
+    kind: str  # text | jsonl | parquet
+    compression: str | None
+
+
+def expand(url: str, storage_options: dict[str, Any] | None = None) -> tuple[list[FileInfo], int]:
+    """The files a URL names (a glob, a directory/prefix, or one object): (files in sorted order, files passed
+    over under a directory for their suffix). A URL that names nothing raises PolymemError."""
+    fs, path = filesystem(url, storage_options)
+    proto = url.split("://", 1)[0] if is_url(url) else None
+
+    def qualify(p: str) -> str:
+        return fs.unstrip_protocol(p) if proto is not None else p
+
+    ignored = 0
+    out: list[FileInfo] = []
+    if _GLOB.search(path):
+        found = fs.glob(path, detail=True)
+        entries = sorted((p, d) for p, d in found.items() if d.get("type") != "directory")
+        explicit = True
+    else:
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            info = None
+        except OSError as e:
+            raise PolymemError(f"cannot read {url!r}: {e}") from None
+        if info is None:
+            raise PolymemError(f"input {url!r} does not exist; pass existing files, prefixes or globs "
+                               "(e.g. s3://bucket/shard-*.jsonl.gz)")
+        if info.get("type") == "directory":
+            entries = sorted(fs.find(path, detail=True).items())
+            explicit = False
+        else:
+            entries, explicit = [(path, info)], True
+    for p, d in entries:
+        name = p.rsplit("/", 1)[-1]
+        if name.startswith("."):
+            continue
+        kind, comp = kind_of(name)
+        if kind is None:
+            if not explicit:
+                ignored += 1
+                continue
+            kind = "text"  # an explicitly named file of another type is read as text
+        out.append(FileInfo(qualify(p), int(d.get("size") or 0), kind, comp))
+    if not out and _GLOB.search(path):
+        raise PolymemError(f"input {url!r} matches no file; check the pattern (e.g. s3://bucket/shard-*.jsonl.gz)")
+    return out, ignored
+
+
+# ------------------------------------------------------------------------------------------------ pieces
+@dataclass(frozen=True)
+class Piece:
+    """Part of one file: a byte range of its (decompressed) stream, or a run of Parquet row groups."""
+
+    file: FileInfo
+    start: int = 0
+    stop: int | None = None  # None: to the end
+
+    def est_bytes(self) -> float:
+        if self.stop is not None:
+            return self.stop - self.start
+        f = self.file
+        total = f.size * (COMPRESSED_RATIO if f.compression else 1.0)
+        return max(total - self.start, 0.0)
+
+
+def plan_pieces(files: list[FileInfo], partition_bytes: int, storage_options: dict[str, Any] | None = None
+                ) -> list[list[Piece]]:
+    """Group the files into partitions of about ``partition_bytes`` of text (see the module docstring)."""
+    parts: list[list[Piece]] = []
+    cur: list[Piece] = []
+    cur_size = 0.0
+
+    def push(piece: Piece) -> None:
+        nonlocal cur, cur_size
+        size = piece.est_bytes()
+        if cur and cur_size + size > partition_bytes:
+            parts.append(cur)
+            cur, cur_size = [], 0.0
+        cur.append(piece)
+        cur_size += size
+
+    for f in files:
+        if f.kind == "parquet":
+            for lo, hi in _row_group_runs(f, partition_bytes, storage_options):
+                push(Piece(f, lo, hi))
+            continue
+        est = f.size * (COMPRESSED_RATIO if f.compression else 1.0)
+        if f.kind != "jsonl" or est <= partition_bytes:
+            push(Piece(f))
+            continue
+        n = math.ceil(est / partition_bytes)
+        step = math.ceil(est / n)
+        for i in range(n):
+            push(Piece(f, i * step, None if i == n - 1 else (i + 1) * step))
+    if cur:
+        parts.append(cur)
+    return parts
+
+
+def _row_group_runs(f: FileInfo, partition_bytes: int, storage_options: dict[str, Any] | None) -> list[tuple[int, int]]:
+    import pyarrow.parquet as pq
+
+    fs, path = filesystem(f.url, storage_options)
+    with fs.open(path, "rb") as fh:
+        meta = pq.ParquetFile(fh).metadata
+    runs: list[tuple[int, int]] = []
+    lo, size = 0, 0
+    for g in range(meta.num_row_groups):
+        s = meta.row_group(g).total_byte_size
+        if g > lo and size + s > partition_bytes:
+            runs.append((lo, g))
+            lo, size = g, 0
+        size += s
+    if meta.num_row_groups:
+        runs.append((lo, meta.num_row_groups))
+    return runs
+
+
+def open_stream(f: FileInfo, storage_options: dict[str, Any] | None = None) -> Any:
+    """A binary file object over the file's decompressed bytes (the caller closes it)."""
+    import fsspec
+
+    return fsspec.open(f.url, "rb", compression=f.compression, **(storage_options or {})).open()
+
+
+def jsonl_lines(fh: Any, piece: Piece) -> Iterator[tuple[str, bytes]]:
+    """(label, raw line) for the lines that start in the piece's byte range of the decompressed stream."""
+    url, start, stop = piece.file.url, piece.start, piece.stop
+    pos, line_no = 0, 0
+    known = True
+    if start > 0:
+        if piece.file.compression is None and hasattr(fh, "seek"):
+            fh.seek(start - 1)
+            pos, known = start - 1, False
+        else:  # decompress and discard up to start - 1, counting lines
+            while pos < start - 1:
+                chunk = fh.read(min(_SKIP_CHUNK, start - 1 - pos))
+                if not chunk:
+                    return
+                pos += len(chunk)
+                line_no += chunk.count(b"\n")
+        rest = fh.readline()  # the end of the line holding byte start-1: it belongs to the previous range
+        if not rest:
+            return
+        pos += len(rest)
+        line_no += 1 if rest.endswith(b"\n") else 0
+    for raw in fh:
+        if stop is not None and pos >= stop:
+            return
+        line_no += 1
+        yield (f"{url}:{line_no}" if known else f"{url}@{pos}"), raw
+        pos += len(raw)
+
+
+def parquet_texts(f: FileInfo, lo: int, hi: int, text_field: str, storage_options: dict[str, Any] | None
+                  ) -> Iterator[tuple[str, Any, Any]]:
+    """(label, text value, id value or None) for each row of row groups lo:hi, one row group in memory at a
+    time. A missing column raises PolymemError naming the columns there are."""
+    import pyarrow.parquet as pq
+
+    fs, path = filesystem(f.url, storage_options)
+    with fs.open(path, "rb") as fh:
+        pf = pq.ParquetFile(fh)
+        names = pf.schema_arrow.names
+        if text_field not in names:
+            raise KeyError(f"no {text_field!r} column: the file has {', '.join(names[:8])}; choose the column "
+                           "with --text-field")
+        cols = [text_field] + (["id"] if "id" in names and text_field != "id" else [])
+        first = sum(pf.metadata.row_group(k).num_rows for k in range(lo))
+        for g in range(lo, hi):
+            table = pf.read_row_group(g, columns=cols)
+            texts = table.column(text_field).to_pylist()
+            ids = table.column("id").to_pylist() if len(cols) > 1 else [None] * len(texts)
+            for k, (t, i) in enumerate(zip(texts, ids)):
+                yield f"{f.url}#{first + k}", t, i
+            first += len(texts)

@@ -1,0 +1,140 @@
+"""polymem.coverage on a Dask cluster (2 worker processes, shared by this module): every number of the JSON
+equals the single-process run; a worker killed mid-run is retried and changes nothing; the CLI options."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+from typer.testing import CliRunner
+
+import polymem
+from polymem.analysis.coverage import CoverageReport
+from polymem.cli.app import app
+from polymem.errors import PolymemError
+
+from conftest import generated_text, sample_text
+
+distributed = pytest.importorskip("distributed")
+import test_coverage  # noqa: E402 - the toy tokenizers; pickled by value so the workers need not import tests/
+
+cloudpickle.register_pickle_by_value(test_coverage)
+TA, TB, Greedy = test_coverage.TA, test_coverage.TB, test_coverage.Greedy
+RUN_FIELDS = ("elapsed_s", "workers", "timing")  # how the run went, not what it measured
+
+
+@pytest.fixture(scope="module")
+def client() -> Any:
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[str]:
+    text = sample_text() + "\n" + generated_text(4000, seed=5)
+    lines = text.splitlines(keepends=True)
+    return ["".join(lines[i:i + 5]) for i in range(0, len(lines), 5)]
+
+
+def numbers(r: CoverageReport) -> dict[str, Any]:
+    d = r.to_dict()
+    for k in RUN_FIELDS:
+        d.pop(k)
+    return d
+
+
+@pytest.fixture(scope="module")
+def single(docs: list[str]) -> CoverageReport:
+    return polymem.coverage("mistral-v1", "cl100k_base", docs, max_n=5, partition_mb=_mb(docs) / 6)
+
+
+def _mb(docs: list[str]) -> float:
+    return sum(len(d) for d in docs) / 1e6
+
+
+def test_dask_run_equals_single_process_run(client: Any, docs: list[str], single: CoverageReport) -> None:
+    parts: list[int] = []
+    r = polymem.coverage("mistral-v1", "cl100k_base", docs, max_n=5, partition_mb=_mb(docs) / 6, client=client,
+                         progress=lambda n, b: parts.append(n))
+    assert len(parts) >= 4, "the corpus should be spread over at least 4 partitions"
+    assert r.workers == 2 and single.workers == 1
+    assert numbers(r) == numbers(single)
+    assert json.loads(r.to_json())["occurrence_weighted"] == json.loads(single.to_json())["occurrence_weighted"]
+
+
+def test_a_killed_worker_is_retried_and_changes_nothing(client: Any, docs: list[str],
+                                                        single: CoverageReport) -> None:
+    killed: list[tuple[str, int, list[Any]]] = []
+
+    def kill_one_busy_worker(n: int, b: int) -> None:
+        if killed:
+            return
+        busy = {w: ks for w, ks in client.processing().items() if ks}
+        if not busy:
+            return
+        addr, keys = next(iter(busy.items()))
+        pid = client.run(os.getpid, workers=[addr])[addr]
+        os.kill(pid, signal.SIGKILL)
+        killed.append((addr, pid, list(keys)))
+
+    r = polymem.coverage("mistral-v1", "cl100k_base", docs, max_n=5, partition_mb=_mb(docs) / 6, client=client,
+                         progress=kill_one_busy_worker)
+    assert killed and killed[0][2], "a worker busy with a partition was killed"
+    assert numbers(r) == numbers(single)
+    client.wait_for_workers(2, timeout=60)
+    assert killed[0][1] not in client.run(os.getpid).values()  # the nanny started a new process
+
+
+def test_occurrences_are_resolved_across_workers(client: Any) -> None:
+    C = Greedy(["a", "b", "ab"], "C")
+    r = polymem.coverage(TA, C, ["ab", "ba"] * 4, max_n=2, partition_mb=1e-6, client=client)
+    assert r.occurrence_weighted == [1.0, 1.0] and r.per_doc_mean == [0.5, 1.0] and r.docs == 8
+
+
+def test_a_failing_task_raises_its_error(client: Any) -> None:
+    with pytest.raises(ValueError, match="not in the toy vocabulary"):
+        polymem.coverage(TA, TB, ["aabb", "abc"], max_n=2, client=client)
+
+
+def test_exact_bytes_stays_in_one_process(client: Any) -> None:
+    with pytest.raises(PolymemError, match="exact_bytes runs in one process"):
+        polymem.coverage(TA, TB, ["aabb"], max_n=2, exact_bytes=True, client=client)
+
+
+def test_cli_dask_address_equals_in_process(client: Any, tmp_path: Path, docs: list[str]) -> None:
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:40]), encoding="utf-8")
+    outs = []
+    for extra in ([], ["--dask", client.scheduler.address]):
+        out = tmp_path / f"r{len(outs)}.json"
+        res = CliRunner().invoke(app, ["coverage", "-t", "bytes", "-r", "cl100k_base", "--max-n", "3", str(corpus),
+                                       "--partition-mb", "0.002", "--json", str(out), "-q", *extra])
+        assert res.exit_code == 0, res.output
+        outs.append(json.loads(out.read_text()))
+    assert outs[1].pop("workers") == 2 and outs[0].pop("workers") == 1
+    for d in outs:
+        d.pop("elapsed_s"), d.pop("timing")
+    assert outs[0] == outs[1]
+
+
+def test_cli_rejects_dask_with_workers(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("hello", encoding="utf-8")
+    res = CliRunner().invoke(app, ["coverage", "-t", "bytes", "-r", "bytes", str(tmp_path / "a.txt"),
+                                   "--dask", "tcp://127.0.0.1:1", "--workers", "2"])
+    assert res.exit_code == 2 and "--dask" in res.output and "--workers" in res.output
+
+
+@pytest.mark.slow
+def test_workers_start_a_local_cluster(docs: list[str], single: CoverageReport) -> None:
+    r = polymem.coverage("mistral-v1", "cl100k_base", docs, max_n=5, partition_mb=_mb(docs) / 6, workers=2)
+    assert r.workers == 2 and numbers(r) == numbers(single)
+
