@@ -21,6 +21,7 @@ EXTRAS = {
     "fast": "the tensorstore asset backend (also as [tensorstore])",
     "dask": "coverage on a Dask cluster",
     "s3": "assets and corpora on S3 (s3fs)",
+    "corpus": ".zst and Parquet corpora (zstandard, pyarrow)",
     "all": "every extra above",
 }
 

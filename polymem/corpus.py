@@ -9,10 +9,14 @@ What is a document:
     PATH.txt / .md / any explicitly named file   the whole file is one document
     PATH.jsonl                                    one document per line: a JSON object whose `text_field`
                                                   (default "text") is a string; its "id" (if any) names it
-    PATH.gz                                       the same, gzip-compressed (PATH.txt.gz, PATH.jsonl.gz, ...)
-    DIR                                           recursively, files ending in .txt .md .jsonl (and .gz of
-                                                  these), in sorted order; hidden entries and other files are
-                                                  passed over (counted in `ignored_files`)
+    PATH.gz / PATH.zst                            the same, gzip- or zstandard-compressed (PATH.jsonl.zst, ...)
+    PATH.parquet                                  one document per row of the `text_field` column
+    DIR                                           recursively, files ending in .txt .md .jsonl .parquet (and
+                                                  .gz/.zst of the first three), in sorted order; hidden entries
+                                                  and other files are passed over (counted in `ignored_files`)
+    URL or glob                                   fsspec URLs (s3://bucket/shard-*.jsonl.zst, s3://bucket/dir/,
+                                                  file://…, https://…) and local globs (data/*.jsonl.gz); URLs
+                                                  use `storage_options` (see polymem.sources)
     -                                             standard input: one text document, or JSONL lines with
                                                   stdin_format="jsonl"
 
@@ -27,12 +31,15 @@ Bad input never raises mid-stream; it is recorded in `skipped` and the stream go
     invalid_utf8="skip" the document is skipped. Only a path that does not exist raises (PolymemError), up
     front, since it is a typo rather than bad data.
 
+Partitions: ``corpus.partitions(partition_mb)`` cuts the files into parts of about that much text (byte ranges
+of JSONL files, runs of Parquet row groups, groups of small files), each readable on its own — by a Dask worker,
+say — with the same documents, in the same order, as iterating the corpus (polymem.sources).
+
 What this module does not do: tokenise, deduplicate, or hold the corpus in memory.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import stat
@@ -42,9 +49,12 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+import glob as _glob
+from typing import Any, BinaryIO
 
 from polymem.errors import PolymemError
+from polymem.sources import (FileInfo, Piece, decompress, expand, is_url, jsonl_lines, kind_of, open_raw,
+                             parquet_texts, plan_pieces)
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl",)
@@ -94,6 +104,7 @@ class Corpus:
     skipped: list[Skipped] = field(default_factory=list, init=False)
     replaced: int = field(default=0, init=False)  # documents whose invalid UTF-8 was replaced
     ignored_files: int = field(default=0, init=False)  # files in directories with other extensions
+    storage_options: dict[str, Any] | None = None  # fsspec options for URL inputs (endpoint, credentials, ...)
 
     def __post_init__(self) -> None:
         if isinstance(self.paths, (str, os.PathLike)):
@@ -113,7 +124,8 @@ class Corpus:
             raise PolymemError(f"text_field={self.text_field!r} must be a non-empty string such as 'text'")
         if sum(1 for p in self.paths if str(p) == "-") > 1:
             raise PolymemError("'-' (stdin) was given more than once; stdin can be read only once")
-        missing = [str(p) for p in self.paths if str(p) != "-" and not os.path.lexists(p)]
+        missing = [str(p) for p in self.paths if str(p) != "-" and not is_url(p) and not os.path.lexists(p)
+                   and not _glob.has_magic(str(p))]
         if missing:
             raise PolymemError(
                 f"input path {missing[0]!r} does not exist"
@@ -129,11 +141,40 @@ class Corpus:
         for p in self.paths:
             if str(p) == "-":
                 yield from self._read_stdin()
-            elif os.path.isdir(p):
-                for f in self._walk(Path(p)):
-                    yield from self._read_file(f)
             else:
-                yield from self._read_file(Path(p))
+                for info in self._files(p):
+                    yield from self._read_piece(Piece(info))
+
+    @property
+    def can_partition(self) -> bool:
+        """True when every input is a file, directory, glob or URL (stdin can be read only by this process)."""
+        return all(str(p) != "-" for p in self.paths)
+
+    def partitions(self, partition_mb: float = 4.0) -> list["FilePartition"]:
+        """The corpus as partitions of about ``partition_mb`` MB of text, each readable on its own
+        (``part.read(skipped)``), together yielding the same documents in the same order as iterating.
+        Listing problems go to ``skipped`` (reset here); the parts report their own when read."""
+        if not self.can_partition:
+            raise PolymemError("stdin (-) cannot be partitioned: it can be read only once, by this process")
+        self.skipped, self.replaced, self.ignored_files = [], 0, 0
+        files = [info for p in self.paths for info in self._files(p)]
+        pieces = plan_pieces(files, max(1, int(partition_mb * 1e6)), self.storage_options)
+        return [FilePartition(tuple(ps), self.text_field, self.invalid_utf8, self.storage_options) for ps in pieces]
+
+    def _files(self, p: str | os.PathLike[str]) -> list[FileInfo]:
+        """The files an input names: a URL or glob (fsspec), a directory (walked), or one local file."""
+        if is_url(p):
+            files, ignored = expand(str(p), self.storage_options)
+            self.ignored_files += ignored
+            return files
+        if not os.path.lexists(p) and _glob.has_magic(str(p)):
+            matches = sorted(_glob.glob(str(p), recursive=True))
+            if not matches:
+                raise PolymemError(f"input {str(p)!r} matches no file; check the pattern")
+            return [info for m in matches for info in self._files(m)]
+        if os.path.isdir(p):
+            return [_local_info(f, explicit=False) for f in self._walk(Path(p))]
+        return [_local_info(Path(p), explicit=True)]
 
     def skipped_by_reason(self) -> dict[str, int]:
         """{reason kind: count}, the kind being the reason up to its first ':' (e.g. 'binary file')."""
@@ -166,48 +207,99 @@ class Corpus:
             yield doc
 
     def _read_file(self, path: Path) -> Iterator[Document]:
-        src = str(path)
-        kind = _kind(path.name) or "text"  # an explicitly named file of another type is read as text
-        gz = path.name.lower().endswith(".gz")
-        raw = _open_regular(path)
-        if isinstance(raw, str):
-            self._skip(src, raw)
+        yield from self._read_piece(Piece(_local_info(path, explicit=True)))
+
+    def _read_piece(self, piece: Piece) -> Iterator[Document]:
+        """The documents of one file, or of one part of it (a byte range, a run of Parquet row groups)."""
+        info = piece.file
+        src, kind, comp = info.url, info.kind, info.compression
+        if kind == "parquet":
+            yield from self._parquet_rows(piece)
             return
-        f: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw  # type: ignore[assignment]
+        if is_url(src):
+            try:
+                raw: Any = open_raw(info, self.storage_options)
+            except (OSError, PolymemError) as e:
+                self._skip(src, f"unreadable file: {type(e).__name__}: {e}")
+                return
+        else:
+            raw = _open_regular(Path(src))
+            if isinstance(raw, str):
+                self._skip(src, raw)
+                return
         used = _Progress()
+        f: Any = raw
         try:
+            f = decompress(raw, comp)
             if kind == "jsonl":
-                yield from self._jsonl_lines(f, src, used)
+                if piece.start == 0 and piece.stop is None:
+                    yield from self._jsonl_lines(f, src, used)
+                else:
+                    if piece.start == 0 and self._binary(f, src):
+                        return
+                    yield from self._jsonl_records(jsonl_lines(f, piece), used)
             else:
                 data = f.read()
                 doc = self._text_document(data, src, src)
                 if doc is not None:
                     yield doc
-        except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
-            what = f"corrupt gzip: {e}" if gz else f"unreadable file: {type(e).__name__}: {e}"
+        except (OSError, EOFError, zlib.error, *_zstd_errors()) as e:  # gzip.BadGzipFile is an OSError
+            what = f"corrupt {comp}: {e}" if comp else f"unreadable file: {type(e).__name__}: {e}"
+            part = f" of the part from byte {piece.start:,}" if piece.start else ""
+            lines = f"{used.lines} lines" if piece.start else f"lines 1-{used.lines}"
             if used.documents:
-                what += (f"; the first {used.documents} documents (lines 1-{used.lines}, {used.nbytes:,} bytes) "
+                what += (f"; the first {used.documents} documents{part} ({lines}, {used.nbytes:,} bytes) "
                          f"were used, the rest of the file was not")
             elif kind == "jsonl" and used.lines:
-                what += f"; lines 1-{used.lines} were read but held no document, the rest of the file was not"
+                what += f"; {lines}{part} were read but held no document, the rest of the file was not"
             else:
-                what += "; nothing of it was used"
+                what += f"; nothing of {'the part from byte ' + format(piece.start, ',') if piece.start else 'it'} was used"
             self.skipped.append(Skipped(src, what, documents_used=used.documents, bytes_used=used.nbytes))
         finally:
-            f.close()
+            if f is not raw:
+                f.close()
             raw.close()
 
-    def _jsonl_lines(self, f: BinaryIO, src: str, used: _Progress | None = None) -> Iterator[Document]:
-        used = used if used is not None else _Progress()
+    def _binary(self, f: Any, src: str) -> bool:
         head = f.peek(_BINARY_PROBE)[:_BINARY_PROBE] if hasattr(f, "peek") else b""
         if b"\x00" in head:
             self._skip(src, f"binary file: NUL byte at offset {head.index(0)}; expected JSON lines")
+            return True
+        return False
+
+    def _parquet_rows(self, piece: Piece) -> Iterator[Document]:
+        src = piece.file.url
+        try:
+            for where, value, doc_id in parquet_texts(piece.file, piece.start, piece.stop, self.text_field,
+                                                      self.storage_options):
+                if not isinstance(value, str):
+                    self._skip(where, f"column {self.text_field!r} holds {_json_type(value)}, expected a string")
+                    continue
+                value, fixed = self._fix_surrogates(value, where)
+                if value is None:
+                    continue
+                doc = self._document(str(doc_id) if isinstance(doc_id, (str, int)) else where, value, where, fixed)
+                if doc is not None:
+                    yield doc
+        except KeyError as e:
+            self._skip(src, str(e.args[0]))
+        except Exception as e:  # noqa: BLE001 - pyarrow raises its own types for a damaged file
+            if type(e).__module__.split(".")[0] not in ("pyarrow", "builtins"):
+                raise
+            self._skip(src, f"unreadable Parquet file: {type(e).__name__}: {e}")
+
+    def _jsonl_lines(self, f: BinaryIO, src: str, used: _Progress | None = None) -> Iterator[Document]:
+        if self._binary(f, src):
             return
-        for lineno, raw in enumerate(f, start=1):
-            used.lines = lineno
+        yield from self._jsonl_records(((f"{src}:{n}", raw) for n, raw in enumerate(f, start=1)), used)
+
+    def _jsonl_records(self, lines: Iterable[tuple[str, bytes]], used: _Progress | None = None
+                       ) -> Iterator[Document]:
+        used = used if used is not None else _Progress()
+        for where, raw in lines:
+            used.lines += 1
             if not raw.strip():
                 continue
-            where = f"{src}:{lineno}"
             line = self._decode(raw, where)
             if line is None:
                 continue
@@ -373,14 +465,50 @@ def _json_type(value: object) -> str:
 
 
 def _kind(name: str) -> str | None:
-    low = name.lower()
-    if low.endswith(".gz"):
-        low = low[:-3]
-    if low.endswith(TEXT_SUFFIXES):
-        return "text"
-    if low.endswith(JSONL_SUFFIXES):
-        return "jsonl"
-    return None
+    return kind_of(name)[0]
+
+
+def _local_info(path: Path, *, explicit: bool) -> FileInfo:
+    kind, comp = kind_of(path.name)
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0  # reported when it is opened
+    return FileInfo(str(path), size, kind or "text", comp)  # an explicitly named file of another type: text
+
+
+def _zstd_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import zstandard
+    except ImportError:
+        return ()
+    return (zstandard.ZstdError,)
+
+
+class FilePartition:
+    """Part of a corpus (pieces of files) that any process can read: ``read(skipped)`` yields its documents and
+    appends what it left out to ``skipped``; ``replaced`` then counts its documents with invalid UTF-8."""
+
+    def __init__(self, pieces: tuple[Piece, ...], text_field: str, invalid_utf8: str,
+                 storage_options: dict[str, Any] | None) -> None:
+        self.pieces, self.text_field, self.invalid_utf8 = pieces, text_field, invalid_utf8
+        self.storage_options = storage_options
+        self.replaced = 0
+
+    def __repr__(self) -> str:
+        what = ", ".join(f"{p.file.url}[{p.start}:{'' if p.stop is None else p.stop}]" for p in self.pieces[:3])
+        return f"FilePartition({what}{', ...' if len(self.pieces) > 3 else ''})"
+
+    def read(self, skipped: list[Skipped]) -> Iterator[Document]:
+        reader = Corpus(["-"], text_field=self.text_field, invalid_utf8=self.invalid_utf8,
+                        storage_options=self.storage_options)
+        try:
+            for piece in self.pieces:
+                yield from reader._read_piece(piece)
+        finally:
+            skipped.extend(reader.skipped)
+            self.replaced = reader.replaced
+
 
 
 def _oserr(e: OSError) -> str:

@@ -26,6 +26,7 @@ not known without reading the file up to it, so it is ``URL@BYTE`` (the line's b
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from collections.abc import Iterator
@@ -70,8 +71,11 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
         return fsspec.core.url_to_fs(url, **(storage_options or {}))
     except ImportError as e:
         proto = url.split("://", 1)[0]
-        hint = "pip install 'polymem[s3]'" if proto in ("s3", "s3a") else f"install the fsspec package for {proto}://"
-        raise PolymemError(f"cannot read {url!r}: {e}; {hint}") from None
+        if proto in ("s3", "s3a"):
+            from polymem._optional import missing_extra
+
+            raise missing_extra("s3fs", "s3", f"reading {url}") from None
+        raise PolymemError(f"cannot read {url!r}: {e}; install the fsspec package for {proto}://") from None
 
 
 @dataclass(frozen=True)
@@ -179,8 +183,14 @@ def plan_pieces(files: list[FileInfo], partition_bytes: int, storage_options: di
     return parts
 
 
+def _parquet() -> Any:
+    from polymem._optional import optional_import
+
+    return optional_import("pyarrow.parquet", extra="corpus", purpose="reading Parquet corpora")
+
+
 def _row_group_runs(f: FileInfo, partition_bytes: int, storage_options: dict[str, Any] | None) -> list[tuple[int, int]]:
-    import pyarrow.parquet as pq
+    pq = _parquet()
 
     fs, path = filesystem(f.url, storage_options)
     with fs.open(path, "rb") as fh:
@@ -198,11 +208,58 @@ def _row_group_runs(f: FileInfo, partition_bytes: int, storage_options: dict[str
     return runs
 
 
-def open_stream(f: FileInfo, storage_options: dict[str, Any] | None = None) -> Any:
-    """A binary file object over the file's decompressed bytes (the caller closes it)."""
-    import fsspec
+def open_raw(f: FileInfo, storage_options: dict[str, Any] | None = None) -> Any:
+    """A binary file object over the file's stored (compressed) bytes (the caller closes it)."""
+    fs, path = filesystem(f.url, storage_options)
+    return fs.open(path, "rb")
 
-    return fsspec.open(f.url, "rb", compression=f.compression, **(storage_options or {})).open()
+
+def decompress(raw: Any, compression: str | None) -> Any:
+    """A buffered binary stream of ``raw``'s decompressed bytes (``raw`` itself when not compressed)."""
+    if compression is None:
+        return raw
+    if compression == "gzip":
+        import gzip
+
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    from polymem._optional import optional_import
+
+    zstandard = optional_import("zstandard", extra="corpus", purpose="reading .zst corpora")
+    return io.BufferedReader(_ZstdReader(raw, zstandard), buffer_size=1 << 20)
+
+
+class _ZstdReader(io.RawIOBase):
+    """Decompress a zstandard stream of one or more frames; a stream that ends inside a frame raises ZstdError
+    (zstandard's own stream reader reports a truncated file as a clean end)."""
+
+    def __init__(self, raw: Any, zstd: Any) -> None:
+        self.raw, self.zstd = raw, zstd
+        self.dobj = zstd.ZstdDecompressor().decompressobj()
+        self.fed = False  # bytes given to the current frame's decompressor
+        self.buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self.buf:
+            chunk = self.raw.read(1 << 20)
+            if not chunk:
+                if self.fed and not self.dobj.eof:
+                    raise self.zstd.ZstdError("truncated zstandard stream: the file ends inside a frame")
+                return 0
+            while chunk:
+                self.fed = True
+                self.buf += self.dobj.decompress(chunk)
+                chunk = b""
+                if self.dobj.eof:  # a frame ended: the rest (if any) starts the next frame
+                    chunk = self.dobj.unused_data
+                    self.dobj = self.zstd.ZstdDecompressor().decompressobj()
+                    self.fed = False
+        n = min(len(b), len(self.buf))
+        b[:n] = self.buf[:n]
+        self.buf = self.buf[n:]
+        return n
 
 
 def jsonl_lines(fh: Any, piece: Piece) -> Iterator[tuple[str, bytes]]:
@@ -234,11 +291,11 @@ def jsonl_lines(fh: Any, piece: Piece) -> Iterator[tuple[str, bytes]]:
         pos += len(raw)
 
 
-def parquet_texts(f: FileInfo, lo: int, hi: int, text_field: str, storage_options: dict[str, Any] | None
+def parquet_texts(f: FileInfo, lo: int, hi: int | None, text_field: str, storage_options: dict[str, Any] | None
                   ) -> Iterator[tuple[str, Any, Any]]:
     """(label, text value, id value or None) for each row of row groups lo:hi, one row group in memory at a
-    time. A missing column raises PolymemError naming the columns there are."""
-    import pyarrow.parquet as pq
+    time. A missing column raises KeyError naming the columns there are."""
+    pq = _parquet()
 
     fs, path = filesystem(f.url, storage_options)
     with fs.open(path, "rb") as fh:
@@ -248,6 +305,7 @@ def parquet_texts(f: FileInfo, lo: int, hi: int, text_field: str, storage_option
             raise KeyError(f"no {text_field!r} column: the file has {', '.join(names[:8])}; choose the column "
                            "with --text-field")
         cols = [text_field] + (["id"] if "id" in names and text_field != "id" else [])
+        hi = pf.metadata.num_row_groups if hi is None else hi
         first = sum(pf.metadata.row_group(k).num_rows for k in range(lo))
         for g in range(lo, hi):
             table = pf.read_row_group(g, columns=cols)

@@ -133,10 +133,9 @@ def _client(address: str | None) -> Iterator[Any]:
     if address is None:
         yield None
         return
-    try:
-        from distributed import Client
-    except ImportError:
-        raise typer.BadParameter("--dask needs Dask: pip install 'polymem[dask]'", param_hint="'--dask'") from None
+    from polymem._optional import optional_import
+
+    Client = optional_import("distributed", extra="dask", purpose="--dask").Client
     try:
         client = Client(address, timeout=30)
     except (OSError, TimeoutError, ValueError) as e:

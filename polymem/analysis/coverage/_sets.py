@@ -300,3 +300,24 @@ def compare_token_bytes(ids, buf, offsets, text):  # pragma: no cover - compiled
     if pos - shift != text.shape[0]:
         return 2, pos
     return shift, 0
+
+
+@njit(cache=True)
+def bucket_order(keys, bits):  # pragma: no cover - compiled
+    """Counting sort by the top ``bits`` bits of each key: (permutation grouping the keys by bucket, stably;
+    offsets int64 [2^bits + 1], bucket b = permutation[offsets[b]:offsets[b+1]])."""
+    nb = 1 << bits
+    shift = np.uint64(64 - bits)
+    n = keys.shape[0]
+    off = np.zeros(nb + 1, dtype=np.int64)
+    for i in range(n):
+        off[np.int64(keys[i] >> shift) + 1] += 1
+    for b in range(nb):
+        off[b + 1] += off[b]
+    fill = off[:-1].copy()
+    perm = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        b = np.int64(keys[i] >> shift)
+        perm[fill[b]] = i
+        fill[b] += 1
+    return perm, off

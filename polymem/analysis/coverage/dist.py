@@ -129,11 +129,7 @@ def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None) -> di
 
 def _bucket_sort(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(order that groups keys by bucket, offsets [2^BUCKET_BITS + 1])."""
-    b = (keys >> np.uint64(64 - BUCKET_BITS)).astype(np.int64)
-    order = np.argsort(b, kind="stable")
-    off = np.zeros((1 << BUCKET_BITS) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(b, minlength=1 << BUCKET_BITS), out=off[1:])
-    return order, off
+    return _kernels.bucket_order(np.ascontiguousarray(keys, dtype=np.uint64), BUCKET_BITS)
 
 
 def _write_buckets(plan: Plan, index: int, ref: np.ndarray, pend_h: np.ndarray, pend_n: np.ndarray,

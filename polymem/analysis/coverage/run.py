@@ -249,7 +249,11 @@ def _docs(texts: Iterable[str | Document] | Corpus) -> Iterator[Document]:
 
 
 def _partitions(texts: Iterable[str | Document] | Corpus, partition_mb: float) -> Iterator[Any]:
-    """The corpus as partitions: documents grouped by the driver, about ``partition_mb`` MB of text each."""
+    """The corpus as partitions of about ``partition_mb`` MB of text: pieces of files that the task reads itself
+    (a Corpus of files and URLs), else documents grouped by this process (strings, stdin)."""
+    if isinstance(texts, Corpus) and texts.can_partition:
+        yield from texts.partitions(partition_mb)
+        return
     limit = max(1, int(partition_mb * 1e6))
     batch: list[Document] = []
     size = 0
@@ -353,12 +357,13 @@ def _run_dask(client: Any, plan: dist.Plan, texts: Any, partition_mb: float,
 @contextlib.contextmanager
 def _local_cluster(workers: int) -> Iterator[Any]:
     """A Dask LocalCluster of ``workers`` processes with one thread each, for one call."""
-    try:
-        from distributed import Client, LocalCluster
-    except ImportError:
-        raise PolymemError(f"workers={workers} runs on a local Dask cluster, and Dask is not installed; "
-                           "pip install 'polymem[dask]' (or use workers=1)") from None
     import logging
+
+    from polymem._optional import optional_import
+
+    distributed = optional_import("distributed", extra="dask", purpose=f"coverage with workers={workers} (a local "
+                                  "Dask cluster; or use workers=1)")
+    Client, LocalCluster = distributed.Client, distributed.LocalCluster
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
