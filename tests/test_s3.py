@@ -1,0 +1,130 @@
+"""Corpora (and assets) in S3: a local S3 server (moto's ThreadedMotoServer on 127.0.0.1, a free port) reached
+through s3fs over HTTP, with dummy credentials; nothing leaves the machine."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import polymem
+from polymem.corpus import Corpus
+
+from conftest import generated_text, sample_text
+
+s3fs = pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+zstandard = pytest.importorskip("zstandard")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+BUCKET = "polymem-test"
+_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    old = {k: os.environ.get(k) for k in (*_ENV, "AWS_ENDPOINT_URL")}
+    os.environ.update(_ENV)
+    os.environ.pop("AWS_ENDPOINT_URL", None)
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        fs = s3fs.S3FileSystem(endpoint_url=url)
+        fs.mkdir(BUCKET)
+        yield url
+    finally:
+        server.stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def fs(endpoint: str) -> Any:
+    s3fs.S3FileSystem.clear_instance_cache()
+    return s3fs.S3FileSystem(endpoint_url=endpoint)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory, fs: Any) -> Path:
+    """The same corpus as local files and as S3 objects: .jsonl.zst, .jsonl.gz, .jsonl, .parquet, .txt."""
+    text = sample_text() + "\n" + generated_text(3000, seed=11)
+    lines = text.splitlines(keepends=True)
+    docs = ["".join(lines[i:i + 4]) for i in range(0, len(lines), 4)]
+    d = tmp_path_factory.mktemp("shards")
+    q = len(docs) // 5
+
+    def jl(part: list[str]) -> bytes:
+        return "".join(json.dumps({"text": t}) + "\n" for t in part).encode()
+
+    (d / "shard-0.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(jl(docs[:q])))
+    (d / "shard-1.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(jl(docs[q:2 * q])))
+    (d / "shard-2.jsonl.gz").write_bytes(gzip.compress(jl(docs[2 * q:3 * q]), mtime=0))
+    (d / "shard-3.jsonl").write_bytes(jl(docs[3 * q:4 * q]) + b"not json\n")
+    pq.write_table(pa.table({"text": docs[4 * q:]}), d / "shard-4.parquet", row_group_size=7)
+    (d / "notes.txt").write_text(docs[0], encoding="utf-8")
+    for f in sorted(d.iterdir()):
+        fs.put(str(f), f"{BUCKET}/corpus/{f.name}")
+    return d
+
+
+def _same(a: Any, b: Any) -> None:
+    da, db = a.to_dict(), b.to_dict()
+    for d in (da, db):
+        for k in ("elapsed_s", "timing"):
+            d.pop(k)
+        d["skipped"] = [(s["source"].rsplit("/", 1)[-1], s["reason"]) for s in d["skipped"]]
+    assert da == db
+
+
+def test_corpus_from_s3_reads_what_the_local_files_hold(endpoint: str, shards: Path) -> None:
+    opts = {"endpoint_url": endpoint}
+    local = Corpus([shards])
+    remote = Corpus([f"s3://{BUCKET}/corpus/"], storage_options=opts)
+    lt = [(d.text, d.id.rsplit("/", 1)[-1]) for d in local]
+    rt = [(d.text, d.id.rsplit("/", 1)[-1]) for d in remote]
+    assert rt == lt and len(lt) > 50
+    assert [s.reason for s in remote.skipped] == [s.reason for s in local.skipped] == [
+        "invalid JSON: Expecting value at column 1"]
+    assert remote.skipped[0].source == f"s3://{BUCKET}/corpus/shard-3.jsonl:{sum(1 for _ in open(shards / 'shard-3.jsonl'))}"
+    glob = Corpus([f"s3://{BUCKET}/corpus/shard-*.jsonl.zst"], storage_options=opts)
+    assert [d.text for d in glob] == [d.text for d in Corpus(sorted(shards.glob("shard-*.jsonl.zst")))]
+
+
+def test_coverage_over_s3_shards_equals_local(endpoint: str, shards: Path) -> None:
+    kw = dict(max_n=4, partition_mb=0.004)
+    local = polymem.coverage("bytes", "cl100k_base", Corpus([shards]), **kw)
+    remote = polymem.coverage("bytes", "cl100k_base", Corpus([f"s3://{BUCKET}/corpus/"],
+                                                            storage_options={"endpoint_url": endpoint}), **kw)
+    _same(local, remote)
+    assert local.docs > 50
+
+
+def test_aws_endpoint_url_is_honoured_and_scratch_can_be_s3(endpoint: str, shards: Path,
+                                                            monkeypatch: pytest.MonkeyPatch, fs: Any) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    s3fs.S3FileSystem.clear_instance_cache()
+    kw = dict(max_n=3, partition_mb=0.01)
+    local = polymem.coverage("bytes", "cl100k_base", Corpus(sorted(shards.glob("shard-*.jsonl.zst"))), **kw)
+    remote = polymem.coverage("bytes", "cl100k_base", Corpus([f"s3://{BUCKET}/corpus/shard-*.jsonl.zst"]),
+                              scratch=f"s3://{BUCKET}/scratch/run1", **kw)
+    _same(local, remote)
+    assert fs.find(f"{BUCKET}/scratch/run1") and all(p.endswith(".npy") for p in fs.find(f"{BUCKET}/scratch/run1"))
