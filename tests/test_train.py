@@ -72,7 +72,8 @@ def test_train_and_transfer_cli(corpus, tmp_path):
     assert r.exit_code != 0 and "exists" in str(r.exception)
     out = tmp_path / "t.json"
     r = runner.invoke(app, ["transfer", "--asset", str(donor), "--tokenizer", "cl100k_base", "--corpus", str(corpus),
-                            "--seeds", "2", "--jobs", "2", "--threads", "1", "--scratch", "--json", str(out), "--plot", str(tmp_path / "t.png"), *args])
+                            "--seeds", "2", "--jobs", "2", "--threads", "1", "--arms", "none,random,donor,scratch",
+                            "--json", str(out), "--plot", str(tmp_path / "t.png"), *args])
     assert r.exit_code == 0, r.output
     res = json.loads(out.read_text())
     assert set(res["arms"]) == {"none", "random", "donor", "donor_memory_off", "scratch"}

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from polymem.cli._options import (
     BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HeadDim, Heads, JsonOut, Lr, MaxEvalTokens, MaxN,
-    NHead, NLayer, Slots, Steps, TableLrMult, Threads, Tokenizer, parse_count,
+    NHead, NLayer, Precision, PrecisionOpt, Slots, Steps, TableLrMult, Threads, Tokenizer, parse_count,
 )
 
 console = Console()
@@ -48,7 +48,8 @@ def train(
     seed: Annotated[int, typer.Option(help="Model init and data order.")] = 0,
     heldout_every: Annotated[int, typer.Option(min=2, help="Every k-th document is held out (never trained on).")] = 10,
     max_eval_tokens: MaxEvalTokens = None,
-    bf16: Bf16 = True,
+    precision: PrecisionOpt = Precision("auto"),
+    bf16: Bf16 = None,
     threads: Threads = None,
     device: Device = "auto",
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
@@ -58,6 +59,7 @@ def train(
     import torch
 
     from polymem.errors import PolymemError
+    from polymem.cli._precision import precision_option, say_precision
     from polymem.torch.train import MemoryConfig, TrainConfig, train_donor
 
     if threads:
@@ -67,9 +69,11 @@ def train(
     except ValueError:
         raise PolymemError(f"--layers {layers!r} must be comma-separated block indices, e.g. 1 or 1,3") from None
     cfg = TrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
-                      d_model=d_model, lr=lr, table_lr_mult=table_lr_mult, seed=seed, bf16=bf16, device=device)
+                      d_model=d_model, lr=lr, table_lr_mult=table_lr_mult, seed=seed,
+                      precision=precision_option(precision.value, bf16), device=device)
     mem = MemoryConfig(layers=layer_ids, max_n=max_n, params=parse_count(params), heads=heads, slots=slots,
                        head_dim=head_dim, gate=gate.value, conv=conv)
+    say_precision(cfg)
     with _progress() as prog:
         task = prog.add_task("train", total=steps, info="")
 
@@ -85,7 +89,7 @@ def train(
                               on_phase=lambda s: prog.update(task, description=escape(s)))
     t = Table(title=f"donor table {escape(str(summary['path']))}", show_header=False, title_justify="left")
     for k in ("tokenizer", "train_tokens_available", "heldout_tokens", "rows", "rows_touched", "final_loss",
-              "heldout_bpb", "heldout_bpb_memory_off", "tokens_per_s", "elapsed_s"):
+              "heldout_bpb", "heldout_bpb_memory_off", "tokens_per_s", "precision", "elapsed_s"):
         v = summary[k]
         t.add_row(k, f"{v:.4f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else escape(str(v)))
     console.print(t)

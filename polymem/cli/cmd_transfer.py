@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -12,7 +13,7 @@ from rich.table import Table
 
 from polymem.cli._options import (
     BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, JsonOut, Lr, MaxEvalTokens, NHead, NLayer, PlotOut,
-    Steps, TableLrMult, Threads, ValueInit,
+    PrecisionOpt, Precision, Steps, TableLrMult, Threads, ValueInit,
 )
 
 console = Console()
@@ -22,8 +23,12 @@ def transfer(
     asset: Annotated[str, typer.Option("--asset", "-a", help="Donor asset (from `polymem train`), a path or URL.")],
     tokenizer: Annotated[str, typer.Option("--tokenizer", "-t", help="Recipient tokenizer spec (another family than the donor's).")],
     corpus: CorpusFiles,
-    seeds: Annotated[int, typer.Option(min=1, help="Number of seeds (0..seeds-1); each seed fixes init and data order for all arms.")] = 2,
+    eval_corpus: Annotated[Optional[list[Path]], typer.Option("--eval-corpus", exists=True, help="Score the held-out split of these documents instead of --corpus's (default: --corpus).")] = None,
+    domain: Annotated[Optional[str], typer.Option(help="A name for the domain in the JSON (default: the eval corpus file name).")] = None,
+    arms: Annotated[str, typer.Option(help="Comma-separated arms: none, random, donor (adds donor_memory_off), donor_finetune, scratch.")] = "none,random,donor,donor_finetune,scratch",
+    seeds: Annotated[int, typer.Option(min=1, help="Number of seeds (0..seeds-1); each seed fixes init and data order for all arms.")] = 3,
     steps: Steps = 400,
+    eval_every: Annotated[Optional[int], typer.Option(min=1, help="Score held-out bpb every this many steps (learning curves; default: only at the end).")] = None,
     batch_size: BatchSize = 8,
     block_size: BlockSize = 256,
     n_layer: NLayer = 4,
@@ -32,29 +37,38 @@ def transfer(
     max_n: Annotated[Optional[int], typer.Option("--max-n", min=1, max=32, help="Recipient orders 1..N (default: the donor's).")] = None,
     lr: Lr = 2e-3,
     table_lr_mult: TableLrMult = 70.0,
-    value_init: Annotated[ValueInit, typer.Option(help="Recipient W_V init for the frozen tables: zero (step 0 = no memory) or orthogonal (PageGram's gain).")] = ValueInit("zero"),
-    scratch: Annotated[bool, typer.Option(help="Also run a table trained from scratch with the recipient tokenizer.")] = False,
+    finetune_table_lr_mult: Annotated[Optional[float], typer.Option(min=0.0, help="Table lr multiplier for donor_finetune only (default: --table-lr-mult).")] = None,
+    value_init: Annotated[ValueInit, typer.Option(help="Recipient W_V init for the donor/random/donor_finetune tables: zero (step 0 = no memory) or orthogonal (PageGram's gain).")] = ValueInit("zero"),
+    scratch: Annotated[bool, typer.Option(help="Deprecated: add scratch to --arms.")] = False,
     max_eval_tokens: MaxEvalTokens = None,
-    bf16: Bf16 = True,
-    jobs: Annotated[int, typer.Option(min=1, help="Worker processes (one seed each); 2 suits a 2-core CPU with --threads 1.")] = 1,
+    precision: PrecisionOpt = Precision("auto"),
+    bf16: Bf16 = None,
+    jobs: Annotated[int, typer.Option(min=1, help="Worker processes taking (seed, arm) runs seed by seed; 2 suits a 2-core CPU with --threads 1. With --json, NAME.partial.json holds the seeds complete so far.")] = 1,
     threads: Threads = None,
     device: Device = "auto",
     json_out: JsonOut = None,
     plot: PlotOut = None,
 ) -> None:
-    """Train recipients (no memory / frozen random table / frozen donor table [/ scratch table]) with identical
-    backbone, init, data order and steps; report held-out bits per byte per arm and seed."""
+    """Train recipients in arms (no memory / frozen random table / frozen donor table / donor table fine-tuned /
+    table from scratch) with identical backbone init, data order and steps per seed; report held-out bits per byte
+    per arm and seed, learning curves, the compute a donor saves and paired per-seed comparisons."""
     import numpy as np
     import torch
 
+    from polymem.cli._precision import precision_option, say_precision
     from polymem.torch.train import TrainConfig
-    from polymem.torch.transfer import plot_transfer, run_transfer_jobs, write_json
+    from polymem.torch.transfer import _check_arms, plot_curves, plot_transfer, run_transfer, write_json
 
+    arm_list = _check_arms(arms.split(",") + (["scratch"] if scratch else []))
+    if scratch:
+        console.print("warning: --scratch is deprecated; scratch is in --arms by default", style="yellow")
     if threads:
         torch.set_num_threads(threads)
     cfg = TrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
-                      d_model=d_model, lr=lr, table_lr_mult=table_lr_mult, bf16=bf16, device=device)
-    n_arms = 3 + int(scratch)
+                      d_model=d_model, lr=lr, table_lr_mult=table_lr_mult, precision=precision_option(precision.value, bf16),
+                      device=device)
+    say_precision(cfg)
+    n_arms = len(arm_list)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console) as prog:
         task = prog.add_task("transfer", total=n_arms * seeds * steps, info="")
@@ -69,18 +83,20 @@ def transfer(
             elif kind == "step":
                 state["done"] += 1
                 prog.update(task, completed=state["done"], info=f"loss {k['loss']:.3f}")
-                if not console.is_terminal and (k["step"] + 1) % max(1, steps // 5) == 0:  # a log line under nohup
-                    console.print(f"  {k['arm']} seed {k['seed']} step {k['step'] + 1}/{steps} loss {k['loss']:.3f} "
+            elif kind == "eval":
+                if not console.is_terminal:  # a log line under nohup
+                    console.print(f"  {k['arm']} seed {k['seed']} tokens {k['tokens']:,}: {k['bpb']:.4f} bits/byte "
                                   f"({prog.tasks[0].elapsed or 0:.0f} s)")
             elif kind == "result":
                 prog.console.print(f"  {k['arm']:<17} seed {k['seed']}: {k['bpb']:.4f} bits/byte")
 
-        result = run_transfer_jobs(asset, tokenizer, corpus, cfg=cfg, seeds=list(range(seeds)), max_n=max_n,
-                                   scratch=scratch, max_eval_tokens=max_eval_tokens, on_event=on_event, jobs=jobs,
-                                   value_init=value_init.value,
-                                   threads=threads)
-    t = Table(title=escape(f"held-out bits/byte: {result['donor']['tokenizer']} donor -> {result['recipient']['tokenizer']} recipient"),
-              title_justify="left")
+        partial = json_out.with_name(json_out.stem + ".partial.json") if json_out else None
+        result = run_transfer(asset, tokenizer, corpus, checkpoint=partial, cfg=cfg, seeds=list(range(seeds)), max_n=max_n, arms=arm_list,
+                              max_eval_tokens=max_eval_tokens, on_event=on_event, jobs=jobs, value_init=value_init.value,
+                              threads=threads, eval_every=eval_every, eval_corpus=eval_corpus or None, domain=domain,
+                              finetune_table_lr_mult=finetune_table_lr_mult)
+    t = Table(title=escape(f"held-out bits/byte after {result['tokens']:,} tokens: {result['donor']['tokenizer']} donor -> "
+                    f"{result['recipient']['tokenizer']} recipient ({result['domain']['name']})"), title_justify="left")
     t.add_column("arm")
     for s in result["seeds"]:
         t.add_column(f"seed {s}", justify="right")
@@ -88,18 +104,37 @@ def transfer(
     for arm, v in result["arms"].items():
         t.add_row(arm, *[f"{x:.4f}" for x in v["bpb"]], f"{np.mean(v['bpb']):.4f}")
     console.print(t)
-    m = result["margins"]
-    console.print(f"random − donor: {', '.join(f'{x:+.4f}' for x in m['random_minus_donor'])}   "
-                  f"none − donor: {', '.join(f'{x:+.4f}' for x in m['none_minus_donor'])}   "
-                  f"target (donor beats both on every seed): {'[green]met[/]' if result['target_met'] else '[red]not met[/]'}")
+    an = result["analysis"]
+    for pair, p in an["paired_final"].items():
+        std = "n/a" if p["std"] is None else f"{p['std']:.4f}"
+        console.print(f"paired {pair}: mean {p['mean']:+.4f} (std {std}, "
+                      f"min {p['min']:+.4f}, max {p['max']:+.4f}; first arm better on {p['a_better']}/{p['n']} seeds)", highlight=False)
+    for arm, cs in an["compute_saved"].items():
+        last = cs["seed_mean_curves"][-1]
+        frac = (f"{last['extra_fraction']:+.0%}" if last["extra_fraction"] is not None
+                else f">= {last['extra_fraction_at_least']:+.0%} (scratch never got there)")
+        console.print(f"scratch needs {frac} tokens to match {arm} at {last['budget']:,.0f} tokens", highlight=False)
+    xo = an.get("crossover_scratch_over_donor")
+    if xo:
+        console.print(f"scratch overtakes the frozen donor at: {xo['seed_mean_curves'] or 'not within the run'} tokens "
+                      f"(per seed {xo['per_seed']})", highlight=False)
+    if "target_met" in result:
+        m = result["margins"]
+        console.print(f"random − donor: {', '.join(f'{x:+.4f}' for x in m['random_minus_donor'])}   "
+                      f"none − donor: {', '.join(f'{x:+.4f}' for x in m['none_minus_donor'])}")
+    for k, v in an["targets"].items():
+        console.print(f"target {k}: {v}", highlight=False)
     cov = result["coverage"].get("trained_hashes")
     if cov:
         console.print("coverage of recipient held-out n-grams by donor-trained hashes: "
                       + ", ".join(f"n={n} {v:.0%}" for n, v in cov["per_n"].items()))
     if json_out:
         console.print(f"wrote {escape(str(write_json(result, json_out)))}", soft_wrap=True)
+        if partial is not None and partial.exists():
+            partial.unlink()
     if plot:
-        console.print(f"wrote {escape(str(plot_transfer(result, plot)))}", soft_wrap=True)
+        many = len(next(iter(result["curves"].values()))["tokens"]) > 1
+        console.print(f"wrote {escape(str((plot_curves if many else plot_transfer)(result, plot)))}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

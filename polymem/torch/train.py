@@ -4,7 +4,8 @@ and ``train_donor`` (train a table from scratch and write it as an asset with pr
 Recipe (DESIGN §5, seed 000): nanoGPT-style model (:mod:`polymem.torch.model`), one memory site before block 1,
 rows start at zero, fp32 table updated sparsely by a row-wise RMS rule at ``table_lr_mult`` × the dense learning
 rate, AdamW for dense weights (β = 0.9, 0.95; weight decay 0.1 on matrices), warmup-stable-decay schedule
-(5 % warmup, linear decay over the last 20 %), gradient clipping 1.0 on dense weights, bf16 autocast.
+(5 % warmup, linear decay over the last 20 %), gradient clipping 1.0 on dense weights, bf16 autocast where the
+device has native bf16, else fp32 (:mod:`polymem.torch.precision`).
 
 Held-out split: every ``heldout_every``-th document (index i with i % heldout_every == heldout_every - 1) is
 held out, never trained on. Bits per byte = Σ cross-entropy (nats) / ln 2 / Σ bytes of the predicted tokens,
@@ -45,14 +46,31 @@ class TrainConfig:
     decay_frac: float = 0.2  # linear decay to 0 over the last 20 % of steps
     grad_clip: float = 1.0
     seed: int = 0  # model init and data order
-    bf16: bool = True  # bf16 autocast (the table and its updates stay fp32)
+    precision: str = "auto"  # "auto" (bf16 autocast only where the device has native bf16), "fp32" or "bf16"
+    bf16: bool | None = None  # deprecated alias: True = precision "bf16", False = "fp32" (wins over precision)
     eval_batch: int = 16
     device: str = "auto"  # "auto": CUDA when present, else CPU
+
+    def __post_init__(self) -> None:
+        from polymem.torch.precision import PRECISIONS
+
+        if self.precision not in PRECISIONS:
+            raise PolymemError(f"precision {self.precision!r} is unknown; accepted: {', '.join(PRECISIONS)} (e.g. --precision auto)")
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def precision_choice(self) -> tuple[str, str]:
+        """("bf16" | "fp32", why): see :mod:`polymem.torch.precision`. The table stays fp32 either way."""
+        from polymem.torch.precision import resolve_precision
+
+        req = self.precision if self.bf16 is None else ("bf16" if self.bf16 else "fp32")
+        name, why = resolve_precision(req, self.torch_device())
+        if self.bf16 is not None:
+            why += f" (from the deprecated bf16={self.bf16})"
+        return name, why
 
     def lr_factor(self, step: int) -> float:
         w = max(1, int(self.warmup_frac * self.steps))
@@ -174,7 +192,7 @@ def build_model(data: TokenData, cfg: TrainConfig, *, seed: int | None = None):
 
 
 def _autocast(cfg: TrainConfig):
-    return torch.autocast(cfg.torch_device().type, dtype=torch.bfloat16, enabled=cfg.bf16)
+    return torch.autocast(cfg.torch_device().type, dtype=torch.bfloat16, enabled=cfg.precision_choice()[0] == "bf16")
 
 
 def _optimizers(model, handle, cfg: TrainConfig):
@@ -193,15 +211,19 @@ def _optimizers(model, handle, cfg: TrainConfig):
 
 def train_loop(
     model, handle, data: TokenData, cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = None,
-    rows_in_loader: bool = False,
+    rows_in_loader: bool = False, eval_every: int | None = None, on_eval: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Train ``model`` (with ``handle``'s sites, if any) for cfg.steps on data.train. Returns losses and speed."""
+    """Train ``model`` (with ``handle``'s sites, if any) for cfg.steps on data.train. Returns losses and speed.
+
+    With ``eval_every`` and ``on_eval``: ``on_eval(steps_done, tokens_seen)`` after every ``eval_every`` steps
+    and after the last step (a learning curve); its time is not counted in ``tokens_per_s``."""
     opt, topt, dense = _optimizers(model, handle, cfg)
     starts = batch_starts(data.train.size, block_size=cfg.block_size, batch_size=cfg.batch_size, steps=cfg.steps, seed=cfg.seed)
     dev = cfg.torch_device()
     model.train()
     losses: list[float] = []
     t0 = time.perf_counter()
+    t_eval = 0.0
     for step in range(cfg.steps):
         f = cfg.lr_factor(step)
         for g in opt.param_groups:
@@ -226,7 +248,12 @@ def train_loop(
         losses.append(loss.item())
         if on_step is not None:
             on_step(step, losses[-1])
-    el = time.perf_counter() - t0
+        if on_eval is not None and eval_every and ((step + 1) % eval_every == 0 or step + 1 == cfg.steps):
+            te = time.perf_counter()
+            on_eval(step + 1, (step + 1) * cfg.batch_size * cfg.block_size)
+            model.train()
+            t_eval += time.perf_counter() - te
+    el = time.perf_counter() - t0 - t_eval
     tokens = cfg.steps * cfg.batch_size * cfg.block_size
     return {"losses": losses, "tokens": tokens, "elapsed_s": el, "tokens_per_s": tokens / max(el, 1e-9)}
 
@@ -285,6 +312,7 @@ def train_donor(
     handle = attach(model, layout, data.cache, layers=list(mem.layers), train="all", max_n=mem.max_n,
                     gate=mem.gate, conv=mem.conv, init_seed=cfg.seed + 1000)
     handle.table.orders = tuple(range(1, mem.max_n + 1))
+    precision, why = cfg.precision_choice()
     say("training")
     res = train_loop(model, handle, data, cfg, on_step=on_step)
     say("evaluating")
@@ -298,7 +326,7 @@ def train_donor(
         "corpus": ", ".join(str(p) for p in corpus), "heldout_every": heldout_every,
         "tokens_seen": res["tokens"], "train_stream_tokens": int(data.train.size), "loss": float(np.mean(res["losses"][-20:])),
         "heldout_bpb": bpb, "heldout_bpb_memory_off": bpb_off, "rows_touched": touched,
-        "train_config": asdict(cfg), "memory_config": asdict(mem), "created_by": "polymem train",
+        "train_config": asdict(cfg), "precision": {"chosen": precision, "reason": why}, "memory_config": asdict(mem), "created_by": "polymem train",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     say("writing asset")
@@ -310,4 +338,4 @@ def train_donor(
             "params_backbone": sum(p.numel() for p in model.parameters()), "layout": layout.to_dict(),
             "heldout_bpb": bpb, "heldout_bpb_memory_off": bpb_off, "rows_touched": touched,
             "rows": layout.num_rows, "tokens_per_s": res["tokens_per_s"], "train_s": res["elapsed_s"],
-            "final_loss": prov["loss"], "elapsed_s": time.perf_counter() - t0}
+            "final_loss": prov["loss"], "precision": precision, "precision_reason": why, "elapsed_s": time.perf_counter() - t0}

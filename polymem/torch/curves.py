@@ -1,0 +1,147 @@
+"""Reading learning curves of the transfer arms: the compute a donor saves, when scratch overtakes a frozen donor,
+and paired per-seed comparisons.
+
+A curve is held-out bits/byte at increasing recipient token counts (one run, scored every E steps). All functions
+are pure (numbers in, numbers out); :func:`analyze` applies them to a ``run_transfer`` result.
+
+Conventions:
+
+* ``tokens_to_reach(tokens, bpb, target)``: the first budget at which the curve reaches ``target`` (bpb <= target),
+  linearly interpolated between the two measured points around the crossing. Before the first point nothing is
+  known, so a curve already at or below the target there gives ``(tokens[0], "at_or_before")`` (an upper bound);
+  one that never reaches it gives ``(None, "not_reached")`` (scratch needs more than the run's budget).
+* compute saved by arm A at budget b: ``need = tokens_to_reach(scratch, A(b))``; the extra fraction scratch needs
+  is ``(need - b) / b`` (0.3 = scratch needs 30 % more tokens than A); negative when scratch gets there sooner.
+* crossover: the first budget where ``scratch - other`` changes sign from positive to <= 0 (interpolated).
+
+Caveat the docs repeat: intermediate points of one run are taken before the learning-rate decay (warmup-stable-
+decay schedule), the last one after it, so the last point is lower than a continuation of the curve would suggest.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from polymem.errors import PolymemError
+
+
+def tokens_to_reach(tokens: Sequence[float], bpb: Sequence[float], target: float) -> tuple[float | None, str]:
+    """(tokens, status) at which the curve first reaches ``target``; status "interpolated", "at_or_before" or
+    "not_reached" (see the module docstring)."""
+    t = np.asarray(tokens, dtype=float)
+    y = np.asarray(bpb, dtype=float)
+    if t.shape != y.shape or t.ndim != 1 or t.size == 0:
+        raise PolymemError(f"a curve needs as many token counts as bpb values (got {t.shape} and {y.shape})")
+    if np.any(np.diff(t) <= 0):
+        raise PolymemError(f"curve token counts must increase strictly, got {t.tolist()}")
+    if y[0] <= target:
+        return float(t[0]), "at_or_before"
+    for i in range(1, t.size):
+        if y[i] <= target:
+            f = (y[i - 1] - target) / (y[i - 1] - y[i])  # y[i-1] > target >= y[i]
+            return float(t[i - 1] + f * (t[i] - t[i - 1])), "interpolated"
+    return None, "not_reached"
+
+
+def compute_saved(tokens: Sequence[float], ref_bpb: Sequence[float], arm_bpb: Sequence[float]) -> list[dict[str, Any]]:
+    """At each budget of ``arm_bpb``'s curve: the tokens the reference (``scratch``) curve needs to reach the arm's
+    bpb there, and the extra fraction of tokens that is (both curves measured at the same ``tokens``)."""
+    out = []
+    for b, target in zip(tokens, arm_bpb):
+        need, status = tokens_to_reach(tokens, ref_bpb, float(target))
+        extra = None if need is None else (need - float(b)) / float(b)
+        out.append({"budget": float(b), "target_bpb": float(target), "ref_tokens_needed": need, "status": status,
+                    "extra_fraction": extra,
+                    # not reached within the run: scratch needs more than all of it — a lower bound on the saving
+                    "extra_fraction_at_least": (float(tokens[-1]) - float(b)) / float(b) if need is None else None})
+    return out
+
+
+def crossover(tokens: Sequence[float], ref_bpb: Sequence[float], other_bpb: Sequence[float]) -> float | None:
+    """First budget at which ``ref`` (scratch) is at or below ``other`` after being above it (interpolated);
+    ``tokens[0]`` if it is never above; None if it never gets there within the run."""
+    t = np.asarray(tokens, dtype=float)
+    d = np.asarray(ref_bpb, dtype=float) - np.asarray(other_bpb, dtype=float)
+    if d[0] <= 0:
+        return float(t[0])
+    for i in range(1, t.size):
+        if d[i] <= 0:
+            f = d[i - 1] / (d[i - 1] - d[i])
+            return float(t[i - 1] + f * (t[i] - t[i - 1]))
+    return None
+
+
+def paired(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """Per-seed differences ``a - b`` (same seed): values, mean, sample std, min, max, and how many are < 0
+    (``a`` better, lower bpb)."""
+    x = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if x.size == 0 or len(a) != len(b):
+        raise PolymemError(f"paired comparison needs the same non-zero number of seeds on both sides ({len(a)} vs {len(b)})")
+    return {"diff": x.tolist(), "mean": float(x.mean()), "std": float(x.std(ddof=1)) if x.size > 1 else None,
+            "min": float(x.min()), "max": float(x.max()), "n": int(x.size), "a_better": int((x < 0).sum())}
+
+
+PAIRS = (("donor_finetune", "scratch"), ("donor", "scratch"), ("donor_finetune", "donor"), ("donor", "random"),
+         ("random", "none"), ("donor", "none"), ("donor_memory_off", "none"))
+
+
+def analyze(result: dict[str, Any]) -> dict[str, Any]:
+    """From a result with ``curves``: paired comparisons (final budget and per curve point), compute saved by
+    donor_finetune and donor against scratch at every budget (per seed and on the seed mean), the crossover of
+    scratch over the frozen donor, and the issue's targets."""
+    curves = result.get("curves") or {}
+    arms = result["arms"]
+    out: dict[str, Any] = {"paired_final": {}, "paired_curve": {}, "compute_saved": {}, "crossover_scratch_over_donor": None}
+    for a, b in PAIRS:
+        if a in arms and b in arms:
+            out["paired_final"][f"{a}-{b}"] = paired(arms[a]["bpb"], arms[b]["bpb"])
+            if a in curves and b in curves:
+                out["paired_curve"][f"{a}-{b}"] = [
+                    paired([s[j] for s in curves[a]["bpb"]], [s[j] for s in curves[b]["bpb"]])
+                    for j in range(len(curves[a]["tokens"]))]
+    if "scratch" in curves:
+        t = curves["scratch"]["tokens"]
+        ref = curves["scratch"]["bpb"]
+        for arm in ("donor_finetune", "donor", "random", "none"):
+            if arm not in curves:
+                continue
+            per_seed = [compute_saved(t, r, y) for r, y in zip(ref, curves[arm]["bpb"])]
+            mean = compute_saved(t, np.mean(ref, axis=0), np.mean(curves[arm]["bpb"], axis=0))
+            out["compute_saved"][arm] = {"per_seed": per_seed, "seed_mean_curves": mean}
+        if "donor" in curves:
+            per = [crossover(t, r, d) for r, d in zip(ref, curves["donor"]["bpb"])]
+            out["crossover_scratch_over_donor"] = {
+                "per_seed": per, "seed_mean_curves": crossover(t, np.mean(ref, axis=0), np.mean(curves["donor"]["bpb"], axis=0)),
+                "definition": "recipient tokens at which scratch first reaches the frozen donor arm's bpb (None: not within the run)"}
+    out["targets"] = _targets(result, out)
+    return out
+
+
+def _targets(result: dict[str, Any], an: dict[str, Any]) -> dict[str, Any]:
+    curves = result.get("curves") or {}
+    t: dict[str, Any] = {}
+
+    def all_points(a: str, b: str) -> bool | None:  # a < b (strictly), every point, every seed
+        if a not in curves or b not in curves:
+            return None
+        return bool(all(x < y for sa, sb in zip(curves[a]["bpb"], curves[b]["bpb"]) for x, y in zip(sa, sb)))
+
+    if "donor_finetune" in curves and "scratch" in curves:
+        t["donor_finetune_le_scratch_every_budget_every_seed"] = bool(all(
+            x <= y for sa, sb in zip(curves["donor_finetune"]["bpb"], curves["scratch"]["bpb"]) for x, y in zip(sa, sb)))
+    if all(k in curves for k in ("donor", "random", "none")):
+        t["donor_lt_random_lt_none_every_budget_every_seed"] = bool(all_points("donor", "random") and all_points("random", "none"))
+        t["donor_lt_random_every_budget_every_seed"] = all_points("donor", "random")
+        t["random_lt_none_every_budget_every_seed"] = all_points("random", "none")
+    cs = an["compute_saved"].get("donor_finetune")
+    if cs:
+        last = cs["seed_mean_curves"][-1]
+        per = [s[-1] for s in cs["per_seed"]]
+        t["compute_saved_at_final_budget"] = {
+            "seed_mean_curves": last["extra_fraction"], "at_least": last["extra_fraction_at_least"],
+            "per_seed": [p["extra_fraction"] for p in per], "per_seed_at_least": [p["extra_fraction_at_least"] for p in per],
+            "moonshot_30pct": (last["extra_fraction"] is not None and last["extra_fraction"] >= 0.3)
+            or (last["extra_fraction_at_least"] is not None and last["extra_fraction_at_least"] >= 0.3)}
+    return t
