@@ -154,3 +154,17 @@ def test_analyze_targets_on_hand_made_result():
     assert tg["donor_finetune_le_scratch_every_budget_every_seed"] is False  # seed 1: 2.25 > 2.2 at the end
     assert an["crossover_scratch_over_donor"]["per_seed"] == pytest.approx([175.0, 175.0])  # d: +0.3 then -0.1
     assert an["paired_final"]["donor-random"]["a_better"] == 2
+
+
+def test_markdown_report_quotes_the_numbers():
+    from polymem.torch.curves import markdown_report
+
+    t = [1000, 2000]
+    curves = {"none": [[3.0, 2.8]], "donor": [[2.6, 2.4]], "donor_finetune": [[2.4, 2.2]], "scratch": [[2.8, 2.3]]}
+    res = {"arms": {k: {"bpb": [s[-1] for s in v]} for k, v in curves.items()}, "seeds": [0], "tokens": 2000,
+           "curves": {k: {"tokens": t, "bpb": v} for k, v in curves.items()}}
+    md = markdown_report(res)
+    assert "| donor_finetune | 2.2000 | 2.2000 |" in md  # final budget table: seed 0 and the mean
+    assert "| 1k | 2.400 | 1.8k | +80% |" in md  # scratch reaches 2.4 at 1.8k tokens (2.8 → 2.3 over 1k→2k)
+    assert "| 2k | 2.200 | not within the run | ≥ +0% |" in md
+    assert "Scratch reaches the frozen donor at: 1.7k tokens" in md  # d: +0.2 → −0.1 ⇒ 1000 + 1000·2/3

@@ -145,3 +145,46 @@ def _targets(result: dict[str, Any], an: dict[str, Any]) -> dict[str, Any]:
             "moonshot_30pct": (last["extra_fraction"] is not None and last["extra_fraction"] >= 0.3)
             or (last["extra_fraction_at_least"] is not None and last["extra_fraction_at_least"] >= 0.3)}
     return t
+
+
+def markdown_report(result: dict[str, Any]) -> str:
+    """Markdown tables of a curves result: final bpb per seed, mean curves, compute saved, crossover, paired stats
+    (what docs/transfer.md quotes)."""
+    an = result.get("analysis") or analyze(result)
+    seeds = result["seeds"]
+    lines = [f"Final budget ({result['tokens']:,} recipient tokens), held-out bits/byte:", "",
+             "| arm | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |", "|---|" + "---|" * (len(seeds) + 1)]
+    for arm, v in result["arms"].items():
+        lines.append(f"| {arm} | " + " | ".join(f"{x:.4f}" for x in v["bpb"]) + f" | {np.mean(v['bpb']):.4f} |")
+    curves = result.get("curves") or {}
+    if curves:
+        t = next(iter(curves.values()))["tokens"]
+        lines += ["", "Mean over seeds at each point (recipient tokens):", "",
+                  "| arm | " + " | ".join(f"{x / 1000:.0f}k" for x in t) + " |", "|---|" + "---|" * len(t)]
+        for arm, c in curves.items():
+            lines.append(f"| {arm} | " + " | ".join(f"{x:.3f}" for x in np.mean(c["bpb"], axis=0)) + " |")
+    for arm, cs in an.get("compute_saved", {}).items():
+        if arm not in ("donor_finetune", "donor"):
+            continue
+        lines += ["", f"Tokens scratch needs to reach `{arm}` (seed-mean curves; extra = scratch needs that much more):", "",
+                  "| budget | " + arm + " bpb | scratch needs | extra |", "|---|---|---|---|"]
+        for p in cs["seed_mean_curves"]:
+            need = "not within the run" if p["ref_tokens_needed"] is None else f"{p['ref_tokens_needed'] / 1000:.1f}k"
+            if p["status"] == "at_or_before":
+                need = f"≤ {need}"
+            extra = (f"{p['extra_fraction']:+.0%}" if p["extra_fraction"] is not None
+                     else f"≥ {p['extra_fraction_at_least']:+.0%}")
+            lines.append(f"| {p['budget'] / 1000:.0f}k | {p['target_bpb']:.3f} | {need} | {extra} |")
+    xo = an.get("crossover_scratch_over_donor")
+    if xo:
+        f = lambda v: "not within the run" if v is None else f"{v / 1000:.1f}k"  # noqa: E731
+        lines += ["", f"Scratch reaches the frozen donor at: {f(xo['seed_mean_curves'])} tokens (seed-mean curves); "
+                      f"per seed: {', '.join(f(v) for v in xo['per_seed'])}."]
+    if an.get("paired_final"):
+        lines += ["", "Paired per seed at the final budget (a − b, negative = a better):", "",
+                  "| a − b | per seed | mean | std | a better |", "|---|---|---|---|---|"]
+        for pair, p in an["paired_final"].items():
+            std = "–" if p["std"] is None else f"{p['std']:.4f}"
+            lines.append(f"| {pair.replace('-', ' − ')} | {', '.join(f'{x:+.4f}' for x in p['diff'])} | {p['mean']:+.4f} | "
+                         f"{std} | {p['a_better']}/{p['n']} |")
+    return "\n".join(lines) + "\n"
