@@ -11,9 +11,9 @@
    so results are bit-identical to the in-memory table made from the same asset).
 
 With prefetch, :meth:`PagedRows.start` (called from the model's forward pre-hook, before block 0) runs steps
-2-3 on the service's worker pool, so the reads and the decoding overlap the blocks before the first site;
-:meth:`PagedRows.gather` (called by each site) waits only for what is not done yet, and every site of that
-forward reuses the result. Without prefetch everything happens inside the first site's gather.
+1-2, so the reads overlap the blocks before the first site; :meth:`PagedRows.gather` (called by each site)
+waits only for reads not finished yet, then decodes (cheap, vectorised), and every later site of that forward
+reuses the result. Without prefetch the reads happen inside the first site's gather, in the calling thread.
 Not here: the cache and reads (:mod:`polymem.asset.pages`), the site maths (:mod:`.site`).
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,30 +172,28 @@ class PagedRows:
 
     # ---- the two paths
     def start(self, rows: torch.Tensor) -> None:
-        """Prefetch: plan now, read and decode on the worker pool (returns at once)."""
+        """Prefetch: plan now and start reading the missing chunks on the worker pool (returns at once)."""
         plan = self.plan(rows)
-        entries = self.service.fetch(plan.chunks, background=True)
-        fut = self.service.pool().submit(self.finish, plan, entries)
-        self._ticket = (rows, fut)
+        self._ticket = (rows, (plan, self.service.fetch(plan.chunks, background=True)))
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
-        """fp32 [..., r] rows of the forward in progress (the prefetched result when ``rows`` is the tensor
-        :meth:`start` saw; read now otherwise). Read errors of this forward raise here."""
+        """fp32 [..., r] rows of the forward in progress: the prefetched chunks when ``rows`` is the tensor
+        :meth:`start` saw (waiting only for reads not finished yet), read now otherwise. Decoded once per
+        forward; every later site of the forward reuses the result. Read errors of this forward raise here."""
         t = self._ticket
         if t is not None and t[0] is rows:
-            res = t[1]
-            if isinstance(res, torch.Tensor):
-                return res
+            if isinstance(t[1], torch.Tensor):
+                return t[1]
+            plan, entries = t[1]
+            pending = [e for e in entries if not isinstance(e, np.ndarray) and not e[0].done()]
+            t0 = time.perf_counter() if pending else 0.0
             try:
-                if not res.done():
-                    t0 = time.perf_counter()
-                    out, event = res.result()
-                    self.service.note_wait(time.perf_counter() - t0)
-                else:
-                    out, event = res.result()
+                out, event = self.finish(plan, entries)
             except BaseException:
                 self._ticket = None
                 raise
+            if pending:
+                self.service.note_wait(time.perf_counter() - t0)
         else:
             plan = self.plan(rows)
             out, event = self.finish(plan, self.service.fetch(plan.chunks, background=False))
