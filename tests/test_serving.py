@@ -292,3 +292,62 @@ def test_remote_asset_is_served_through_range_requests(byte_cache, ids, assets, 
     with torch.no_grad(), pytest.raises(FormatError, match=r"object .*pages/c/0/0.* is missing"):
         model(input_ids=ids)
     h.detach()
+
+
+# ------------------------------------------------------------------------------------------------- pull
+def test_pull_stages_a_remote_asset_verified_and_atomically(assets, memfs, tmp_path):
+    from polymem.asset.pull import pull
+
+    src = assets["nf4"]
+    url = upload(memfs, src, "p")
+    got = pull(url, tmp_path / "local" / "p.pmem")
+    assert got.path == str(tmp_path / "local" / "p.pmem") and got.backend == "fast"
+    assert np.array_equal(got.to_numpy(), src.to_numpy()) and got.problems() == []
+    with pytest.raises(PolymemError, match="already exists; pass overwrite=True"):
+        pull(url, tmp_path / "local" / "p.pmem")
+    # a corrupt byte in a remote shard: refused, nothing written, no temporary copy left
+    key = f"/served/p/{src.geometry.shard_key(0)}"
+    data = bytearray(memfs.cat_file(key))
+    data[100] ^= 0xFF
+    memfs.pipe_file(key, bytes(data))
+    with pytest.raises(FormatError, match=r"shard 'pages/c/0/0' checksum mismatch .* nothing was written"):
+        pull(url, tmp_path / "local" / "q.pmem")
+    assert sorted(p.name for p in (tmp_path / "local").iterdir()) == ["p.pmem"]
+    # --overwrite replaces a good copy only with a verified one: the corrupt source leaves it as it was
+    with pytest.raises(FormatError, match="checksum mismatch"):
+        pull(url, tmp_path / "local" / "p.pmem", overwrite=True)
+    assert MemoryAsset.open(tmp_path / "local" / "p.pmem").problems() == []
+    # a missing object is refused before anything is copied
+    memfs.rm(key)
+    with pytest.raises(FormatError, match=r"shard 'pages/c/0/0' is missing"):
+        pull(url, tmp_path / "local" / "r.pmem")
+    assert not (tmp_path / "local" / "r.pmem").exists()
+
+
+def test_pull_cli(assets, tmp_path):
+    from typer.testing import CliRunner
+
+    from polymem.cli.app import app
+
+    runner = CliRunner()
+    src = assets["float16"]
+    out = tmp_path / "copy.pmem"
+    r = runner.invoke(app, ["pull", f"file://{src.path}", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "OK" in r.output and "match their sha256" in r.output
+    assert np.array_equal(MemoryAsset.open(out).to_numpy(), src.to_numpy())
+    r = runner.invoke(app, ["pull", str(src.path), str(out)])
+    assert r.exit_code != 0 and isinstance(r.exception, PolymemError) and "already exists" in str(r.exception)
+    r = runner.invoke(app, ["pull", str(src.path), str(out), "--overwrite", "--workers", "2"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["pull", str(tmp_path / "nothing"), str(tmp_path / "x")])
+    assert r.exit_code != 0 and "no asset directory here" in str(r.exception)
+
+
+def test_pull_cli_errors_exit_2_with_one_line(assets, tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "from polymem.cli.app import main; main()", "pull",
+                        str(tmp_path / "nothing"), str(tmp_path / "x")], capture_output=True, text=True)
+    assert r.returncode == 2 and "no asset directory here" in r.stderr and "Traceback" not in r.stderr
