@@ -175,6 +175,7 @@ def run_arm(args) -> dict:
         pre.append(total)
     out["prefill_s"] = statistics.median(pre)
     out["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["loadavg"] = os.getloadavg()[0]  # the machine is shared: how busy it was
     return out
 
 
@@ -209,7 +210,7 @@ def main() -> None:
     if args.arm:
         print(json.dumps(run_arm(args)))
         return
-    from polymem.cli.cmd_asset import parse_count
+    from polymem.cli._options import parse_count
 
     if not Path(args.asset).exists():
         make_asset(Path(args.asset), parse_count(args.params))
@@ -230,6 +231,10 @@ def main() -> None:
                       f"b8 {r['decode_ms_b8']:.2f} (cpu {r['decode_cpu_ms_b8']:.2f}) "
                       f"ms/tok  prefill {r['prefill_s']:.3f} s  rss {r['maxrss_mib']:.0f} MiB "
                       f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+                write(args, results)  # after every arm: a stopped run keeps what it measured
+
+
+def write(args, results: dict) -> None:
     summary = summarise(results)
     from polymem import MemoryAsset
 
@@ -240,6 +245,7 @@ def main() -> None:
                   "bytes": sum(p.stat().st_size for p in shard_files(a)), "layout": a.layout.to_dict()},
         "memory_arm_params": int(args.memory_params), "cache_mb": args.cache_mb, "new_tokens": args.new_tokens,
         "repeat": args.repeat, "rounds": args.rounds, "command": " ".join(sys.argv),
+        "loadavg_1min_per_arm": [r.get("loadavg") for rs in results.values() for r in rs],
     }
     doc = {"meta": meta, "summary": summary, "runs": {f"{k[0]}/{k[1]}": v for k, v in results.items()}}
     if args.json:
@@ -247,7 +253,6 @@ def main() -> None:
     md = markdown(doc)
     if args.md:
         args.md.write_text(md)
-    print(md)
 
 
 def summarise(results: dict) -> dict:
@@ -286,7 +291,10 @@ def markdown(doc: dict) -> str:
     lines.append(f"Machine: {m['machine']}. Asset: {m['asset']['dtype']}, {m['asset']['params'] / 1e9:.2f}B params, "
                  f"{m['asset']['bytes'] / 2**30:.2f} GiB; in-memory arm: {m['memory_arm_params'] / 1e6:.0f}M-param fp32 "
                  f"table; cache_mb={m['cache_mb']:g}; {m['new_tokens']} new tokens; {m['rounds']} rounds × "
-                 f"{m['repeat']} runs. Command: `{m['command']}`")
+                 f"{m['repeat']} runs. 1-minute load average during the arms: "
+                 f"{min(x for x in m['loadavg_1min_per_arm'] if x is not None):.1f}–"
+                 f"{max(x for x in m['loadavg_1min_per_arm'] if x is not None):.1f} on {os.cpu_count()} cores. "
+                 f"Command: `{m['command']}`")
     return "\n".join(lines) + "\n"
 
 
