@@ -156,31 +156,39 @@ def test_page_local_lookup_reads_one_page_per_ngram(tmp_path):
 # --------------------------------------------------------------------------------------- golden bytes
 GOLDEN_TABLE = np.arange(48, dtype=np.float32).reshape(12, 4) / 8 - 2.5
 GOLDEN_LAYOUT = Layout(pages=3, heads=2, slots=2, head_dim=4)
-GOLDEN = {
+GOLDEN = {  # format v2: every stored chunk is its bytes followed by their crc32c
     "float32": {
-        "attributes": "850b4b5ce01d9914a7726b84ab1419c5e376a8c2e93e53f2b5fed94877c990c9",
+        "attributes": "2a4091bffdd0857329a9e3ec204d10a9d82badbdb9364449fcbd4ee5a469a531",
         "pages/c/0/0/0": (
             "000020c0000018c0000010c0000008c0000000c00000f0bf0000e0bf0000d0bf"
-            "0000c0bf0000b0bf0000a0bf000090bf000080bf000060bf000040bf000020bf"
+            "0000c0bf0000b0bf0000a0bf000090bf000080bf000060bf000040bf000020bf" "564180d0"
             "000000bf0000c0be000080be000000be000000000000003e0000803e0000c03e"
-            "0000003f0000203f0000403f0000603f0000803f0000903f0000a03f0000b03f"
-            "0000000000000000" "4000000000000000" "4000000000000000" "4000000000000000" "6aa37dd5"
+            "0000003f0000203f0000403f0000603f0000803f0000903f0000a03f0000b03f" "7f4ea721"
+            "0000000000000000" "4400000000000000" "4400000000000000" "4400000000000000" "366a83d0"
         ),
         "pages/c/1/0/0": (
             "0000c03f0000d03f0000e03f0000f03f00000040000008400000104000001840"
-            "0000204000002840000030400000384000004040000048400000504000005840"
-            "0000000000000000" "4000000000000000" "ffffffffffffffff" "ffffffffffffffff" "5e1cba3a"
+            "0000204000002840000030400000384000004040000048400000504000005840" "c321149a"
+            "0000000000000000" "4400000000000000" "ffffffffffffffff" "ffffffffffffffff" "84fb5dd8"
         ),
     },
     "nf4": {
-        "attributes": "af200aaa0b2f1cf13dedf37a1e076583700b9bb759ecdca78c5440ce126211a3",
+        "attributes": "755c7ede3b5a5451dad17fa1a3a7efada5f19fc633bb394d911b850716cf2b46",
         "pages/c/0/0": (
             "00000041" "00100040" "0011003e" "0011003c" "10420038" "b7fe0036" "edfe003b" "eeff803d"
-            "feff803f" "feffc040" "ffffc041" "ffffc042" + "00" * 4048
-            + "0000000000000000" "0010000000000000" "4c602bde"
+            "feff803f" "feffc040" "ffffc041" "ffffc042" + "00" * 4048 + "c5ca5ab7"
+            + "0000000000000000" "0410000000000000" "21e236ff"
         ),
     },
 }
+# format v1 (no per-chunk crc32c): the same table, written by polymem before the version bump; committed as
+# real assets under tests/data/asset-v1-*/ and still read (read-only)
+GOLDEN_V1 = {
+    "float32": {"attributes": "850b4b5ce01d9914a7726b84ab1419c5e376a8c2e93e53f2b5fed94877c990c9",
+                "index_crcs": ("6aa37dd5", "5e1cba3a")},
+    "nf4": {"attributes": "af200aaa0b2f1cf13dedf37a1e076583700b9bb759ecdca78c5440ce126211a3", "index_crcs": ("4c602bde",)},
+}
+DATA = Path(__file__).resolve().parent / "data"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "nf4"])
@@ -209,7 +217,51 @@ def test_golden_bytes_are_in_the_spec():
     text = doc.read_text().replace(" ", "").replace("\n", "")
     for dtype, g in GOLDEN.items():
         assert g["attributes"] in text
-    assert "6aa37dd5" in text and "5e1cba3a" in text and "4c602bde" in text
+        for key in (k for k in g if k.startswith("pages/")):
+            for word in g[key][:32], g[key][-8:]:
+                assert word in text, (dtype, key, word)
+    for word in ("564180d0", "7f4ea721", "366a83d0", "c321149a", "84fb5dd8", "c5ca5ab7", "21e236ff"):
+        assert word in text
+    for g in GOLDEN_V1.values():
+        assert g["attributes"] in text
+
+
+@pytest.mark.parametrize("dtype", ["float32", "nf4"])
+def test_version_1_assets_open_read_only_and_upgrade(tmp_path, dtype):
+    """A v1 asset written by the polymem before the bump: opens, reads the same pages, refuses page writes
+    with the fix named; `upgrade` rewrites it as v2 with byte-identical pages to a fresh v2 asset."""
+    import shutil
+
+    src = DATA / f"asset-v1-{dtype}"
+    g1 = GOLDEN_V1[dtype]
+    old = MemoryAsset.open(src)
+    assert old.version == 1 and old.header["version"] == 1
+    assert old.header["checksums"]["attributes"] == g1["attributes"]
+    want = MemoryAsset.from_array(tmp_path / "fresh", GOLDEN_TABLE, SPEC, GOLDEN_LAYOUT, orders=(1, 2), dtype=dtype,
+                                  chunks_per_shard=2, provenance={"corpus": "golden", "tokens_seen": 0})
+    assert np.array_equal(old.to_numpy(), want.to_numpy())
+    assert np.array_equal(old.read_pages([1]), want.read_pages([1]))
+    assert old.problems() == []
+    path = tmp_path / "v1"
+    shutil.copytree(src, path)
+    with pytest.raises(PolymemError, match=r"format version 1 assets are read-only.*polymem upgrade"):
+        MemoryAsset.open(path).write_pages([0], np.zeros((1, 4, 4), np.float32))
+    up = MemoryAsset.upgrade(path)
+    assert up.version == 2 and up.problems() == []
+    assert up.header == want.header  # same spec, layout, provenance, checksums: the upgraded bytes are v2's
+    for key in GOLDEN[dtype]:
+        if key.startswith("pages/"):
+            assert (path / key).read_bytes().hex() == GOLDEN[dtype][key]
+    assert MemoryAsset.upgrade(path).header == up.header  # idempotent
+    # a corrupt v1 shard is not upgraded (its bytes do not match the sha256)
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    key = old.geometry.shard_key(0)
+    data = bytearray((bad / key).read_bytes())
+    data[5] ^= 1
+    (bad / key).write_bytes(bytes(data))
+    with pytest.raises(FormatError, match=rf"shard '{key}' checksum mismatch"):
+        MemoryAsset.upgrade(bad)
 
 
 # --------------------------------------------------------------------------------------- corruption
@@ -271,8 +323,8 @@ def test_edited_layout_is_caught(asset):
 
 
 def test_unknown_format_version_names_supported(asset):
-    _edit_attrs(asset, lambda h: h.update(version=2))
-    with pytest.raises(FormatError, match=r"version 2 is not supported; this polymem reads versions \[1\]"):
+    _edit_attrs(asset, lambda h: h.update(version=3))
+    with pytest.raises(FormatError, match=r"version 3 is not supported; this polymem reads versions \[1, 2\]"):
         MemoryAsset.open(asset)
 
 
@@ -318,8 +370,10 @@ def test_not_an_asset(tmp_path):
 
 def test_writing_marker_refuses_open(asset):
     (asset / ".polymem-writing").write_text("{}")
-    with pytest.raises(FormatError, match="writer stopped"):
+    with pytest.raises(FormatError, match=r"page write was interrupted.*polymem verify --repair"):
         MemoryAsset.open(asset)
+    assert MemoryAsset.repair(asset) == ["rolled back an interrupted page write (0 of 0 shard(s) restored)"]
+    assert MemoryAsset.open(asset).problems() == []
 
 
 def test_no_pickle_anywhere(asset):
@@ -512,6 +566,6 @@ def test_headers_match_the_documented_json_schema(tmp_path, dtype):
     jsonschema, schema = _doc_schema()
     a = MemoryAsset.create(tmp_path / "a", SPEC, LAYOUT, dtype=dtype, provenance={"corpus": "x", "loss": 1.5})
     jsonschema.validate(a.header, schema)
-    bad = a.header | {"version": 2}
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(bad, schema)
+    for bad in (a.header | {"version": 3}, a.header | {"version": 1}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)

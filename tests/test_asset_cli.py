@@ -96,3 +96,33 @@ def test_library_errors_exit_2_with_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from polymem.cli.app import main; main()", "inspect",
                         str(tmp_path / "nope")], capture_output=True, text=True)
     assert r.returncode == 2 and "no asset directory" in " ".join(r.stderr.split())
+
+
+def test_verify_repair_and_upgrade_commands(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from polymem.asset import _commit
+
+    path = tmp_path / "t"
+    a = MemoryAsset.create(path, HashSpec(), Layout(pages=8, heads=2, slots=2, head_dim=4), chunks_per_shard=4)
+    key = a.geometry.shard_key(1)
+    _commit.write_marker(path, [key], "0" * 64)  # a page write killed mid-swap
+    (path / (key + ".new")).write_bytes(b"half")
+    r = runner.invoke(app, ["verify", str(path)])
+    assert r.exit_code == 1 and "verify --repair" in " ".join(r.output.split())
+    r = runner.invoke(app, ["verify", "--repair", str(path)])
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "rolled back an interrupted page write" in out and "OK" in out and "crc32c" in out
+    r = runner.invoke(app, ["verify", "--repair", str(path)])
+    assert r.exit_code == 0 and "nothing to repair" in r.output
+    old = tmp_path / "v1"
+    shutil.copytree(Path(__file__).resolve().parent / "data" / "asset-v1-float32", old)
+    r = runner.invoke(app, ["verify", str(old)])
+    assert r.exit_code == 0 and "polymem upgrade" in " ".join(r.output.split())
+    r = runner.invoke(app, ["upgrade", str(old)])
+    assert r.exit_code == 0 and "format version 1 -> 2" in " ".join(r.output.split()), r.output
+    assert MemoryAsset.open(old).version == 2
+    r = runner.invoke(app, ["upgrade", str(old)])
+    assert r.exit_code == 0 and "already format version 2" in " ".join(r.output.split())

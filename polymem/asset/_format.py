@@ -18,7 +18,9 @@ from polymem.hash.spec import HashSpec, check_orders
 from polymem.hash.layout import Layout
 
 ASSET_FORMAT = "polymem.asset"
-SUPPORTED_ASSET_VERSIONS = (1,)
+ASSET_VERSION = 2  # v2: every inner chunk (page / nf4 block) carries a crc32c (zarr's `crc32c` codec)
+SUPPORTED_ASSET_VERSIONS = (1, 2)  # v1 opens read-only; `polymem upgrade` / MemoryAsset.upgrade rewrites it as v2
+CRC_BYTES = 4
 DTYPES = ("float32", "float16", "bfloat16", "nf4")
 _STORED = {"float32": "float32", "float16": "float16", "bfloat16": "uint16", "nf4": "uint8"}
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -26,6 +28,12 @@ BLOCK_BYTES = 4096  # flash / OS page: NF4 pages are packed into blocks of this 
 SHARD_TARGET_BYTES = 64 << 20  # default shard size
 ARRAY_NAME = "pages"
 WRITING_MARKER = ".polymem-writing"
+LOCK_FILE = ".polymem-lock"
+# bounds checked on the header before anything is sized from it (a crafted header must not allocate GiBs)
+MAX_CHUNK_BYTES = 1 << 30  # one page (float) or one nf4 block
+MAX_CHUNKS_PER_SHARD = 1 << 22  # shard index <= 64 MiB
+MAX_SHARDS = 1 << 20
+MAX_JSON_BYTES = 16 << 20  # zarr.json / pages/zarr.json
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -57,6 +65,16 @@ class Geometry:
     pages: int  # P
     rows_per_page: int  # K·S
     head_dim: int  # r
+    crc: bool = True  # v2: each stored chunk is chunk_bytes + a 4-byte crc32c (v1: none)
+
+    @property
+    def stride(self) -> int:
+        """Bytes of one stored chunk in a shard (chunk bytes + crc32c in v2)."""
+        return self.chunk_bytes + (CRC_BYTES if self.crc else 0)
+
+    @property
+    def version(self) -> int:
+        return ASSET_VERSION if self.crc else 1
 
     @property
     def num_chunks(self) -> int:
@@ -78,18 +96,28 @@ class Geometry:
         return min(self.chunks_per_shard, self.num_chunks - s * self.chunks_per_shard)
 
     def shard_size(self, s: int) -> int:
-        return self.chunks_in_shard(s) * self.chunk_bytes + 16 * self.chunks_per_shard + 4
+        return self.chunks_in_shard(s) * self.stride + 16 * self.chunks_per_shard + 4
+
+    def shard_of_page(self, p: int) -> tuple[int, int]:
+        """(shard, chunk index inside the shard) holding page ``p``."""
+        return divmod(p // self.pages_per_chunk, self.chunks_per_shard)
 
     def storage_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "array": ARRAY_NAME, "data_type": self.data_type, "shape": list(self.shape),
             "chunk_bytes": self.chunk_bytes, "pages_per_chunk": self.pages_per_chunk, "page_bytes": self.page_bytes,
             "chunks_per_shard": self.chunks_per_shard, "num_shards": self.num_shards,
         }
+        if self.crc:
+            d["chunk_checksum"] = "crc32c"
+        return d
 
 
-def geometry(layout: Layout, dtype: str, chunks_per_shard: int | None = None) -> Geometry:
-    """Derive the storage geometry of ``layout`` stored as ``dtype`` (docs/asset-format.md §4-5)."""
+def geometry(layout: Layout, dtype: str, chunks_per_shard: int | None = None, *, version: int = ASSET_VERSION) -> Geometry:
+    """Derive the storage geometry of ``layout`` stored as ``dtype`` (docs/asset-format.md §4-5).
+
+    Raises PolymemError when a page/block or a shard index would exceed the format's bounds.
+    """
     dtype = check_dtype(dtype)
     KS, r, P = layout.rows_per_page, layout.head_dim, layout.pages
     if dtype == "nf4":
@@ -102,15 +130,33 @@ def geometry(layout: Layout, dtype: str, chunks_per_shard: int | None = None) ->
     else:
         page_bytes = KS * r * _ITEMSIZE[dtype]
         ppc, chunk_bytes, shape = 1, page_bytes, (P, KS, r)
+    if chunk_bytes > MAX_CHUNK_BYTES:
+        raise PolymemError(
+            f"one page would be {chunk_bytes:,} bytes (K*S={KS}, r={r}, {dtype}); the format allows at most "
+            f"{MAX_CHUNK_BYTES:,}; use fewer slots/heads or a narrower head_dim"
+        )
     if chunks_per_shard is None:
-        chunks_per_shard = SHARD_TARGET_BYTES // chunk_bytes
+        chunks_per_shard = max(1, min(MAX_CHUNKS_PER_SHARD, SHARD_TARGET_BYTES // chunk_bytes))
     if not isinstance(chunks_per_shard, int) or isinstance(chunks_per_shard, bool) or chunks_per_shard < 1:
         raise PolymemError(f"chunks_per_shard {chunks_per_shard!r} must be a positive integer")
+    if min(chunks_per_shard, shape[0]) > MAX_CHUNKS_PER_SHARD:
+        raise PolymemError(
+            f"chunks_per_shard {chunks_per_shard:,} exceeds the format's bound {MAX_CHUNKS_PER_SHARD:,} "
+            "(a shard index of at most 64 MiB); pick a smaller value"
+        )
     cps = max(1, min(chunks_per_shard, shape[0]))
+    num_shards = math.ceil(shape[0] / cps)
+    if num_shards > MAX_SHARDS:
+        raise PolymemError(
+            f"the table would need {num_shards:,} shards, more than the format's bound {MAX_SHARDS:,}; "
+            "raise chunks_per_shard"
+        )
+    if version not in SUPPORTED_ASSET_VERSIONS:
+        raise PolymemError(f"asset format version {version!r} is unknown; accepted: {list(SUPPORTED_ASSET_VERSIONS)}")
     return Geometry(
         dtype=dtype, data_type=_STORED[dtype], shape=shape, chunk_bytes=chunk_bytes, pages_per_chunk=ppc,
-        page_bytes=page_bytes, chunks_per_shard=cps, num_shards=math.ceil(shape[0] / cps), pages=P,
-        rows_per_page=KS, head_dim=r,
+        page_bytes=page_bytes, chunks_per_shard=cps, num_shards=num_shards, pages=P,
+        rows_per_page=KS, head_dim=r, crc=version >= 2,
     )
 
 
@@ -140,7 +186,7 @@ def header_body(
     lay["orders"] = list(orders)
     lay["joint"] = True
     return {
-        "format": ASSET_FORMAT, "version": 1, "hash_spec": spec.to_dict(), "layout": lay, "dtype": dtype,
+        "format": ASSET_FORMAT, "version": geom.version, "hash_spec": spec.to_dict(), "layout": lay, "dtype": dtype,
         "storage": geom.storage_dict(), "provenance": dict(provenance),
     }
 
@@ -172,7 +218,7 @@ def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
     fmt, ver = d.get("format"), d.get("version")
     if fmt != ASSET_FORMAT:
         raise FormatError(f"{where}: attribute format is {fmt!r}, expected {ASSET_FORMAT!r}")
-    if ver not in SUPPORTED_ASSET_VERSIONS:
+    if type(ver) is not int or ver not in SUPPORTED_ASSET_VERSIONS:
         raise FormatError(
             f"{where}: asset format version {ver!r} is not supported; this polymem reads versions "
             f"{list(SUPPORTED_ASSET_VERSIONS)}. Upgrade polymem to read newer assets."
@@ -208,14 +254,16 @@ def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
     except PolymemError as e:
         raise FormatError(f"{where}: field 'layout' is invalid: {e}") from None
     if lay.get("joint") is not True:
-        raise FormatError(f"{where}: field 'layout.joint' is {lay.get('joint')!r}; version 1 supports only true")
+        raise FormatError(f"{where}: field 'layout.joint' is {lay.get('joint')!r}; version {ver} supports only true")
     dtype = d["dtype"]
     if dtype not in DTYPES:
         raise FormatError(f"{where}: field 'dtype' is {dtype!r}; accepted: {', '.join(DTYPES)}")
     st = d["storage"]
-    cps = st.get("chunks_per_shard") if isinstance(st, Mapping) else None
+    if not isinstance(st, Mapping):
+        raise FormatError(f"{where}: field 'storage' must be an object, got {st!r}")
+    cps = st.get("chunks_per_shard")
     try:
-        geom = geometry(layout, dtype, cps)
+        geom = geometry(layout, dtype, cps, version=ver)
     except PolymemError as e:
         raise FormatError(f"{where}: field 'storage' is invalid: {e}") from None
     if dict(st) != geom.storage_dict():
@@ -254,13 +302,15 @@ def check_array_metadata(meta: Mapping[str, Any], geom: Geometry, where: str) ->
     if kenc.get("name") != "default" or kenc.get("configuration", {}).get("separator", "/") != "/":
         raise bad("chunk_key_encoding", kenc, {"name": "default", "configuration": {"separator": "/"}})
     codecs = meta.get("codecs", [])
-    if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
+    if not isinstance(codecs, list) or len(codecs) != 1 or not isinstance(codecs[0], Mapping) or codecs[0].get("name") != "sharding_indexed":
         raise bad("codecs", codecs, "one sharding_indexed codec")
     cfg = codecs[0].get("configuration", {})
-    want_inner = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    crc = [{"name": "crc32c"}] if geom.crc else []
+    want_inner = [{"name": "bytes", "configuration": {"endian": "little"}}] + crc
     if geom.data_type == "uint8":  # zarr-python omits endian for one-byte types
-        if cfg.get("codecs") not in (want_inner, [{"name": "bytes"}], [{"name": "bytes", "configuration": {}}]):
-            raise bad("codecs[0].codecs", cfg.get("codecs"), [{"name": "bytes"}])
+        ok = [[{"name": "bytes"}] + crc, [{"name": "bytes", "configuration": {}}] + crc, want_inner]
+        if cfg.get("codecs") not in ok:
+            raise bad("codecs[0].codecs", cfg.get("codecs"), ok[0])
     elif cfg.get("codecs") != want_inner:
         raise bad("codecs[0].codecs", cfg.get("codecs"), want_inner)
     if list(cfg.get("chunk_shape", [])) != list(geom.chunk_shape):

@@ -1,46 +1,126 @@
 """Shard files of the ``pages`` array, written and read directly (docs/asset-format.md §4).
 
-A shard is ``data ‖ index ‖ crc32c``: present chunks back to back, then ``chunks_per_shard`` little-endian
-uint64 pairs (offset, nbytes) — ``(2^64-1, 2^64-1)`` for chunks past the array's end — then the crc32c of the
-index. This is byte for byte what zarr-python's ``sharding_indexed`` codec writes with a ``bytes``-only chain
-and ``write_empty_chunks=True`` (tests/test_asset_zarr.py proves it), but ~an order of magnitude faster.
+A shard is ``chunks ‖ index ‖ crc32c``: the present chunks back to back — from format v2 each stored chunk is
+``chunk bytes ‖ crc32c(chunk bytes)`` (zarr's ``crc32c`` codec inside the sharding codec) — then
+``chunks_per_shard`` little-endian uint64 pairs (offset, nbytes) — ``(2^64-1, 2^64-1)`` for chunks past the
+array's end — then the crc32c of the index. This is byte for byte what zarr-python's ``sharding_indexed``
+codec writes with a ``[bytes, crc32c]`` chain and ``write_empty_chunks=True`` (tests/test_asset_zarr.py
+proves it), but ~an order of magnitude faster.
 
-:class:`FastReader` memory-maps shard files with ``MADV_RANDOM`` after the geometry was checked once.
-Not here: metadata (``_format``), zarr-python (``_zarr``).
+:class:`FastReader` reads chunks with ``pread`` (never a memory map: a shard truncated or rewritten under a
+reader gives a FormatError, not SIGBUS) and checks every chunk's crc32c on every read. Batches go through a
+small numba kernel that calls ``preadv`` and the crc32c library directly. Not here: metadata (``_format``),
+zarr-python (``_zarr``), the commit protocol (``core``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
-import mmap
 import os
 from pathlib import Path
+from typing import Any
 
 import google_crc32c
 import numpy as np
 
-from polymem.asset._format import Geometry
+from polymem.asset import _fs
+from polymem.asset._format import CRC_BYTES, Geometry
 from polymem.errors import FormatError
 
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
-_ZEROS = bytes(1 << 20)
+CRC_RESIDUE = 0x48674BC7  # crc32c(x ‖ crc32c(x) as little-endian uint32) for every x
+try:  # the C implementation (hardware crc32 instructions): takes bytes only
+    from google_crc32c._crc32c import value as _crc_bytes
+except ImportError:  # pragma: no cover - pure-python fallback of google_crc32c
+    _crc_bytes = google_crc32c.value
 
 
+def crc32c(data: Any) -> int:
+    return int(_crc_bytes(data if isinstance(data, bytes) else bytes(data)))
+
+
+def chunk_crcs(chunks: np.ndarray) -> np.ndarray:
+    """uint8 chunks [n, chunk_bytes] -> their crc32c, uint32 [n]."""
+    kern = _kernels()
+    out = np.empty(chunks.shape[0], np.uint32)
+    c = np.ascontiguousarray(chunks)
+    if kern is not None and c.shape[0] > 4:
+        kern[1](c, out)
+    else:
+        for i in range(c.shape[0]):
+            out[i] = crc32c(c[i].tobytes())
+    return out
+
+
+# ------------------------------------------------------------------------------------------ numba kernels
+_KERNELS: Any = None
+
+
+def _kernels() -> Any:
+    """(read_chunks kernel, crc rows kernel) compiled on first use, or None where numba/preadv/libcrc32c lack."""
+    global _KERNELS
+    if _KERNELS is not None:
+        return _KERNELS or None
+    try:
+        from google_crc32c import _crc32c
+
+        lib = ctypes.CDLL(_crc32c.__file__)
+        cval = lib.crc32c_value
+        cval.argtypes, cval.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_uint32
+        libc = ctypes.CDLL(None, use_errno=True)
+        preadv = libc.preadv
+        preadv.argtypes, preadv.restype = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64], ctypes.c_ssize_t
+        from numba import njit
+
+        @njit(nogil=True)
+        def read_chunks(fds, shard, off, out, crcs, crc):  # pragma: no cover - compiled
+            """Read chunk i (shard[i], byte offset off[i]) into out[i] (+ its crc into crcs[i]) and check it.
+            Returns -1 if all are good, else the first failing i."""
+            cb = out.shape[1]
+            iov = np.empty(4, np.uint64)
+            base, cbase = out.ctypes.data, crcs.ctypes.data
+            for i in range(out.shape[0]):
+                iov[0] = base + i * cb
+                iov[1] = cb
+                iov[2] = cbase + 4 * i
+                iov[3] = 4
+                want = cb + 4 if crc else cb
+                if preadv(fds[shard[i]], iov.ctypes.data, 2 if crc else 1, off[i]) != want:
+                    return i
+                if crc and cval(base + i * cb, cb) != crcs[i]:
+                    return i
+            return -1
+
+        @njit(nogil=True)
+        def crc_rows(chunks, out):  # pragma: no cover - compiled
+            cb = chunks.shape[1]
+            base = chunks.ctypes.data
+            for i in range(chunks.shape[0]):
+                out[i] = cval(base + i * cb, cb)
+
+        _KERNELS = (read_chunks, crc_rows)
+    except Exception:  # noqa: BLE001 - any missing piece: the pure-Python loop does the same work
+        _KERNELS = ()
+    return _KERNELS or None
+
+
+# ------------------------------------------------------------------------------------------ index, writes
 def shard_index(geom: Geometry, s: int) -> bytes:
-    """Index bytes + crc32c of shard ``s`` (offset = i·chunk_bytes for present chunks)."""
-    n, cps, cb = geom.chunks_in_shard(s), geom.chunks_per_shard, geom.chunk_bytes
+    """Index bytes + crc32c of shard ``s`` (offset = i·stride for present chunks)."""
+    n, cps, st = geom.chunks_in_shard(s), geom.chunks_per_shard, geom.stride
     idx = np.full((cps, 2), _EMPTY, dtype="<u8")
-    idx[:n, 0] = np.arange(n, dtype=np.uint64) * np.uint64(cb)
-    idx[:n, 1] = cb
+    idx[:n, 0] = np.arange(n, dtype=np.uint64) * np.uint64(st)
+    idx[:n, 1] = st
     raw = idx.tobytes()
-    return raw + int(google_crc32c.value(raw)).to_bytes(4, "little")
+    return raw + crc32c(raw).to_bytes(4, "little")
 
 
 def check_shard_index(geom: Geometry, s: int, tail: bytes, where: str) -> None:
     """Raise FormatError unless ``tail`` (the last 16·cps+4 bytes of shard s) is exactly the expected index."""
     key = geom.shard_key(s)
     raw, crc = tail[:-4], int.from_bytes(tail[-4:], "little")
-    if int(google_crc32c.value(raw)) != crc:
+    if crc32c(raw) != crc:
         raise FormatError(f"{where}: shard {key!r} has a corrupt index (crc32c mismatch); restore or re-create the asset")
     if tail != shard_index(geom, s):
         got = np.frombuffer(raw, dtype="<u8").reshape(-1, 2)
@@ -48,39 +128,47 @@ def check_shard_index(geom: Geometry, s: int, tail: bytes, where: str) -> None:
         i = int(np.nonzero((got != want).any(axis=1))[0][0])
         raise FormatError(
             f"{where}: shard {key!r} index entry {i} is (offset {got[i, 0]}, nbytes {got[i, 1]}), expected "
-            f"({want[i, 0]}, {want[i, 1]}): the shard was not written with the bytes-only, one-chunk-per-page "
+            f"({want[i, 0]}, {want[i, 1]}): the shard was not written with the one-chunk-per-page "
             "geometry polymem reads; re-create it with `polymem quantize` or MemoryAsset.from_array"
         )
 
 
-def write_shard(path: Path, geom: Geometry, s: int, data: np.ndarray | None, *, hash_zeros: bool = True) -> str:
+def shard_bytes(geom: Geometry, s: int, data: np.ndarray | None) -> bytes | memoryview:
+    """The stored chunk region of shard ``s`` (without the index): data = present chunks (any dtype) or None
+    (zeros)."""
+    n, cb = geom.chunks_in_shard(s), geom.chunk_bytes
+    if data is None:
+        chunks = np.zeros((n, cb), np.uint8)
+    else:
+        chunks = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if chunks.nbytes != n * cb:
+            raise ValueError(f"shard {s}: got {chunks.nbytes} data bytes, expected {n * cb}")
+        chunks = chunks.reshape(n, cb)
+    if not geom.crc:
+        return memoryview(chunks).cast("B")
+    out = np.empty((n, geom.stride), np.uint8)
+    out[:, :cb] = chunks
+    if data is None:
+        out[:, cb:] = np.frombuffer(crc32c(bytes(cb)).to_bytes(4, "little"), np.uint8)
+    else:
+        out[:, cb:] = chunk_crcs(chunks).astype("<u4").view(np.uint8).reshape(n, CRC_BYTES)
+    return memoryview(out).cast("B")
+
+
+def write_shard(path: Path, geom: Geometry, s: int, data: np.ndarray | None) -> str:
     """Write shard ``s`` (``data`` = the present chunks, any dtype, C-contiguous; None = all zeros) and fsync.
 
-    Returns the sha256 of the file ("" for zeros with ``hash_zeros=False``). Zeros are written as a sparse hole.
+    Returns the sha256 of the file. Every write goes through :mod:`polymem.asset._fs` (fault injection).
     """
+    body = shard_bytes(geom, s, data)
     index = shard_index(geom, s)
-    nbytes = geom.chunks_in_shard(s) * geom.chunk_bytes
-    h = hashlib.sha256()
-    with open(path, "wb") as f:
-        if data is None:
-            f.truncate(nbytes)
-            f.seek(nbytes)
-            left = nbytes if hash_zeros else 0
-            while left:
-                step = min(left, len(_ZEROS))
-                h.update(_ZEROS[:step] if step < len(_ZEROS) else _ZEROS)
-                left -= step
-        else:
-            buf = memoryview(np.ascontiguousarray(data)).cast("B")
-            if buf.nbytes != nbytes:
-                raise ValueError(f"shard {s}: got {buf.nbytes} data bytes, expected {nbytes}")
-            f.write(buf)
-            h.update(buf)
-        f.write(index)
-        h.update(index)
-        f.flush()
-        os.fsync(f.fileno())
-    return h.hexdigest() if data is not None or hash_zeros else ""
+    h = hashlib.sha256(body)
+    h.update(index)
+    with _fs.open_write(path) as f:
+        _fs.write(f, body)
+        _fs.write(f, index)
+        _fs.fsync(f)
+    return h.hexdigest()
 
 
 def file_sha256(path: Path) -> str:
@@ -91,97 +179,175 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _groups(keys: np.ndarray) -> "list[tuple[int, np.ndarray]]":
-    """[(key, positions of that key)] for an int array (one group when all keys are equal)."""
-    if keys.shape[0] == 0:
-        return []
-    k0 = int(keys[0])
-    if keys.shape[0] == 1 or (keys == k0).all():
-        return [(k0, np.arange(keys.shape[0]))]
-    order = np.argsort(keys, kind="stable")
-    bounds = np.flatnonzero(np.diff(keys[order])) + 1
-    return [(int(keys[grp[0]]), grp) for grp in np.split(order, bounds)]
+def read_shard_checked(path: Path, geom: Geometry, s: int, sha256: str, where: str) -> np.ndarray:
+    """The present chunks of shard ``s`` as uint8 [n, chunk_bytes] (a copy), after checking the whole file
+    against its recorded sha256 and every chunk against its crc32c. Writers rebuild shards from this."""
+    key = geom.shard_key(s)
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise FormatError(f"{where}: shard {key!r} is missing; restore the asset (`polymem verify --repair` "
+                          "cleans up interrupted writes)") from None
+    if len(data) != geom.shard_size(s):
+        raise FormatError(f"{where}: shard {key!r} is {len(data)} bytes, expected {geom.shard_size(s)} (truncated or "
+                          "overwritten); restore the asset")
+    n = geom.chunks_in_shard(s)
+    st = np.frombuffer(data, np.uint8, count=n * geom.stride).reshape(n, geom.stride)
+    if geom.crc:
+        crcs = chunk_crcs(st[:, : geom.chunk_bytes])
+        bad = np.flatnonzero(crcs != st[:, geom.chunk_bytes :].copy().view("<u4").reshape(-1))
+        if bad.size:
+            raise corrupt_chunk(geom, s, int(bad[0]), where)
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        raise FormatError(
+            f"{where}: shard {key!r} checksum mismatch (stored {sha256[:12]}…, computed {got[:12]}…): its bytes "
+            "changed, so polymem will not build on it; restore the asset (or rewrite every page of this shard "
+            "from a good copy)"
+        )
+    return st[:, : geom.chunk_bytes].copy()
 
 
+def pages_of_chunk(geom: Geometry, c: int) -> str:
+    a = c * geom.pages_per_chunk
+    b = min(geom.pages, a + geom.pages_per_chunk) - 1
+    return f"page {a}" if a == b else f"pages {a}..{b} (block {c})"
+
+
+def corrupt_chunk(geom: Geometry, s: int, i: int, where: str) -> FormatError:
+    c = s * geom.chunks_per_shard + i
+    return FormatError(
+        f"{where}: shard {geom.shard_key(s)!r} {pages_of_chunk(geom, c)} fails its crc32c check: the stored bytes "
+        f"changed; run `polymem verify {where}` and restore the asset"
+    )
+
+
+# ------------------------------------------------------------------------------------------ reads
 class FastReader:
-    """Chunks straight from local shard files: one mmap per shard (opened lazily, ``MADV_RANDOM``)."""
+    """Verified chunks straight from local shard files: one file descriptor per shard (opened lazily,
+    ``POSIX_FADV_RANDOM``), ``pread`` per chunk, crc32c checked on every read (format v2)."""
 
-    def __init__(self, root: Path, geom: Geometry) -> None:
+    def __init__(self, root: Path, geom: Geometry, where: str | None = None) -> None:
         self._root = root
         self._geom = geom
-        self._views: list[np.ndarray | None] = [None] * geom.num_shards
-        self._maps: list[mmap.mmap | None] = [None] * geom.num_shards
+        self._where = where or str(root)
+        self._fds: list[int] = [-1] * geom.num_shards
         self._dtype = np.dtype(geom.data_type).newbyteorder("<")
         self._chunk_shape = geom.chunk_shape[1:]
+        self._page_shape = (1,) + geom.chunk_shape[1:] if geom.dtype != "nf4" else (1, geom.page_bytes)
+        self._count = geom.chunk_bytes // self._dtype.itemsize
+        self._cps, self._stride, self._cb, self._crc = geom.chunks_per_shard, geom.stride, geom.chunk_bytes, geom.crc
 
-    def _view(self, s: int) -> np.ndarray:
-        v = self._views[s]
-        if v is None:
-            g = self._geom
-            with open(self._root / g.shard_key(s), "rb") as f:
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            if hasattr(mmap, "MADV_RANDOM"):
-                mm.madvise(mmap.MADV_RANDOM)
-            n = g.chunks_in_shard(s)
-            v = np.frombuffer(mm, dtype=self._dtype, count=n * g.chunk_bytes // self._dtype.itemsize)
-            v = v.reshape((n,) + self._chunk_shape)
-            self._maps[s], self._views[s] = mm, v
-        return v
+    def _open(self, s: int) -> int:
+        fd = self._fds[s]
+        if fd < 0:
+            key = self._geom.shard_key(s)
+            try:
+                fd = os.open(self._root / key, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                raise FormatError(f"{self._where}: shard {key!r} is missing (removed while the asset was open); "
+                                  "reopen or restore the asset") from None
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            self._fds[s] = fd
+        return fd
+
+    def _check(self, s: int, i: int, b: bytes) -> None:
+        """Raise the FormatError for chunk i of shard s whose stored bytes ``b`` failed."""
+        if len(b) != self._stride:
+            key = self._geom.shard_key(s)
+            c = s * self._cps + i
+            raise FormatError(
+                f"{self._where}: shard {key!r} is truncated: {pages_of_chunk(self._geom, c)} lies beyond its end "
+                f"(read {len(b)} of {self._stride} bytes; the file changed under this reader); reopen or restore "
+                "the asset"
+            )
+        if self._crc and crc32c(b) != CRC_RESIDUE:
+            raise corrupt_chunk(self._geom, s, i, self._where)
+
+    def _pread(self, s: int, i: int) -> bytes:
+        b = os.pread(self._fds[s] if self._fds[s] >= 0 else self._open(s), self._stride, i * self._stride)
+        if len(b) != self._stride or (self._crc and _crc_bytes(b) != CRC_RESIDUE):
+            self._check(s, i, b)
+        return b
 
     def read_page(self, p: int) -> np.ndarray:
-        """One page as stored, [1, K*S, r] (float dtypes) or uint8 [1, page_bytes] (nf4); a copy. Lean on purpose."""
+        """One page as stored, [1, K*S, r] (float dtypes) or uint8 [1, page_bytes] (nf4); verified. Lean on purpose."""
         g = self._geom
-        c, j = divmod(p, g.pages_per_chunk)
-        s, i = divmod(c, g.chunks_per_shard)
-        v = self._views[s]
-        if v is None:
-            v = self._view(s)
         if g.pages_per_chunk == 1 and g.dtype != "nf4":
-            return v[i : i + 1].copy()
-        return v[i : i + 1, j * g.page_bytes : (j + 1) * g.page_bytes].copy()
+            s, i = divmod(p, self._cps)
+            b = self._pread(s, i)
+            return np.frombuffer(bytearray(b), self._dtype, self._count).reshape(self._page_shape)
+        c, j = divmod(p, g.pages_per_chunk)
+        s, i = divmod(c, self._cps)
+        b = self._pread(s, i)
+        return np.frombuffer(b, np.uint8, g.page_bytes, j * g.page_bytes).reshape(self._page_shape).copy()
+
+    def read_chunks_into(self, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Verified raw bytes of chunks ``ids`` (int64 [n], in range) into ``out`` (uint8 [n, chunk_bytes],
+        C-contiguous, writable); returns ``out``. The primitive a page service builds on."""
+        n = ids.shape[0]
+        if out.shape != (n, self._cb) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be uint8 [{n}, {self._cb}] C-contiguous, got {out.dtype} {out.shape}")
+        if n == 0:
+            return out
+        cps = self._cps
+        shard = ids // cps
+        for s in np.unique(shard).tolist():
+            if self._fds[s] < 0:
+                self._open(s)
+        kern = _kernels() if n > 2 else None
+        if kern is None:
+            for k, (s, i) in enumerate(zip(shard.tolist(), (ids - shard * cps).tolist())):
+                out[k] = np.frombuffer(self._pread(s, i), np.uint8, self._cb)
+            return out
+        fds = np.asarray(self._fds, dtype=np.int64)
+        offs = (ids - shard * cps) * self._stride
+        crcs = np.empty(n, np.uint32)
+        bad = kern[0](fds, shard, offs, out, crcs, self._crc)
+        if bad >= 0:  # re-read the failing chunk in Python for the precise error (or a transient short read)
+            s, i = int(shard[bad]), int(ids[bad] - shard[bad] * cps)
+            self._pread(s, i)
+            for k in range(bad, n):  # it read fine the second time: finish in Python
+                s, i = int(shard[k]), int(ids[k] - shard[k] * cps)
+                out[k] = np.frombuffer(self._pread(s, i), np.uint8, self._cb)
+        return out
 
     def read_chunks(self, ids: np.ndarray) -> np.ndarray:
-        """int64 chunk ids [n] (in range) -> stored-dtype chunks [n, *chunk_shape[1:]] (a copy)."""
-        cps = self._geom.chunks_per_shard
-        if ids.shape[0] == 1:  # lean path for single-page reads
-            c = int(ids[0])
-            return self._view(c // cps)[c % cps : c % cps + 1].copy()
-        if self._geom.num_shards == 1:
-            return self._view(0)[ids]
-        out = np.empty((ids.shape[0],) + self._chunk_shape, dtype=self._dtype)
-        for s, sel in _groups(ids // cps):
-            out[sel] = self._view(s)[ids[sel] - s * cps]
-        return out
+        """int64 chunk ids [n] (in range) -> verified stored-dtype chunks [n, *chunk_shape[1:]] (a new array)."""
+        out = np.empty((ids.shape[0], self._cb), np.uint8)
+        self.read_chunks_into(ids, out)
+        return out.view(self._dtype).reshape((ids.shape[0],) + self._chunk_shape)
 
     def read_rows(self, rows: np.ndarray) -> np.ndarray:
         """int64 table rows [n] (in range) -> stored rows: [n, r] (float dtypes) or uint8 [n, r/2+2] (nf4).
 
-        Gathers the rows straight out of the mapped shards, without copying whole pages.
+        Reads (and verifies) each distinct page once, then gathers the rows.
         """
         g = self._geom
-        KS, cps, ppc = g.rows_per_page, g.chunks_per_shard, g.pages_per_chunk
-        if g.dtype != "nf4":
-            out = np.empty((rows.shape[0], g.head_dim), dtype=self._dtype)
-            rows_per_shard = cps * KS
-            for s, sel in _groups(rows // rows_per_shard):
-                v = self._view(s)
-                out[sel] = v.reshape(-1, g.head_dim)[rows[sel] - s * rows_per_shard]
-            return out
-        rb = g.page_bytes // KS
-        out = np.empty((rows.shape[0], rb), dtype=np.uint8)
+        KS, ppc = g.rows_per_page, g.pages_per_chunk
         page = rows // KS
-        chunk = page // ppc
-        for s, sel in _groups(chunk // cps):
-            flat = self._view(s).reshape(-1)
-            off = (chunk[sel] - s * cps) * g.chunk_bytes + (page[sel] % ppc) * g.page_bytes + (rows[sel] % KS) * rb
-            out[sel] = flat[off[:, None] + np.arange(rb)]
-        return out
+        chunks, inv = np.unique(page // ppc, return_inverse=True)
+        buf = np.empty((chunks.shape[0], self._cb), np.uint8)
+        self.read_chunks_into(chunks, buf)
+        if g.dtype != "nf4":
+            return buf.view(self._dtype).reshape(chunks.shape[0], KS, g.head_dim)[inv, rows % KS]
+        rb = g.page_bytes // KS
+        off = (page % ppc) * g.page_bytes + (rows % KS) * rb
+        return buf[inv[:, None], off[:, None] + np.arange(rb)]
 
     def invalidate(self, shards: "list[int] | None" = None) -> None:
-        """Forget mappings (after shard files were replaced), so the next read maps the new files."""
+        """Close descriptors (after shard files were replaced), so the next read opens the new files."""
         for s in range(self._geom.num_shards) if shards is None else shards:
-            self._views[s] = None
-            self._maps[s] = None  # the mmap closes when the last view of it is gone
+            fd, self._fds[s] = self._fds[s], -1
+            if fd >= 0:
+                os.close(fd)
 
     def close(self) -> None:
         self.invalidate()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

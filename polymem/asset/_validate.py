@@ -11,7 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from polymem.asset._format import WRITING_MARKER, Header, check_array_metadata, parse_header, sha256_hex
+from polymem.asset._format import (
+    MAX_JSON_BYTES, WRITING_MARKER, Header, check_array_metadata, parse_header, sha256_hex,
+)
 from polymem.asset._shards import check_shard_index, file_sha256
 from polymem.errors import FormatError
 
@@ -71,6 +73,10 @@ def _load_json(raw: Raw, key: str, where: str) -> tuple[dict[str, Any], bytes]:
         what = "group metadata" if key == "zarr.json" else "array metadata"
         hint = " (is this a polymem asset? create one with `polymem init`)" if key == "zarr.json" else "; restore the asset"
         raise FormatError(f"{where}: {what} {key!r} is missing{hint}")
+    size = raw.size(key)
+    if size > MAX_JSON_BYTES:
+        raise FormatError(f"{where}: {key!r} is {size:,} bytes; asset metadata is at most {MAX_JSON_BYTES:,} "
+                          "(this is not a polymem asset, or it was overwritten); restore the asset")
     data = raw.cat(key)
     try:
         obj = json.loads(data)
@@ -87,8 +93,9 @@ def validate(raw: Raw, where: str) -> Header:
         raise FormatError(f"{where}: no asset directory here; create one with `polymem init {where}`")
     if raw.exists(WRITING_MARKER):
         raise FormatError(
-            f"{where}: a writer stopped while replacing shards (marker {WRITING_MARKER!r} present), so the asset "
-            "may be half-written and is refused; restore it from a copy or re-create it"
+            f"{where}: a page write was interrupted while replacing shards (marker {WRITING_MARKER!r} present), so "
+            f"the asset may be half-written and is refused; run `polymem verify --repair {where}` to roll the "
+            "interrupted write back"
         )
     group, _ = _load_json(raw, "zarr.json", where)
     if group.get("node_type") != "group" or group.get("zarr_format") != 3:

@@ -14,17 +14,39 @@ from typing import Any
 import numpy as np
 
 from polymem.asset._format import ARRAY_NAME, Geometry
+from polymem.errors import FormatError
+
+
+def _checked(read: Any, ids: np.ndarray, geom: Geometry | None, where: str) -> np.ndarray:
+    """``read(ids)``; a failed crc32c (zarr-python: ValueError 'checksum', tensorstore: 'DATA_LOSS' / 'Digest')
+    becomes a FormatError naming the shard and page of the first bad chunk."""
+    try:
+        return np.asarray(read(ids))
+    except Exception as e:  # noqa: BLE001 - re-raised below unless it is a checksum failure
+        msg = str(e)
+        if not any(k in msg for k in ("checksum", "Digest", "DATA_LOSS")) or geom is None:
+            raise
+        from polymem.asset._shards import corrupt_chunk
+
+        for c in sorted({int(c) for c in np.asarray(ids).reshape(-1)}):
+            try:
+                read(np.array([c]))
+            except Exception:  # noqa: BLE001
+                s, i = divmod(c, geom.chunks_per_shard)
+                raise corrupt_chunk(geom, s, i, where) from None
+        raise FormatError(f"{where}: a chunk failed its checksum ({msg}); run `polymem verify {where}`") from None
 
 
 def create_array_metadata(root: Path, geom: Geometry) -> None:
-    """Write ``root/pages/zarr.json`` with zarr-python (no chunks): bytes codec only, index at the end."""
+    """Write ``root/pages/zarr.json`` with zarr-python (no chunks): bytes codec (+ crc32c from format v2), index
+    at the end."""
     import zarr
-    from zarr.codecs import BytesCodec
+    from zarr.codecs import BytesCodec, Crc32cCodec
 
     group = zarr.open_group(str(root), mode="w", zarr_format=3)
     group.create_array(
         ARRAY_NAME, shape=geom.shape, dtype=geom.data_type, chunks=geom.chunk_shape, shards=geom.shard_shape,
-        compressors=None, filters=None, serializer=BytesCodec(endian="little"), fill_value=0,
+        compressors=[Crc32cCodec()] if geom.crc else None, filters=None, serializer=BytesCodec(endian="little"), fill_value=0,
         config={"write_empty_chunks": True},
     )
 
@@ -42,14 +64,16 @@ def write_with_zarr(root: Path, geom: Geometry, stored: np.ndarray) -> None:
 class ZarrReader:
     """Chunks through zarr-python (any store zarr can open, including fsspec URLs)."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, geom: Geometry | None = None,
+                 where: str = "") -> None:
         import zarr
 
         kw = {"storage_options": storage_options} if storage_options and "://" in url else {}
         self._arr = zarr.open_array(url.rstrip("/") + "/" + ARRAY_NAME, mode="r", **kw)
+        self._geom, self._where = geom, where or url
 
     def read_chunks(self, ids: np.ndarray) -> np.ndarray:
-        return np.asarray(self._arr.oindex[ids])
+        return _checked(lambda i: self._arr.oindex[i], ids, self._geom, self._where)
 
     def invalidate(self, shards: "list[int] | None" = None) -> None:
         pass
@@ -61,9 +85,10 @@ class ZarrReader:
 class TensorstoreReader:
     """Chunks through tensorstore's zarr3 driver (local files only here)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, geom: Geometry | None = None, where: str = "") -> None:
         from polymem._optional import optional_import
 
+        self._geom, self._where = geom, where or str(root)
         ts = optional_import("tensorstore", extra="fast", purpose="the asset backend 'tensorstore'")
         spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(root / ARRAY_NAME)}}
         self._ts = ts
@@ -71,7 +96,7 @@ class TensorstoreReader:
         self._arr = ts.open(spec, read=True).result()
 
     def read_chunks(self, ids: np.ndarray) -> np.ndarray:
-        return np.asarray(self._arr[ids].read().result())
+        return _checked(lambda i: self._arr[i].read().result(), ids, self._geom, self._where)
 
     def invalidate(self, shards: "list[int] | None" = None) -> None:
         self._arr = self._ts.open(self._spec, read=True).result()

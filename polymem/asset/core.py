@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from polymem.asset import _codec
+from polymem.asset import _codec, _commit, _fs
 from polymem.asset._format import (
-    WRITING_MARKER, Geometry, Header, canonical_json, check_dtype, check_orders,
+    ASSET_VERSION, LOCK_FILE, WRITING_MARKER, Geometry, Header, canonical_json, check_dtype, check_orders,
     check_provenance, geometry, header_body, parse_header, sha256_hex,
 )
-from polymem.asset._shards import FastReader, file_sha256, write_shard
+from polymem.asset._shards import FastReader, file_sha256, read_shard_checked, write_shard
 from polymem.asset._validate import Raw as _Raw
 from polymem.asset._validate import validate as _validate
 from polymem.errors import FormatError, PolymemError, SpecMismatchError
@@ -38,30 +36,24 @@ BACKENDS = ("auto", "fast", "zarr", "tensorstore")
 PageSource = Callable[[int, int], np.ndarray]  # (first page, stop page) -> float32 [stop-first, K*S, r]
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+_fsync_dir = _fs.fsync_dir
+ChunkSource = Callable[[int], np.ndarray]  # shard s -> its stored chunks (any dtype, C-contiguous)
 
 
-def _write_group_json(root: Path, body: dict[str, Any], checksums: dict[str, Any]) -> None:
-    """Write root/zarr.json (the group, attributes.polymem = header) via temp file + rename."""
+def _group_json_bytes(body: dict[str, Any], checksums: dict[str, Any]) -> bytes:
     header = dict(body)
     header["checksums"] = checksums
     doc = {"attributes": {"polymem": header}, "zarr_format": 3, "node_type": "group"}
+    return json.dumps(doc, indent=2, allow_nan=False).encode()
+
+
+def _write_group_json(root: Path, body: dict[str, Any], checksums: dict[str, Any]) -> bytes:
+    """Write root/zarr.json (the group, attributes.polymem = header) via temp file + rename; returns its bytes."""
+    data = _group_json_bytes(body, checksums)
     tmp = root / ".zarr.json.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(doc, indent=2, allow_nan=False))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / "zarr.json")
+    _fs.write_file(tmp, data)
+    _fs.replace(tmp, root / "zarr.json")
+    return data
 
 
 # ------------------------------------------------------------------------------------------ the asset
@@ -71,6 +63,7 @@ class MemoryAsset:
     def __init__(self, raw: _Raw, header: Header, backend: str) -> None:
         self._raw = raw
         self._header = header
+        self._version = header.geometry.version
         self._backend = backend
         self._reader = self._make_reader(backend)
         self._pages = header.layout.pages
@@ -110,6 +103,11 @@ class MemoryAsset:
         return self._backend
 
     @property
+    def version(self) -> int:
+        """Format version of the stored asset (1 = legacy, read-only; see :meth:`upgrade`)."""
+        return self._version
+
+    @property
     def header(self) -> dict[str, Any]:
         """The stored ``attributes.polymem`` (JSON)."""
         return self._header.to_dict()
@@ -131,12 +129,13 @@ class MemoryAsset:
             raise PolymemError(f"backend {backend!r} reads local directories only; {self.path!r} is a URL — use 'zarr'")
         self._backend = backend
         if backend == "fast":
-            return FastReader(local, self.geometry)  # type: ignore[arg-type]
+            return FastReader(local, self.geometry, self.path)  # type: ignore[arg-type]
         from polymem.asset import _zarr
 
         if backend == "tensorstore":
-            return _zarr.TensorstoreReader(local)  # type: ignore[arg-type]
-        return _zarr.ZarrReader(str(local) if local is not None else self._raw.location)
+            return _zarr.TensorstoreReader(local, self.geometry, self.path)  # type: ignore[arg-type]
+        return _zarr.ZarrReader(str(local) if local is not None else self._raw.location, geom=self.geometry,
+                                where=self.path)
 
     # ---- constructors
     @classmethod
@@ -151,19 +150,20 @@ class MemoryAsset:
     def create(
         cls, path: str | os.PathLike[str], spec: HashSpec, layout: Layout, *, dtype: str = "float32",
         orders: "tuple[int, ...] | list[int]" = (1, 2, 3), provenance: Mapping[str, Any] | None = None,
-        overwrite: bool = False, chunks_per_shard: int | None = None,
+        overwrite: bool = False, chunks_per_shard: int | None = None, lock_timeout: float | None = None,
     ) -> "MemoryAsset":
-        """Create an all-zero table (zero pages are sparse holes on disk). Atomic."""
+        """Create an all-zero table. Atomic; an overwrite takes the old asset's writer lock."""
         return cls._write_new(path, spec, layout, None, dtype=dtype, orders=orders, provenance=provenance,
-                              overwrite=overwrite, chunks_per_shard=chunks_per_shard)
+                              overwrite=overwrite, chunks_per_shard=chunks_per_shard, lock_timeout=lock_timeout)
 
     @classmethod
     def from_array(
         cls, path: str | os.PathLike[str], table: np.ndarray, spec: HashSpec, layout: Layout, *,
         orders: "tuple[int, ...] | list[int]", dtype: str = "float32", provenance: Mapping[str, Any] | None = None,
-        overwrite: bool = False, chunks_per_shard: int | None = None,
+        overwrite: bool = False, chunks_per_shard: int | None = None, lock_timeout: float | None = None,
     ) -> "MemoryAsset":
-        """Write ``table`` float [layout.num_rows, layout.head_dim] as a new asset. Atomic."""
+        """Write ``table`` float [layout.num_rows, layout.head_dim] as a new asset. Atomic; an overwrite takes
+        the old asset's writer lock."""
         shape = tuple(np.shape(table))
         if shape != (layout.num_rows, layout.head_dim):
             raise PolymemError(
@@ -176,13 +176,13 @@ class MemoryAsset:
             return np.asarray(table[a * KS : b * KS], dtype=np.float32).reshape(b - a, KS, r)
 
         return cls._write_new(path, spec, layout, source, dtype=dtype, orders=orders, provenance=provenance,
-                              overwrite=overwrite, chunks_per_shard=chunks_per_shard)
+                              overwrite=overwrite, chunks_per_shard=chunks_per_shard, lock_timeout=lock_timeout)
 
     @classmethod
     def _write_new(
         cls, path: str | os.PathLike[str], spec: HashSpec, layout: Layout, source: PageSource | None, *,
         dtype: str, orders: Any, provenance: Mapping[str, Any] | None, overwrite: bool,
-        chunks_per_shard: int | None,
+        chunks_per_shard: int | None, chunk_source: ChunkSource | None = None, lock_timeout: float | None = None,
     ) -> "MemoryAsset":
         location = os.fspath(path)
         if "://" in location and not location.startswith("file://"):
@@ -196,8 +196,13 @@ class MemoryAsset:
         geom = geometry(layout, dtype, chunks_per_shard)
         if dest.exists() and not overwrite:
             raise PolymemError(f"{str(dest)!r} already exists; pass overwrite=True (CLI: --overwrite) or pick another path")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        if dest.exists() and not dest.is_dir():
+            raise PolymemError(f"{str(dest)!r} is a file, not an asset directory; remove it or pick another path")
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = _fs.mkdtemp(f".{dest.name}.tmp-", dest.parent)
+        except OSError as e:
+            raise PolymemError(f"cannot create {str(dest)!r}: {e.strerror} ({e.filename}); pick a writable directory") from None
         try:
             from polymem.asset import _zarr
 
@@ -207,10 +212,12 @@ class MemoryAsset:
             for s in range(geom.num_shards):
                 key = geom.shard_key(s)
                 (tmp / key).parent.mkdir(parents=True, exist_ok=True)
-                if source is None:  # sparse zero shards; equal-sized ones have equal bytes, hash once
+                if chunk_source is not None:
+                    shards[key] = write_shard(tmp / key, geom, s, chunk_source(s))
+                elif source is None:  # zero shards; equal-sized ones have equal bytes
                     n = geom.chunks_in_shard(s)
-                    digest = write_shard(tmp / key, geom, s, None, hash_zeros=n not in zero_digest)
-                    shards[key] = zero_digest.setdefault(n, digest)
+                    shards[key] = write_shard(tmp / key, geom, s, None)
+                    zero_digest.setdefault(n, shards[key])
                 else:
                     ppc, cps = geom.pages_per_chunk, geom.chunks_per_shard
                     a = s * cps * ppc
@@ -226,16 +233,18 @@ class MemoryAsset:
             _write_group_json(tmp, body, checksums)
             for d in [tmp, tmp / "pages", *(tmp / geom.shard_key(s) for s in range(geom.num_shards))]:
                 _fsync_dir(d if d.is_dir() else d.parent)
-            old: Path | None = None
-            if dest.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
-                os.replace(dest, old / "asset")
-            os.replace(tmp, dest)
-            _fsync_dir(dest.parent)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            if dest.exists():  # overwrite: hold the old asset's writer lock across the swap
+                with _fs.writer_lock(dest, LOCK_FILE, lock_timeout, str(dest)):
+                    old = _fs.mkdtemp(f".{dest.name}.old-", dest.parent)
+                    _fs.replace(dest, old / "asset")
+                    _fs.replace(tmp, dest)
+                    _fsync_dir(dest.parent)
+                _fs.rmtree(old)
+            else:
+                _fs.replace(tmp, dest)
+                _fsync_dir(dest.parent)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _fs.rmtree(tmp)
             raise
         return cls.open(dest)
 
@@ -369,62 +378,68 @@ class MemoryAsset:
         return TokenHashes.build(tokenizer, self.spec)
 
     # ---- writes
-    def write_pages(self, page_ids: Any, data: Any) -> None:
-        """Replace pages: ids [n] (distinct), data float32 [n, K*S, r]. Atomic (docs/asset-format.md §7)."""
+    def write_pages(self, page_ids: Any, data: Any, *, lock_timeout: float | None = None) -> None:
+        """Replace pages: ids [n] (distinct), data float32 [n, K*S, r]. Atomic (docs/asset-format.md §7).
+
+        Takes the asset's writer lock (waits up to ``lock_timeout`` s, default 60, for another writer), refuses
+        to build on a shard whose bytes do not match its checksums, and either lands completely or raises
+        with the asset unchanged.
+        """
         root = self._raw.local
         if root is None:
             raise PolymemError(f"cannot write pages of {self.path!r}: remote assets are read-only; write locally, then upload")
+        if self._version < ASSET_VERSION:
+            raise PolymemError(
+                f"{self.path}: format version {self._version} assets are read-only in this polymem; run "
+                f"`polymem upgrade {self.path}` (MemoryAsset.upgrade) first"
+            )
         ids, _ = self._check_ids(page_ids)
         g = self.geometry
         pages = _codec.check_pages(data, g, ids.shape[0])
         if np.unique(ids).shape[0] != ids.shape[0]:
             raise PolymemError("page ids passed to write_pages must be distinct; merge duplicate pages first")
-        # the whole asset must still be what we opened; stale SHARD.new files of a killed writer go
-        header = _validate(self._raw, self.path)
-        for stale in (root / "pages" / "c").rglob("*.new"):
-            stale.unlink(missing_ok=True)
         stored = _codec.encode_pages(pages, g)  # [n, ...]
-        ppc, cps = g.pages_per_chunk, g.chunks_per_shard
-        chunk_of = ids // ppc
-        shard_of = chunk_of // cps
-        reader = FastReader(root, g)
-        new_sums: dict[str, str] = {}
-        touched = sorted({int(s) for s in shard_of})
-        try:
-            for s in touched:
-                c0, n = s * cps, g.chunks_in_shard(s)
-                chunks = reader.read_chunks(np.arange(c0, c0 + n)).copy()
-                sel = np.flatnonzero(shard_of == s)
-                if g.dtype == "nf4":
-                    _codec.page_view(chunks, g)[chunk_of[sel] - c0, ids[sel] % ppc] = stored[sel]
-                else:
-                    chunks[chunk_of[sel] - c0] = stored[sel]
-                key = g.shard_key(s)
-                new_sums[key] = write_shard(root / (key + ".new"), g, s, chunks)
-        except BaseException:
-            for s in touched:
-                (root / (g.shard_key(s) + ".new")).unlink(missing_ok=True)
-            raise
-        finally:
-            reader.close()
-        # commit: marker, renames, new checksums, unmark
-        marker = root / WRITING_MARKER
-        with open(marker, "w") as f:
-            f.write(json.dumps({"replacing": sorted(new_sums)}))
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(root)
-        for key in new_sums:
-            os.replace(root / (key + ".new"), root / key)
-            _fsync_dir((root / key).parent)
-        checksums = dict(header.checksums)
-        checksums["shards"] = {**header.checksums["shards"], **new_sums}
-        body = header_body(header.spec, header.layout, header.orders, header.dtype, g, header.provenance)
-        _write_group_json(root, body, checksums)
-        marker.unlink()
-        _fsync_dir(root)
-        self._header = parse_header({"polymem": {**body, "checksums": checksums}}, self.path)
-        self._reader.invalidate(touched)
+        with _fs.writer_lock(root, LOCK_FILE, lock_timeout, self.path):
+            # the asset as it is now (another writer may have committed since we opened it); no marker
+            header = _validate(self._raw, self.path)
+            if header.geometry != g:
+                raise PolymemError(f"{self.path}: the asset was re-created with another geometry; reopen it")
+            if header.checksums != self._header.checksums:
+                self._reader.invalidate()
+            _commit.recover(root)  # stale .new/.old/.tmp files of a killed writer (no marker: nothing to roll back)
+            ppc, cps = g.pages_per_chunk, g.chunks_per_shard
+            chunk_of = ids // ppc
+            shard_of = chunk_of // cps
+            new_sums: dict[str, str] = {}
+            touched = sorted({int(s) for s in shard_of})
+            try:
+                for s in touched:
+                    key = g.shard_key(s)
+                    c0 = s * cps
+                    chunks = read_shard_checked(root / key, g, s, header.checksums["shards"][key], self.path)
+                    chunks = chunks.view(np.dtype(g.data_type).newbyteorder("<")).reshape(
+                        (chunks.shape[0],) + g.chunk_shape[1:])
+                    sel = np.flatnonzero(shard_of == s)
+                    if g.dtype == "nf4":
+                        _codec.page_view(chunks, g)[chunk_of[sel] - c0, ids[sel] % ppc] = stored[sel]
+                    else:
+                        chunks[chunk_of[sel] - c0] = stored[sel]
+                    new_sums[key] = write_shard(root / (key + ".new"), g, s, chunks)
+            except BaseException:
+                for s in touched:
+                    try:
+                        _fs.unlink(root / (g.shard_key(s) + ".new"))
+                    except OSError:
+                        pass
+                raise
+            checksums = dict(header.checksums)
+            checksums["shards"] = {**header.checksums["shards"], **new_sums}
+            body = header_body(header.spec, header.layout, header.orders, header.dtype, g, header.provenance)
+            try:
+                _commit.swap(root, sorted(new_sums), _group_json_bytes(body, checksums))
+            finally:
+                self._reader.invalidate()
+            self._header = parse_header({"polymem": {**body, "checksums": checksums}}, self.path)
 
     # ---- integrity
     def problems(self) -> list[str]:
@@ -451,9 +466,11 @@ class MemoryAsset:
             raise FormatError(probs[0] + (f" (and {len(probs) - 1} more problems)" if len(probs) > 1 else ""))
 
     # ---- conversion
-    def quantize(self, out: str | os.PathLike[str], *, to: str = "nf4", overwrite: bool = False) -> tuple["MemoryAsset", QuantError]:
+    def quantize(self, out: str | os.PathLike[str], *, to: str = "nf4", overwrite: bool = False,
+                 lock_timeout: float | None = None) -> tuple["MemoryAsset", QuantError]:
         """Write a copy stored as ``to`` (streamed shard by shard); returns it and the per-row reconstruction error."""
         to = check_dtype(to)
+        self.verify()  # never build on bytes that do not match their checksums
         errs: list[QuantError] = []
         geom_to = geometry(self.layout, to)
 
@@ -469,8 +486,52 @@ class MemoryAsset:
         prov = self.provenance
         prov["converted_from"] = {"dtype": self.dtype, "attributes_sha256": self._header.checksums["attributes"]}
         asset = MemoryAsset._write_new(out, self.spec, self.layout, source, dtype=to, orders=self.orders,
-                                       provenance=prov, overwrite=overwrite, chunks_per_shard=None)
+                                       provenance=prov, overwrite=overwrite, chunks_per_shard=None,
+                                       lock_timeout=lock_timeout)
         return asset, _merge_errors(errs)
+
+    # ---- upgrade and repair
+    @classmethod
+    def upgrade(cls, path: str | os.PathLike[str], *, lock_timeout: float | None = None) -> "MemoryAsset":
+        """Rewrite a format-version-1 asset in place as the current version (same pages, spec, layout,
+        provenance; a crc32c per page). Verifies every shard first; atomic. A current asset is returned as is."""
+        old = cls.open(path)
+        if old.version == ASSET_VERSION:
+            return old
+        old.verify()
+        g_old = old.geometry
+        g_new = geometry(old.layout, old.dtype, g_old.chunks_per_shard)
+        assert (g_new.chunks_per_shard, g_new.num_shards) == (g_old.chunks_per_shard, g_old.num_shards)
+        root = old._raw.local
+        if root is None:
+            raise PolymemError(f"cannot upgrade {old.path!r}: remote assets are read-only; upgrade a local copy")
+
+        def chunks(s: int) -> np.ndarray:
+            return read_shard_checked(root / g_old.shard_key(s), g_old, s, old._header.checksums["shards"][g_old.shard_key(s)],
+                                      old.path)
+
+        out = cls._write_new(root, old.spec, old.layout, None, dtype=old.dtype, orders=old.orders,
+                             provenance=old.provenance, overwrite=True, chunks_per_shard=g_old.chunks_per_shard,
+                             chunk_source=chunks, lock_timeout=lock_timeout)
+        old.close()
+        return out
+
+    @staticmethod
+    def repair(path: str | os.PathLike[str], *, lock_timeout: float | None = None) -> list[str]:
+        """Roll back a page write that was interrupted mid-swap (the ``.polymem-writing`` marker), put back an
+        asset an interrupted overwrite left aside, and remove stale temporary files. Returns what was done."""
+        location = os.fspath(path)
+        if "://" in location and not location.startswith("file://"):
+            raise PolymemError(f"cannot repair {location!r}: repair works on local assets")
+        root = Path(location.removeprefix("file://"))
+        if not root.is_dir():
+            done = _commit.recover_siblings(root)
+            if not done:
+                raise PolymemError(f"{location}: no asset directory here, and nothing left aside by an interrupted write")
+            return done
+        with _fs.writer_lock(root, LOCK_FILE, lock_timeout, location):
+            done = _commit.recover(root)
+        return done + _commit.recover_siblings(root)
 
     def close(self) -> None:
         self._reader.close()

@@ -95,11 +95,20 @@ def inspect(
     console.print(t)
 
 
-def verify(asset: Annotated[str, typer.Argument(help="Asset directory or fsspec URL.")]) -> None:
+def verify(
+    asset: Annotated[str, typer.Argument(help="Asset directory or fsspec URL.")],
+    repair: Annotated[bool, typer.Option("--repair", help="First roll back an interrupted page write and remove stale temporary files (local assets).")] = False,
+) -> None:
     """Check every checksum and the storage geometry. Exit 1 naming the bad shard or field."""
     from polymem import MemoryAsset
     from polymem.errors import FormatError
 
+    if repair:
+        done = MemoryAsset.repair(asset)
+        for line in done:
+            console.print(f"[yellow]repaired[/] {escape(line)}", highlight=False, soft_wrap=True)
+        if not done:
+            console.print("nothing to repair", highlight=False)
     try:
         a = MemoryAsset.open(asset)
         problems = a.problems()
@@ -110,7 +119,8 @@ def verify(asset: Annotated[str, typer.Argument(help="Asset directory or fsspec 
             err_console.print(f"[bold red]FAIL[/] {escape(p)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     g = a.geometry
-    console.print(f"[green]OK[/] {escape(asset)}: attributes, array metadata and {g.num_shards} shard(s) match their sha256", highlight=False, soft_wrap=True)
+    crc = " (and their per-page crc32c)" if a.version >= 2 else f" (format version {a.version}: `polymem upgrade` adds per-page checksums)"
+    console.print(f"[green]OK[/] {escape(asset)}: attributes, array metadata and {g.num_shards} shard(s) match their sha256{crc}", highlight=False, soft_wrap=True)
 
 
 def quantize(
@@ -138,8 +148,25 @@ def quantize(
     )
 
 
+def upgrade(
+    asset: Annotated[Path, typer.Argument(help="Local asset directory of an older format version.")],
+) -> None:
+    """Rewrite an older-format asset in place as the current format (checks every shard first; atomic)."""
+    from polymem import MemoryAsset
+
+    before = MemoryAsset.open(asset)
+    v0 = before.version
+    before.close()
+    a = MemoryAsset.upgrade(asset)
+    if v0 == a.version:
+        console.print(f"{asset}: already format version {a.version}; nothing to do", highlight=False)
+    else:
+        console.print(f"upgraded {asset}: format version {v0} -> {a.version} (a crc32c per page)", highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     app.command("init")(init)
     app.command("inspect")(inspect)
     app.command("verify")(verify)
     app.command("quantize")(quantize)
+    app.command("upgrade")(upgrade)
