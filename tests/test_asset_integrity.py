@@ -367,3 +367,19 @@ def test_repair_restores_an_asset_left_aside_by_an_interrupted_overwrite(tmp_pat
     assert np.array_equal(MemoryAsset.open(path).to_numpy(), _table()) and not aside.exists()
     with pytest.raises(PolymemError, match="no asset directory here, and nothing left aside"):
         MemoryAsset.repair(tmp_path / "nothing")
+
+
+def test_page_service_reads_are_verified_too(tmp_path):
+    """The page service (polymem.asset.pages, issue 10) preads stored chunks itself: it checks their crc32c."""
+    from polymem.asset.pages import ChunkReader
+
+    a = MemoryAsset.from_array(tmp_path / "a", _table(), SPEC, LAYOUT, orders=(1,), dtype="float16", chunks_per_shard=4)
+    g = a.geometry
+    r = ChunkReader(a)
+    good = r.read([0, 5, 10])
+    assert [c.nbytes for c in good] == [g.chunk_bytes] * 3
+    assert good[1].tobytes() == a.read_stored([5]).tobytes()
+    _flip(tmp_path / "a" / g.shard_key(1), g.stride + 9)  # page 5
+    r.close()
+    with pytest.raises(FormatError, match=r"shard 'pages/c/1/0/0' page 5 fails its crc32c check"):
+        ChunkReader(a).read([4, 5])

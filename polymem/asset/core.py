@@ -349,15 +349,21 @@ class MemoryAsset:
         return out.reshape(rows.shape + (r,))
 
     def check_chunk_bytes(self, chunk_ids: np.ndarray, chunks: "list[np.ndarray]") -> None:
-        """Raise FormatError unless ``chunks`` (uint8 [chunk_bytes] each, read straight from the shards by the
+        """Raise FormatError unless ``chunks`` (uint8, each one stored chunk as it lies in its shard —
+        ``geometry.stride`` bytes: chunk bytes + crc32c from format v2 — read straight from the shards by the
         page service, :mod:`polymem.asset.pages`) are intact stored chunks ``chunk_ids`` of this asset.
 
-        Format version 1 keeps one sha256 per shard (checked by :meth:`verify` and ``polymem pull``), so a
-        chunk on its own can only be checked for its length here."""
-        cb = self.geometry.chunk_bytes
+        Format v2: the length and every chunk's crc32c. Format v1 keeps one sha256 per shard (checked by
+        :meth:`verify` and ``polymem pull``), so a chunk on its own can only be checked for its length."""
+        from polymem.asset._shards import CRC_RESIDUE, corrupt_chunk, crc32c
+
+        g = self.geometry
+        st = g.stride
         for c, a in zip(chunk_ids.tolist(), chunks):
-            if a.nbytes != cb:
-                raise FormatError(f"{self.path}: chunk {c} has {a.nbytes} bytes, expected {cb}; restore the asset")
+            if a.nbytes != st:
+                raise FormatError(f"{self.path}: chunk {c} has {a.nbytes} bytes, expected {st}; restore the asset")
+            if g.crc and crc32c(a.tobytes()) != CRC_RESIDUE:
+                raise corrupt_chunk(g, *divmod(int(c), g.chunks_per_shard), self.path)
 
     def nonzero_pages(self) -> int:
         """Number of pages holding any non-zero value (scans the table)."""

@@ -52,7 +52,7 @@ class ChunkReader:
     def _extent(self, c: int) -> tuple[int, int]:
         cps = self.geom.chunks_per_shard
         s, i = divmod(int(c), cps)
-        return s, i * self.geom.chunk_bytes
+        return s, i * self.geom.stride  # stride = chunk bytes + its crc32c (format v2)
 
     def _fd(self, s: int) -> int:
         fd = self._fds.get(s)
@@ -76,13 +76,13 @@ class ChunkReader:
     def _short(self, c: int, got: int) -> FormatError:
         s, off = self._extent(c)
         return FormatError(
-            f"{self.where}: shard {self.geom.shard_key(s)!r} ended after {got} of the {self.geom.chunk_bytes} bytes "
+            f"{self.where}: shard {self.geom.shard_key(s)!r} ended after {got} of the {self.geom.stride} bytes "
             f"of chunk {int(c)} (offset {off}): the shard is truncated or was replaced; restore the asset"
         )
 
     def read(self, chunks: "list[int] | np.ndarray") -> list[np.ndarray]:
-        """Chunk ids -> one uint8 array [chunk_bytes] each (checked)."""
-        cb = self.geom.chunk_bytes
+        """Chunk ids -> one uint8 array [chunk_bytes] each (checked: length and, format v2, crc32c)."""
+        cb = self.geom.stride  # read the stored chunk with its crc32c; the check strips it
         out: list[np.ndarray] = []
         if self.local is not None:
             for c in chunks:
@@ -118,6 +118,8 @@ class ChunkReader:
                 out.append(np.frombuffer(bytes(b), dtype=np.uint8))
         if self._check is not None:
             self._check(np.asarray(chunks, dtype=np.int64), out)
+        if cb != self.geom.chunk_bytes:
+            out = [a[: self.geom.chunk_bytes] for a in out]
         return out
 
     def close(self) -> None:
