@@ -147,10 +147,14 @@ def test_lookup_matches_rows(tmp_path, kind):
 def test_page_local_lookup_reads_one_page_per_ngram(tmp_path):
     layout = Layout(pages=64, heads=8, slots=4, head_dim=4)
     a = MemoryAsset.create(tmp_path / "a", SPEC, layout)
+    pages = np.arange(layout.pages)
+    a.write_pages(pages, np.broadcast_to(pages[:, None, None], (64, 32, 4)).astype(np.float32))  # page p holds p
     h = np.arange(1, 2001, dtype=np.uint64)
-    rows = layout.rows(h)
-    assert np.unique(layout.page_of(rows), axis=1).shape == (2000, 1) or (layout.page_of(rows).ptp(axis=1) == 0).all()
-    assert a.lookup(h).shape == (2000, 8, 4)
+    page_of = layout.page_of(layout.rows(h))  # [2000, 8]
+    assert (page_of == page_of[:, :1]).all()  # all K head rows of an n-gram on one page
+    got = a.lookup(h)  # [2000, K, r]: every value read for an n-gram is its one page's id
+    assert got.shape == (2000, 8, 4) and (got == page_of[:, :1, None]).all()
+    assert len(np.unique(page_of[:, 0])) > 50  # and the n-grams spread over the pages
 
 
 # --------------------------------------------------------------------------------------- golden bytes

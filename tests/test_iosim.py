@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from polymem import HashSpec, Layout, PolymemError, TokenHashes
 from polymem.asset._format import geometry
 from polymem.analysis.iosim import LRUCache, lru_misses_reference, ngram_blocks, plot, simulate
+from polymem.hash import reference as ref
 
 
 def byte_cache() -> TokenHashes:
@@ -58,28 +59,108 @@ def test_ngram_blocks_dedupes_within_an_ngram():
     assert ngram_blocks(rows, g16).tolist() == [0, 1, 5, 2]
 
 
-@pytest.mark.parametrize("orders", [(1, 2, 3), (2, 3), (1,)])
-def test_uncached_reads_per_token(orders):
+def brute_force(docs, vocab, base: Layout, orders, dtype: str, cache_bytes) -> dict[str, tuple[int, int, list[int]]]:
+    """An independent simulation from the definitions, in plain Python: the bytes of every n-gram, hashed by the
+    spec's reference, rows from the reference layout formulas, blocks from the asset format (a float page is
+    one block; NF4 packs ⌊4096 / (K·S·(r/2+2))⌋ pages into a 4 KiB block), distinct blocks of an n-gram in
+    head order, and an LRU kept as a Python list. kind -> (valid n-grams, uncached reads, reads per cache)."""
+    K, S, P, r = base.heads, base.slots, base.pages, base.head_dim
+    page_bytes = K * S * ({"float32": 4 * r, "float16": 2 * r, "bfloat16": 2 * r}.get(dtype) or r // 2 + 2)
+    pages_per_block = 4096 // page_bytes if dtype == "nf4" else 1
+    block_bytes = 4096 if dtype == "nf4" else page_bytes
+    rows_of = {"page-local": ref.page_local_rows, "flat": ref.flat_rows, "independent-heads": ref.independent_rows}
+    spec = HashSpec()
+    out = {}
+    for kind, rows_fn in rows_of.items():
+        stream: list[int] = []
+        ngrams = 0
+        for ids in docs:
+            grams = ref.ngram_bytes(vocab, [int(t) for t in ids], max(orders))
+            for t in range(len(ids)):
+                for n in orders:
+                    b = grams[t][n - 1]
+                    if b is None:
+                        continue
+                    ngrams += 1
+                    blocks: list[int] = []
+                    for row in rows_fn(spec.hash_bytes(b), heads=K, slots=S, pages=P):
+                        blk = row // (K * S) // pages_per_block
+                        if blk not in blocks:
+                            blocks.append(blk)
+                    stream += blocks
+        reads = []
+        for cb in cache_bytes:
+            cap, lru, misses = cb // block_bytes, [], 0
+            for blk in stream:
+                if blk in lru:
+                    lru.remove(blk)
+                else:
+                    misses += 1
+                    if cap == 0:
+                        continue
+                    if len(lru) == cap:
+                        lru.pop(0)  # least recently used first
+                lru.append(blk)
+            reads.append(misses)
+        out[kind] = (ngrams, len(stream), reads)
+    return out
+
+
+BYTES_VOCAB = [bytes([b]) for b in range(256)] + [None]
+
+
+@pytest.mark.parametrize("orders,dtype,geom", [
+    ((1, 2, 3), "float16", dict(pages=64, heads=4, slots=2, head_dim=8)),
+    ((2, 3), "nf4", dict(pages=200, heads=8, slots=4, head_dim=16)),  # 8 pages per 4 KiB block
+    ((1,), "float32", dict(pages=5, heads=3, slots=3, head_dim=4)),  # P not divisible by K
+])
+def test_simulate_equals_an_independent_brute_force(orders, dtype, geom):
     cache = byte_cache()
     rng = np.random.default_rng(0)
-    docs = [rng.integers(0, 256, size=n) for n in (50, 300, 1)]
-    docs[1][100] = 256  # a special token makes a few n-grams invalid
-    base = Layout(pages=8 * 64, heads=8, slots=4, head_dim=8)  # P divisible by K: head sub-tables are page-disjoint
-    sim = simulate(docs, cache, base, orders=orders, dtype="float16", cache_bytes=[0, 10**9])
-    by = {r.kind: r for r in sim.results}
-    # valid n-grams: order n is valid at positions >= n-1 of a document, minus those touching the special token
-    T = sum(len(d) for d in docs)
-    valid = sum(max(0, len(d) - n + 1) for d in docs for n in orders) - sum(n for n in orders)
-    assert by["page-local"].tokens == T and by["page-local"].ngrams == valid
-    assert by["page-local"].uncached_reads == valid  # one read per valid n-gram
-    assert by["flat"].uncached_reads == valid
-    assert by["independent-heads"].uncached_reads == 8 * valid  # K reads per valid n-gram
+    docs = [rng.integers(0, 8, size=n) for n in (40, 120, 1, 0)]  # a small alphabet: n-grams repeat
+    docs[1][60] = 256  # a special token makes the n-grams that touch it invalid
+    base = Layout(**geom)
+    g = geometry(base, dtype)
+    cache_bytes = [0, g.chunk_bytes, 3 * g.chunk_bytes, 10 * g.chunk_bytes, 10**9]
+    sim = simulate(docs, cache, base, orders=orders, dtype=dtype, cache_bytes=cache_bytes)
+    expected = brute_force(docs, BYTES_VOCAB, base, orders, dtype, cache_bytes)
     for r in sim.results:
-        assert r.cached_reads[0] == r.uncached_reads  # a zero-byte cache holds nothing
-        assert r.cached_reads[1] <= r.uncached_reads  # a cache as large as the table: cold misses only
-    # with a huge cache, reads = distinct blocks touched
-    pl = by["page-local"]
-    assert sim.to_dict()["results"][0]["uncached_reads_per_token"] == pytest.approx(pl.uncached_reads / T)
+        assert (r.ngrams, r.uncached_reads, list(r.cached_reads)) == expected[r.kind], r.kind
+        assert r.tokens == 161
+    # the cases differ between kinds and cache sizes, so the comparison is not vacuous
+    assert len({v[1] for v in expected.values()}) > 1 and len(set(expected["page-local"][2])) > 2
+
+
+def test_simulate_hand_computed():
+    """One token repeated: every lookup is the same n-gram. K=4 heads, float16 (one page per block), P = 8
+    pages divisible by K, so independent heads read 4 distinct blocks (head k lives in pages 2k..2k+1)."""
+    cache = byte_cache()
+    T = 10
+    base = Layout(pages=8, heads=4, slots=2, head_dim=8)
+    g = geometry(base, "float16")
+    sim = simulate([np.full(T, 97)], cache, base, orders=(1,), dtype="float16",
+                   cache_bytes=[0, g.chunk_bytes, 3 * g.chunk_bytes, 4 * g.chunk_bytes])
+    by = {r.kind: r for r in sim.results}
+    assert by["page-local"].ngrams == T
+    # page-local and flat: 1 block per lookup; any cache of ≥ 1 block leaves only the cold miss
+    assert by["page-local"].uncached_reads == T and by["page-local"].cached_reads == (T, 1, 1, 1)
+    assert by["flat"].uncached_reads == T and by["flat"].cached_reads == (T, 1, 1, 1)
+    # independent heads: 4 blocks per lookup, cycled; an LRU of 1 or 3 blocks misses every time, 4 blocks only cold
+    assert by["independent-heads"].uncached_reads == 4 * T
+    assert by["independent-heads"].cached_reads == (4 * T, 4 * T, 4 * T, 4)
+    # orders (1, 2) on "aaaa": a 2-gram "aa" from the 2nd token on, a different hash, another page
+    sim2 = simulate([np.full(4, 97)], cache, base, orders=(1, 2), dtype="float16", cache_bytes=[])
+    assert {r.kind: r.uncached_reads for r in sim2.results} == {"page-local": 7, "flat": 7, "independent-heads": 28}
+
+
+def test_simulation_json_reports_per_token_rates():
+    cache = byte_cache()
+    sim = simulate([np.arange(50) % 7], cache, Layout(pages=16, heads=2, slots=2, head_dim=4), orders=(1, 2),
+                   dtype="float16", cache_bytes=[64])
+    d = sim.to_dict()
+    for res, r in zip(d["results"], sim.results):
+        assert res["uncached_reads_per_token"] == r.uncached_reads / 50
+        assert res["cache"][0]["reads_per_token"] == r.cached_reads[0] / 50 and res["cache"][0]["blocks"] == 64 // 32
 
 
 def test_page_local_beats_independent_heads_with_a_cache():
