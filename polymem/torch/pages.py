@@ -126,13 +126,13 @@ class PagedRows:
         rb = self.row_bytes
         rowsv = buf.as_strided((n, self.ppc * self.KS, rb), (self.chunk_bytes, rb, 1))
         b = rowsv[idx, inner]  # uint8 [m, rb]: r/2 code bytes, then a float16 scale
-        codes = b[:, : r // 2]
-        nib = torch.stack([codes & 0x0F, codes >> 4], dim=-1).reshape(-1, r).long()  # [m, r]
-        lv = self._levels.get(buf.device)
-        if lv is None:
-            lv = self._levels[buf.device] = torch.from_numpy(NF4_LEVELS.copy()).to(buf.device)
+        lut = self._levels.get(buf.device)
+        if lut is None:  # byte -> (level of its low nibble, level of its high nibble): one lookup per byte
+            pairs = np.stack([NF4_LEVELS[np.arange(256) & 0x0F], NF4_LEVELS[np.arange(256) >> 4]], axis=-1)
+            lut = self._levels[buf.device] = torch.from_numpy(pairs.astype(np.float32)).to(buf.device)  # [256, 2]
+        levels = lut[b[:, : r // 2].to(torch.int32)].view(-1, r)  # [m, r]: code 2i low nibble, 2i+1 high
         scale = b[:, r // 2:].contiguous().view(torch.float16).float()  # [m, 1]
-        return lv[nib] * scale
+        return levels * scale
 
     def finish(self, plan: _Plan, entries: list[Any]) -> tuple[torch.Tensor, Any]:
         """Wait for the chunks of ``plan``, move them to the device and decode -> (fp32 [..., r], event|None)."""
