@@ -11,7 +11,6 @@ the same files. Prints a markdown table; numbers are medians of --repeat runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -264,7 +263,9 @@ def main() -> None:
         if args.dir is None:
             shutil.rmtree(scratch, ignore_errors=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=2))
+        from polymem._io import atomic_write_json
+
+        atomic_write_json(args.json, r)
 
 
 if __name__ == "__main__":

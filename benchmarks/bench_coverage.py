@@ -19,7 +19,6 @@ Prints the coverage table beside seed 002's wikitext figures and a markdown timi
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -159,7 +158,9 @@ def main() -> None:
           f"worker) | CPU {summary['cpu_workers_over_coverage']:.2f}× the 1-worker run's |")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        from polymem._io import atomic_write_json
+
+        atomic_write_json(args.json, out)
     if args.plot:
         rep.plot(args.plot)
 

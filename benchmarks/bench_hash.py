@@ -179,7 +179,9 @@ def main() -> None:
         f"**{collisions} collisions**.")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+        from polymem._io import atomic_write_text
+
+        atomic_write_text(args.out, "\n".join(lines) + "\n")
         print(f"written {args.out}")
 
 

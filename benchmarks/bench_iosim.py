@@ -12,9 +12,7 @@ No table is written: the simulator needs only the geometry. Prints a markdown ta
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 
 
@@ -77,7 +75,9 @@ def main() -> None:
     print("\n" + "\n".join(lines))
     out["markdown"] = "\n".join(lines)
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        from polymem._io import atomic_write_json
+
+        atomic_write_json(args.json, out)
     if args.plot:
         import matplotlib
 
@@ -100,7 +100,10 @@ def main() -> None:
         axes[0][0].legend(fontsize=8)
         fig.suptitle(f"{T:,} {tok.name} tokens; orders {args.orders}; K={args.heads} S={args.slots} r={args.head_dim}", fontsize=9)
         fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
+        from polymem._io import atomic_path
+
+        with atomic_path(args.plot) as tmp:
+            fig.savefig(tmp, dpi=110)
 
 
 if __name__ == "__main__":

@@ -61,8 +61,9 @@ def main() -> None:
     }
     print(json.dumps({k: res[k] for k in ("tokens_per_s_median", "overhead_device_hash", "overhead_loader_hash")}, indent=1))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+        from polymem._io import atomic_write_json
+
+        atomic_write_json(a.json, res, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from polymem.errors import FormatError, PolymemError, SpecMismatchError, TokenizerError
+from polymem.errors import FormatError, OutputError, PolymemError, SpecMismatchError, TokenizerError
 
 __version__ = "0.1.0"
 
@@ -60,4 +60,4 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-__all__ = ["FormatError", "PolymemError", "SpecMismatchError", "TokenizerError", "__version__", *_LAZY]
+__all__ = ["FormatError", "OutputError", "PolymemError", "SpecMismatchError", "TokenizerError", "__version__", *_LAZY]

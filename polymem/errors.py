@@ -17,3 +17,23 @@ class SpecMismatchError(PolymemError):
 
 class FormatError(PolymemError):
     """A stored file has an unknown format name/version, or is corrupt."""
+
+
+class OutputError(PolymemError, OSError):
+    """An output path cannot be written (a parent that is a file, read-only or pseudo file system, no
+    permission, no space). Both a PolymemError (the CLI exits 2 with the one-line message) and an OSError."""
+
+    @classmethod
+    def for_path(cls, path: object, message: str, *, errno: int | None = None) -> "OutputError":
+        err = cls(message)  # one argument: str(err) is the message (OSError's (errno, text) form would show a tuple)
+        err.errno, err.filename = errno, str(path)
+        return err
+
+    def __str__(self) -> str:  # OSError's would print "[Errno N] None: 'path'" once errno is set
+        return str(self.args[0]) if self.args else ""
+
+
+class WorkerError(PolymemError, RuntimeError):
+    """A worker process died or failed; the message is one line, ``worker_traceback`` holds the details."""
+
+    worker_traceback: str = ""

@@ -8,6 +8,7 @@ spelled out here and checked against that home by tests/test_cli_foundation.py; 
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -32,16 +33,18 @@ ValueInit = _choices("ValueInit", ("zero", "orthogonal"))  # = polymem.torch.sit
 _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9, "T": 10**12}
 
 
-def parse_count(text: str) -> int:
+def parse_count(text: str, option: str = "--params") -> int:
     """'200M' -> 200_000_000; suffixes K, M, G (= B, billion), T; decimals allowed ('1.5G')."""
     t = text.strip().upper().replace("_", "")
     suffix = t[-1] if t and t[-1] in _SUFFIX else ""
     try:
         value = float(t[: len(t) - len(suffix)]) * _SUFFIX[suffix]
     except ValueError:
-        raise PolymemError(f"{text!r} is not a count; use e.g. 200M, 1.5G, 20B or 12000000") from None
+        raise PolymemError(f"{option} {text!r} is not a count; use e.g. 200M, 1.5G, 20B or 12000000") from None
+    if not math.isfinite(value):
+        raise PolymemError(f"{option} {text!r} is not a finite count; use e.g. 200M, 1.5G, 20B or 12000000")
     if value < 1:
-        raise PolymemError(f"{text!r} must be at least 1")
+        raise PolymemError(f"{option} {text!r} must be at least 1")
     return int(value)
 
 

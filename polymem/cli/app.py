@@ -26,15 +26,24 @@ for _m in sorted(m.name for m in pkgutil.iter_modules(_cli_pkg.__path__) if m.na
 
 
 def main() -> None:
-    """Console entry point: library errors become one red line on stderr and exit code 2."""
+    """Console entry point: library errors (bad input, unwritable outputs) become one red line on stderr and
+    exit code 2; any other OSError (a disk that fails mid-run, a file removed under us) one line and exit 1."""
     try:
         app()
     except PolymemError as e:
-        from rich.console import Console
-        from rich.markup import escape
-
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        _error_line(str(e))
         sys.exit(2)
+    except OSError as e:
+        where = f": {e.filename!r}" if getattr(e, "filename", None) else ""
+        _error_line(f"{e.strerror or str(e) or 'I/O error'}{where} ({type(e).__name__})")
+        sys.exit(1)
+
+
+def _error_line(text: str) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

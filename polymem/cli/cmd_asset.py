@@ -42,8 +42,10 @@ def init(
 ) -> None:
     """Create an all-zero memory asset sized from a parameter budget."""
     from polymem import HashSpec, Layout, MemoryAsset, __version__
+    from polymem._io import check_output_path
 
     layout = Layout.for_params(parse_count(params), heads=heads, slots=slots, head_dim=head_dim, kind=kind.value)
+    check_output_path(asset, directory=True)
     prov = {"created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "created_by": f"polymem {__version__}"}
     a = MemoryAsset.create(asset, HashSpec(normalizer=normalizer.value), layout, dtype=dtype.value,
                            orders=parse_orders(orders), provenance=prov, overwrite=overwrite)
@@ -132,7 +134,10 @@ def quantize(
     """Convert an asset to another storage type (nf4: 4-bit codes + fp16 scale per head row); report the error per row."""
     from polymem import MemoryAsset
 
+    from polymem._io import check_output_path
+
     src = MemoryAsset.open(asset)
+    check_output_path(output, directory=True)
     out, err = src.quantize(output, to=to.value, overwrite=overwrite)
     t = Table(title=f"{escape(asset)} ({src.dtype}) -> {escape(str(output))} ({out.dtype})", title_justify="left")
     t.add_column("per-row reconstruction error")

@@ -28,10 +28,13 @@ def build_cache(
     from polymem.samples import sample_text
     from polymem.tokenizers import check_fidelity, load_tokenizer
 
+    from polymem._io import check_output_path
+
     t0 = time.perf_counter()
     tok = load_tokenizer(tokenizer)
     load_s = time.perf_counter() - t0
     spec = HashSpec(normalizer=normalizer.value)
+    check_output_path(output or default_cache_path(tok.name, tok.fingerprint, spec))
     cache = TokenHashes.build(tok, spec)
     fid = check_fidelity(tok, [sample_text()])
     path = cache.save(output or default_cache_path(tok.name, tok.fingerprint, spec))

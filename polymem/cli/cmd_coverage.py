@@ -81,12 +81,15 @@ def coverage_cmd(
     from polymem.corpus import Corpus
     from polymem.analysis.coverage import check_max_n, coverage
 
+    from polymem._io import check_output_paths
+
     check_max_n(max_n)
     if dask is not None and workers != 1:
         raise typer.BadParameter(f"--dask {dask} and --workers {workers} both choose where to count; pass one "
                                  "(--dask for an existing cluster, --workers N for a local one)",
                                  param_hint="'--dask' / '--workers'")
     options = parse_storage_options(storage_options)
+    check_output_paths(json_out, csv_out, plot_out)
     out = Console(stderr=json_out == "-")
     err = Console(stderr=True)
     corpus = Corpus(paths, text_field=text_field, invalid_utf8=invalid_utf8.value,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Annotated, Iterator, Optional
 
@@ -13,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from polymem.cli._options import AssetDtype, Dtype, HeadDim, Heads, JsonOut, Orders, Params, PlotOut, Slots, Tokenizer, parse_count, parse_orders
+from polymem._io import atomic_write_json
 from polymem.errors import PolymemError
 
 console = Console()
@@ -39,8 +39,11 @@ def iosim(
     from polymem.corpus import Corpus
     from polymem.analysis.iosim import plot, simulate
     from polymem.tokenizers import load_tokenizer
+    from polymem._io import check_output_paths
 
-    sizes = [parse_count(x) for x in cache_mb.split(",") if x.strip()]
+    check_output_paths(json_out, plot_out)
+
+    sizes = [parse_count(x, "--cache-mb") for x in cache_mb.split(",") if x.strip()]
     if asset:
         a = MemoryAsset.open(asset)
         base, spec, dt, ords = a.layout, a.spec, a.dtype, a.orders
@@ -91,7 +94,7 @@ def iosim(
     if json_out:
         doc = sim.to_dict() | {"tokenizer": {"name": tok.name, "fingerprint": tok.fingerprint},
                                "corpus": [str(p) for p in paths]}
-        json_out.write_text(json.dumps(doc, indent=2))
+        atomic_write_json(json_out, doc)
         console.print(f"wrote {escape(str(json_out))}", soft_wrap=True)
     if plot_out:
         plot(sim, str(plot_out))

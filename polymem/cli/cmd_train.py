@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from polymem._io import atomic_write_json
 from polymem.cli._options import (
     BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HeadDim, Heads, JsonOut, Lr, MaxEvalTokens, MaxN,
     NHead, NLayer, Precision, PrecisionOpt, Slots, Steps, TableLrMult, Threads, Tokenizer, parse_count,
@@ -61,7 +61,10 @@ def train(
     from polymem.errors import PolymemError
     from polymem.cli._precision import precision_option, say_precision
     from polymem.torch.train import MemoryConfig, TrainConfig, train_donor
+    from polymem._io import check_output_path, check_output_paths
 
+    check_output_path(out, directory=out.suffix != ".safetensors")
+    check_output_paths(json_out)
     if threads:
         torch.set_num_threads(threads)
     try:
@@ -94,8 +97,7 @@ def train(
         t.add_row(k, f"{v:.4f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else escape(str(v)))
     console.print(t)
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(summary, indent=1) + "\n")
+        atomic_write_json(json_out, summary, indent=1)
 
 
 def register(app: typer.Typer) -> None:

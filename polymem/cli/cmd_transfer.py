@@ -62,6 +62,9 @@ def transfer(
     arm_list = _check_arms(arms.split(",") + (["scratch"] if scratch else []))
     if scratch:
         console.print("warning: --scratch is deprecated; scratch is in --arms by default", style="yellow")
+    from polymem._io import check_output_paths
+
+    check_output_paths(json_out, plot)
     if threads:
         torch.set_num_threads(threads)
     cfg = TrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, n_layer=n_layer, n_head=n_head,

@@ -14,6 +14,7 @@ Page and slot numbers come from independent finaliser streams of the same byte h
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -65,12 +66,13 @@ class Layout:
     def for_params(
         cls, params: int | float, *, heads: int = 8, slots: int = 4, head_dim: int = 64, kind: str = "page-local"
     ) -> "Layout":
-        """The layout with the most pages whose table holds at most ``params`` scalars (``20e9`` or
-        ``20_000_000_000``; a float must be a whole number)."""
-        if isinstance(params, float) and params.is_integer():
-            params = int(params)
-        if isinstance(params, bool) or not isinstance(params, (int, np.integer)):
-            raise PolymemError(f"parameter budget {params!r} must be a whole number of scalars, e.g. 200_000_000 or 20e9")
+        """The layout with the most pages whose table holds at most ``params`` scalars.
+
+        ``params`` may be a float holding a whole number (``2.5e6``, ``20e9``); a fraction, inf or nan is refused."""
+        params = _whole_count(params)
+        for name, v, hi in (("heads", heads, 64), ("slots", slots, 1 << 16), ("head_dim", head_dim, 1 << 16)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 1 <= v <= hi:
+                raise PolymemError(f"layout {name}={v!r} must be an integer in [1, {hi}]")
         per_page = heads * slots * head_dim
         if params < per_page:
             raise PolymemError(
@@ -123,3 +125,18 @@ class Layout:
             raise FormatError(f"layout is missing field {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
             raise FormatError(f"layout field is malformed: {e}") from None
+
+
+def _whole_count(params: object) -> int:
+    """A parameter budget as an int: ints pass, floats must be finite and whole (2.5e6 -> 2_500_000)."""
+    if isinstance(params, bool) or not isinstance(params, (int, float, np.integer, np.floating)):
+        raise PolymemError(f"params={params!r} must be a number of parameters such as 2_000_000 or 2.5e6 "
+                           "(the CLI also takes 2M, 1.5G)")
+    if isinstance(params, (int, np.integer)):
+        return int(params)
+    if not math.isfinite(params):
+        raise PolymemError(f"params={params!r} is not a finite number; pass a parameter budget such as 2.5e6")
+    if not float(params).is_integer():
+        raise PolymemError(f"params={params!r} is not a whole number of parameters; round it, e.g. "
+                           f"{math.floor(params)}")
+    return int(params)

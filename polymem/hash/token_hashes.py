@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -103,7 +102,7 @@ class TokenHashes:
     # ------------------------------------------------------------------------------------------ hashing
     def check_ids(self, ids: Any) -> np.ndarray:
         """Validate token ids: integers in [0, vocab_size). Returns them as int64."""
-        arr = np.asarray(ids)
+        arr = as_id_array(ids)
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             raise PolymemError(f"token ids must be integers, got dtype {arr.dtype}")
         arr = arr.astype(np.int64, copy=False)
@@ -163,21 +162,15 @@ class TokenHashes:
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_suffix(path.suffix + ".npz") if path.suffix else path.with_suffix(".npz")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        from polymem._io import atomic_path
+
         header = np.frombuffer(json.dumps(self.header(), sort_keys=True).encode(), dtype=np.uint8)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
+        with atomic_path(path, fsync=True) as tmp:
+            with open(tmp, "xb") as f:
                 np.savez(
                     f, allow_pickle=False, header=header, C=self.C, L=self.L, P=self.P, special=self.special,
                     powers=self.powers,
                 )
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
         return path
 
     @classmethod
@@ -260,3 +253,18 @@ def _as_2d(arr: np.ndarray) -> np.ndarray:
         raise PolymemError("token ids must be a sequence [T] or a batch [B, T], got a scalar; wrap it in a list")
     return np.ascontiguousarray(arr.reshape(int(np.prod(arr.shape[:-1])), arr.shape[-1]))
 
+
+
+def as_id_array(ids: Any) -> np.ndarray:
+    """``np.asarray(ids)``, with a ragged list of rows (which numpy refuses with a long ValueError) reported as
+    one line that says what to pass instead."""
+    try:
+        return np.asarray(ids)
+    except ValueError:
+        lengths = [len(r) for r in ids] if isinstance(ids, (list, tuple)) and all(
+            hasattr(r, "__len__") for r in ids) else None
+        shown = ", ".join(map(str, lengths[:8])) + (", ..." if lengths and len(lengths) > 8 else "") if lengths else "?"
+        raise PolymemError(
+            f"token ids are a ragged list (row lengths {shown}); pass one sequence [T] or equal-length rows [B, T] "
+            "(pad the rows, or call once per sequence)"
+        ) from None

@@ -148,7 +148,7 @@ def read_tiktoken_file(path: Path, *, expected_sha256: str | None = None) -> dic
             raise TokenizerError(f"{bad}: line {lineno} has an empty token; every token has at least one byte")
         if not 0 <= rank < MAX_RANK:
             raise TokenizerError(
-                f"{bad}: line {lineno} has rank {rank}, " + ("negative" if rank < 0 else f"above the largest") +
+                f"{bad}: line {lineno} has rank {rank}, " + ("negative" if rank < 0 else "above the largest") +
                 f"; ranks are token ids, 0 to at most {MAX_RANK - 1}")
         if token in token_line:
             raise TokenizerError(

@@ -39,16 +39,20 @@ def site_header(handle: AttachHandle) -> dict[str, Any]:
 def save_site(handle: AttachHandle, path: str | os.PathLike[str]) -> Path:
     from safetensors.torch import save_file
 
+    from polymem._io import atomic_path, atomic_write_json, ensure_parent
+
     d = Path(path)
-    d.mkdir(parents=True, exist_ok=True)
+    ensure_parent(d / "site.json")
     tensors = {f"sites.{k}": v.detach().cpu().contiguous() for k, v in handle.sites.state_dict().items()}
     if handle.table.trainable:
         tensors["table"] = handle.table.weight.detach().cpu().contiguous()
     if not getattr(handle, "freeze_model", True):
         tensors.update({f"model.{k}": v.detach().cpu().contiguous() for k, v in handle.model.state_dict().items()})
     header = site_header(handle)
-    save_file(tensors, str(d / "site.safetensors"))
-    (d / "site.json").write_text(json.dumps(header, indent=1, sort_keys=True) + "\n")
+    # each file lands whole; site.json goes last and names what site.safetensors must hold (checked on load)
+    with atomic_path(d / "site.safetensors", fsync=True) as tmp:
+        save_file(tensors, str(tmp))
+    atomic_write_json(d / "site.json", header, indent=1, sort_keys=True, fsync=True)
     return d
 
 

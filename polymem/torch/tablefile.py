@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -76,15 +75,10 @@ def save_table(
 
     header = {"format": TABLE_FILE_FORMAT, "version": 1, "hash_spec": spec.to_dict(), "layout": layout.to_dict(),
               "orders": list(orders), "provenance": provenance or {}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file({"table": table}, tmp, metadata={"polymem": json.dumps(header, sort_keys=True)})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from polymem._io import atomic_path
+
+    with atomic_path(path, fsync=True) as tmp:
+        save_file({"table": table}, str(tmp), metadata={"polymem": json.dumps(header, sort_keys=True)})
     return path
 
 

@@ -21,7 +21,6 @@ Not here: training the donor (:func:`polymem.torch.train.train_donor`), renderin
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -410,9 +409,11 @@ def plot_transfer(result: dict[str, Any], path: str | Path) -> Path:
     d, r = result["donor"], result["recipient"]
     ax.set_title(f"{d['tokenizer']} donor -> {r['tokenizer']} recipient, {result['steps']} steps, seeds {result['seeds']}", fontsize=9)
     fig.tight_layout()
+    from polymem._io import atomic_path
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path
 
@@ -450,20 +451,17 @@ def plot_curves(result: dict[str, Any], path: str | Path, *, title: str | None =
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    from polymem._io import atomic_path
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    tmp.replace(path)
     return path
 
 
 def write_json(result: dict[str, Any], path: str | Path) -> Path:
-    """Write ``result`` as JSON (to a temporary file, then renamed: never a half-written file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(path)
-    return path
+    """Write ``result`` as JSON, atomically (:mod:`polymem._io`: never a half-written file)."""
+    from polymem._io import atomic_write_json
+
+    return atomic_write_json(path, result, indent=1)

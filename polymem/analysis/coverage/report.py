@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from polymem._io import atomic_write_bytes, atomic_write_text
 from polymem.analysis.coverage.counter import Tally
 from polymem.errors import FormatError
 
@@ -100,7 +101,7 @@ class CoverageReport:
     def to_json(self, path: str | os.PathLike[str] | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=2)
         if path is not None:
-            _write_atomic(Path(path), text.encode())
+            atomic_write_text(path, text)
         return text
 
     @classmethod
@@ -144,7 +145,7 @@ class CoverageReport:
         for r in rows:
             w.writerow({k: "" if v is None else (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()})
         if path is not None:
-            _write_atomic(Path(path), buf.getvalue().encode())
+            atomic_write_text(path, buf.getvalue())
         return buf.getvalue()
 
     # -------------------------------------------------------------------------------------------- plot
@@ -188,19 +189,6 @@ class CoverageReport:
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
         plt.close(fig)
-        _write_atomic(path, buf.getvalue())
+        atomic_write_bytes(path, buf.getvalue())
         return path
 
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
