@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import numpy as np
 import pytest
 
 import polymem
 from polymem import HashSpec, Layout, PolymemError, TokenHashes
+from polymem.errors import WorkerError
 from polymem.tokenizers import Tokenizer
 
 
@@ -55,7 +57,7 @@ def test_ragged_id_lists_are_a_clear_error() -> None:
 
 # --------------------------------------------------------------------------------------------- killed worker
 class _Killer(Tokenizer):
-    """Byte ids; a forked worker that meets the text KILL dies by SIGKILL (an OOM killer, a user's kill -9)."""
+    """Byte ids; a worker process that meets the text KILL dies by SIGKILL (an OOM killer, a user's kill -9)."""
 
     def __init__(self, parent: int) -> None:
         self.parent = parent
@@ -70,19 +72,23 @@ class _Killer(Tokenizer):
         return [bytes([b]) for b in range(256)]
 
 
-@pytest.mark.skipif(not hasattr(signal, "SIGKILL") or "fork" not in __import__("multiprocessing").get_all_start_methods(),
-                    reason="needs fork and SIGKILL")
-def test_a_killed_worker_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    import polymem.analysis.coverage.run as run
+@pytest.mark.slow  # ~30 s: a local Dask cluster, a killed worker, its nanny's restart and the shutdown
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_a_task_that_kills_its_worker_is_a_one_line_error() -> None:
+    """A partition that kills every worker running it (here: SIGKILL on a marked document; in life: one document
+    too large for a worker's memory) ends, after Dask's retries, in one line instead of a KilledWorker traceback."""
+    pytest.importorskip("distributed")
+    import cloudpickle
+    import dask
 
-    monkeypatch.setattr(run, "_BATCH_BYTES", 1)  # one document per batch
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers need not import tests/
     docs = ["plain text"] * 3 + ["KILL"] + ["more text"] * 3
-    with pytest.raises(PolymemError) as e:
-        polymem.coverage(_Killer(os.getpid()), "bytes", docs, max_n=2, workers=2)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):  # give up after the first death
+        with pytest.raises(WorkerError) as e:
+            polymem.coverage(_Killer(os.getpid()), "bytes", docs, max_n=2, workers=2, partition_mb=1e-6)
     msg = str(e.value)
-    assert "\n" not in msg
-    assert msg.startswith("a coverage worker process was killed by signal 9 (SIGKILL")
-    assert "Rerun with fewer --workers" in msg
-    assert isinstance(e.value, RuntimeError)  # still a RuntimeError for callers that caught that
-    # the same documents in one process (where KILL is harmless here) give a report
-    assert polymem.coverage(_Killer(os.getpid()), "bytes", docs, max_n=2, workers=1).docs == 7
+    assert "\n" not in msg and isinstance(e.value, PolymemError) and isinstance(e.value, RuntimeError)
+    assert msg.startswith("a coverage task (partition 3 of the corpus) was lost with the worker process running it")
+    assert "KilledWorker" in msg and "Rerun with fewer --workers" in msg
+    # the same documents in this process (where KILL is harmless) give a report
+    assert polymem.coverage(_Killer(os.getpid()), "bytes", docs, max_n=2).docs == 7

@@ -33,7 +33,7 @@ from polymem.analysis.coverage import _sets as _kernels
 from polymem.analysis.coverage import dist
 from polymem.analysis.coverage.counter import ExactCounter, HashCounter
 from polymem.analysis.coverage.report import CoverageReport, TokenizerInfo
-from polymem.errors import PolymemError, TokenizerError
+from polymem.errors import PolymemError, TokenizerError, WorkerError
 from polymem.hash.spec import HashSpec
 from polymem.tokenizers.base import pack_token_bytes
 from polymem.hash.spec import check_max_n as _check_max_n
@@ -327,7 +327,7 @@ def _run_dask(client: Any, plan: dist.Plan, texts: Any, partition_mb: float,
     inflight = 0
 
     def collect(fut: Any) -> None:
-        r = fut.result()
+        r = _task_result(fut, "partition {} of the corpus".format(fut.key.rsplit("-", 1)[-1]))
         fut.release()
         results[r["index"]] = r
         prog.add(r["tally"].docs, r["bytes"])
@@ -349,9 +349,23 @@ def _run_dask(client: Any, plan: dist.Plan, texts: Any, partition_mb: float,
         futs = [client.submit(dist.resolve_buckets, plan, parts, lo, hi, key=f"polymem-resolve-{plan.token}-{lo}",
                               pure=False) for lo, hi in ranges]
         for fut in futs:
-            extra += fut.result()
+            extra += _task_result(fut, "the occurrence pass")
             fut.release()
     return ordered, extra, nworkers
+
+
+def _task_result(fut: Any, what: str) -> Any:
+    """``fut.result()``; a task whose every worker died (Dask's KilledWorker, after its retries) becomes one line."""
+    try:
+        return fut.result()
+    except Exception as e:
+        if type(e).__name__ != "KilledWorker":
+            raise  # the task's own exception, as in one process
+        raise WorkerError(
+            f"a coverage task ({what}) was lost with the worker process running it, on every retry (Dask "
+            "KilledWorker: a worker died, often by the out-of-memory killer on a very large document); no report "
+            "was made. Rerun with fewer --workers, a smaller --partition-mb, or --workers 1"
+        ) from None
 
 
 @contextlib.contextmanager
