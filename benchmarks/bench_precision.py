@@ -61,8 +61,9 @@ def main() -> None:
     }
     print(json.dumps({k: res[k] for k in ("tokens_per_s_median", "bf16_over_fp32", "auto_choice", "cpu")}, indent=1))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+        from polymem._io import atomic_write_json
+
+        atomic_write_json(a.json, res, indent=1)
 
 
 def _model_name() -> str:

@@ -248,11 +248,13 @@ def write(args, results: dict) -> None:
         "loadavg_1min_per_arm": [r.get("loadavg") for rs in results.values() for r in rs],
     }
     doc = {"meta": meta, "summary": summary, "runs": {f"{k[0]}/{k[1]}": v for k, v in results.items()}}
+    from polymem._io import atomic_write_json, atomic_write_text
+
     if args.json:
-        args.json.write_text(json.dumps(doc, indent=1))
+        atomic_write_json(args.json, doc, indent=1)
     md = markdown(doc)
     if args.md:
-        args.md.write_text(md)
+        atomic_write_text(args.md, md)
 
 
 def summarise(results: dict) -> dict:
