@@ -63,6 +63,17 @@ def test_doc_snippets_run(doc: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
                 pytest.fail(f"{doc.relative_to(ROOT)} block at line {line} failed: {type(e).__name__}: {e}")
 
 
+def test_source_paths_named_in_the_docs_exist() -> None:
+    """A doc that names `polymem/…/x.py` or `benchmarks/…` points at a file that is there (renames leave no stale
+    paths)."""
+    missing = []
+    for doc in DOCS:
+        for path in re.findall(r"`((?:polymem|benchmarks)/[\w/.-]+\.(?:py|json|md))`", doc.read_text(encoding="utf-8")):
+            if not (ROOT / path).exists():
+                missing.append(f"{doc.name}: {path}")
+    assert not missing, missing
+
+
 # --------------------------------------------------------------------------- docs/hash-spec.md golden vectors
 SPEC_DOC = (ROOT / "docs" / "hash-spec.md").read_text(encoding="utf-8")
 GOLDEN = json.loads((ROOT / "tests" / "data" / "hash_golden_v1.json").read_text())
