@@ -42,6 +42,14 @@ def test_markup_in_paths_and_provenance_is_printed_literally(tmp_path: Path) -> 
     assert r.exit_code == 0, r.output
     assert _flat(str(out)) in _flat(r.output)
 
+    pulled = tmp_path / "q[/]" / "[u]pulled"
+    r = runner.invoke(app, ["pull", str(root), str(pulled)])
+    assert r.exit_code == 0, r.output
+    assert _flat(str(root)) in _flat(r.output) and _flat(str(pulled)) in _flat(r.output)
+    r = runner.invoke(app, ["upgrade", str(pulled)])
+    assert r.exit_code == 0, r.output
+    assert _flat(str(pulled)) in _flat(r.output) and "nothing to do" in r.output
+
     new = tmp_path / "q[/]" / "[i]new"
     r = runner.invoke(app, ["init", str(new), "--params", "20K", "--heads", "2", "--head-dim", "8"])
     assert r.exit_code == 0, r.output

@@ -87,7 +87,7 @@ def inspect(
         h["hash_spec"] = {k: v for k, v in h["hash_spec"].items() if k != "byte_table"} | {"spec_id": a.spec.spec_id}
         print(json.dumps({"path": a.path, "header": h, "nonzero_pages": nz}, indent=2))
         return
-    t = Table(title=f"memory asset {escape(asset)}", show_header=False, title_justify="left")
+    t = Table(title=f"memory asset {escape(str(asset))}", show_header=False, title_justify="left")
     for k, v in _info_rows(a):
         t.add_row(k, escape(v))
     if nz is not None:
@@ -122,7 +122,7 @@ def verify(
         raise typer.Exit(1)
     g = a.geometry
     crc = " (and their per-page crc32c)" if a.version >= 2 else f" (format version {a.version}: `polymem upgrade` adds per-page checksums)"
-    console.print(f"[green]OK[/] {escape(asset)}: attributes, array metadata and {g.num_shards} shard(s) match their sha256{crc}", highlight=False, soft_wrap=True)
+    console.print(f"[green]OK[/] {escape(str(asset))}: attributes, array metadata and {g.num_shards} shard(s) match their sha256{crc}", highlight=False, soft_wrap=True)
 
 
 def quantize(
@@ -139,7 +139,7 @@ def quantize(
     src = MemoryAsset.open(asset)
     check_output_path(output, directory=True)
     out, err = src.quantize(output, to=to.value, overwrite=overwrite)
-    t = Table(title=f"{escape(asset)} ({src.dtype}) -> {escape(str(output))} ({out.dtype})", title_justify="left")
+    t = Table(title=f"{escape(str(asset))} ({src.dtype}) -> {escape(str(output))} ({out.dtype})", title_justify="left")
     t.add_column("per-row reconstruction error")
     t.add_column("mean", justify="right")
     t.add_column("max", justify="right")
@@ -164,9 +164,9 @@ def upgrade(
     before.close()
     a = MemoryAsset.upgrade(asset)
     if v0 == a.version:
-        console.print(f"{asset}: already format version {a.version}; nothing to do", highlight=False)
+        console.print(f"{escape(str(asset))}: already format version {a.version}; nothing to do", highlight=False)
     else:
-        console.print(f"upgraded {asset}: format version {v0} -> {a.version} (a crc32c per page)", highlight=False)
+        console.print(f"upgraded {escape(str(asset))}: format version {v0} -> {a.version} (a crc32c per page)", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

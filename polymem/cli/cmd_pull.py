@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console()
 
@@ -19,7 +20,10 @@ def pull(
 ) -> None:
     """Copy an asset to local disk: every shard's sha256 is checked while it streams, the copy is validated,
     and only then renamed to DIR (on any failure DIR is untouched and the partial copy removed)."""
+    from polymem._io import check_output_path
     from polymem.asset.pull import pull as _pull
+
+    check_output_path(directory, directory=True)
 
     total = [0, 0]
 
@@ -29,7 +33,7 @@ def pull(
 
     a = _pull(url, directory, overwrite=overwrite, workers=workers, progress=progress)
     console.print(
-        f"[green]OK[/] {url} -> {directory}: {total[0]} files, {total[1] / 2**20:.1f} MiB, "
+        f"[green]OK[/] {escape(url)} -> {escape(str(directory))}: {total[0]} files, {total[1] / 2**20:.1f} MiB, "
         f"{a.geometry.num_shards} shard(s) match their sha256",
         highlight=False, soft_wrap=True,
     )
