@@ -232,6 +232,32 @@ def test_truncated_or_missing_shard_is_a_clear_error_in_the_forward(byte_cache, 
     assert wait_no_threads() == []
 
 
+def test_corrupt_chunk_is_a_clear_error_in_the_forward(byte_cache, ids, assets, tmp_path):
+    """A flipped byte inside a stored page fails its crc32c when the page service reads it, in the forward that
+    needed it (synchronous and prefetched), and nothing corrupt enters the cache."""
+    src = assets["float16"]
+    asset = MemoryAsset.from_array(tmp_path / "c", src.to_numpy(), HashSpec(), LAYOUT, orders=(1, 2, 3),
+                                   dtype="float16", chunks_per_shard=128)
+    g = asset.geometry
+    need = sorted(_chunks_of(ids, asset, byte_cache))
+    victim = need[len(need) // 2]
+    s, i = divmod(victim, g.chunks_per_shard)
+    shard = tmp_path / "c" / g.shard_key(s)
+    with open(shard, "r+b") as f:
+        f.seek(i * g.stride + 7)
+        b = f.read(1)
+        f.seek(i * g.stride + 7)
+        f.write(bytes([b[0] ^ 0x10]))
+    model = llama()
+    for prefetch in (False, True):
+        h = attach(model, asset, byte_cache, layers=[1], in_memory=False, prefetch=prefetch, cache_mb=1)
+        with torch.no_grad(), pytest.raises(FormatError, match=rf"page {victim} fails its crc32c check"):
+            model(input_ids=ids)
+        assert h.stats()["errors"] >= 1
+        assert victim not in h.table.service._cache
+        h.detach()
+
+
 def test_workers_stop_on_detach_and_on_garbage_collection(byte_cache, ids, assets):
     assert wait_no_threads() == []
     model = llama()

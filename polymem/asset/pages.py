@@ -118,8 +118,8 @@ class ChunkReader:
                 out.append(np.frombuffer(bytes(b), dtype=np.uint8))
         if self._check is not None:
             self._check(np.asarray(chunks, dtype=np.int64), out)
-        if cb != self.geom.chunk_bytes:
-            out = [a[: self.geom.chunk_bytes] for a in out]
+        if cb != self.geom.chunk_bytes:  # a copy, so the cache holds (and counts) exactly chunk_bytes per chunk
+            out = [a[: self.geom.chunk_bytes].copy() for a in out]
         return out
 
     def close(self) -> None:
