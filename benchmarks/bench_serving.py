@@ -179,6 +179,52 @@ def run_arm(args) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------------------- gather overhead
+def overhead(args) -> str:
+    """CPU µs per forward of the table alone (rows of random n-grams, K heads each, 3 orders): in-memory
+    index_select vs the page service (all chunks cached; and with every chunk read from the OS page cache).
+    Less sensitive to a busy machine than whole-model timings: process CPU time, many calls."""
+    import torch
+
+    from polymem import HashSpec, Layout, MemoryAsset
+    from polymem.torch import AssetTable, TrainableTable
+
+    torch.set_num_threads(1)
+    asset = MemoryAsset.open(args.asset)
+    L = asset.layout
+    small = Layout(pages=int(20e6) // (L.heads * L.slots * L.head_dim), heads=L.heads, slots=L.slots, head_dim=L.head_dim)
+    mem = TrainableTable(torch.randn(small.num_rows, small.head_dim), spec=HashSpec(), layout=small, trainable=False)
+    rng = np.random.default_rng(0)
+
+    def rows_for(layout, B):
+        p = rng.integers(0, layout.pages, size=(B, 1, 3))
+        k = np.arange(layout.heads)
+        slot = rng.integers(0, layout.slots, size=(B, 1, 3, layout.heads))
+        return torch.from_numpy((p[..., None] * layout.heads + k) * layout.slots + slot)
+
+    lines = ["| batch | table | CPU µs per forward, chunks cached | CPU µs per forward, chunks read (OS cache) |",
+             "|---:|---|---:|---:|"]
+    n = 200
+    for B in (1, 8):
+        for name in ("memory", "sync", "prefetch"):
+            res = []
+            for cached in (True, False):
+                t = mem if name == "memory" else AssetTable(asset, prefetch=name == "prefetch", cache_mb=256 if cached else 0)
+                R = [rows_for(t.layout, B) for _ in range(n)]
+                for r in R[:20] + (R if cached else []):  # warm-up; fill the cache
+                    t.gather(r)
+                c0 = time.process_time()
+                for r in R:
+                    if name == "prefetch":
+                        t.prefetch(r)
+                    t.gather(r)
+                res.append(1e6 * (time.process_time() - c0) / n)
+                if name != "memory":
+                    t.close()
+            lines.append(f"| {B} | {name} | {res[0]:.0f} | {res[1]:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------------------- driver
 def cpu_info() -> str:
     try:
@@ -204,11 +250,15 @@ def main() -> None:
     ap.add_argument("--caches", default="warm,cold")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--md", type=Path)
+    ap.add_argument("--overhead", action="store_true", help="only the per-forward CPU cost of the table (markdown)")
     ap.add_argument("--arm", help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.arm:
         print(json.dumps(run_arm(args)))
+        return
+    if args.overhead:
+        print(overhead(args))
         return
     from polymem.cli._options import parse_count
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -266,8 +267,11 @@ class PageService:
             self._stats["misses"] += len(missing)
         if not missing:
             return entries
-        if not background:
-            for j, a in zip(where, self._read(missing)):
+        if not background:  # the synchronous path: the caller waits for the whole read
+            t0 = time.perf_counter()
+            arrs = self._read(missing)
+            self.note_wait(time.perf_counter() - t0)
+            for j, a in zip(where, arrs):
                 entries[j] = a
             return entries
         pool = self.pool()
