@@ -121,7 +121,7 @@ def atomic_path(path: str | os.PathLike[str], *, fsync: bool = False) -> Iterato
             _fsync_file(tmp)
         os.replace(tmp, final)
         if fsync:
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
     except OSError as e:
         _remove(tmp)
         if isinstance(e, OutputError):
@@ -164,7 +164,8 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory (so a rename in it is durable); a no-op where the platform or file system cannot."""
     with contextlib.suppress(OSError):  # not every platform/file system can fsync a directory
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -9,6 +9,8 @@ same everywhere: ``... needs matplotlib, which is not installed. Fix: pip instal
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 from types import ModuleType
 
 from polymem.errors import PolymemError
@@ -47,6 +49,17 @@ def optional_import(module: str, *, extra: str, purpose: str) -> ModuleType:
         if exc.name is not None and not module.startswith(exc.name) and not exc.name.startswith(module.split(".")[0]):
             raise  # the package is there but one of *its* imports failed: show the real error
         raise missing_extra(module.split(".")[0], extra, purpose) from exc
+
+
+def save_figure(fig: object, path: str | os.PathLike[str], *, dpi: int = 120) -> Path:
+    """Write a matplotlib figure as PNG to ``path`` atomically (:func:`polymem._io.atomic_path`) and close it."""
+    from polymem._io import atomic_path
+
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format="png")  # type: ignore[attr-defined]
+    importlib.import_module("matplotlib.pyplot").close(fig)
+    return path
 
 
 def pyplot(purpose: str) -> ModuleType:

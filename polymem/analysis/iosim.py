@@ -266,8 +266,6 @@ def plot(sim: IoSimulation, path: str) -> None:
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    from polymem._io import atomic_path
+    from polymem._optional import save_figure
 
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+from polymem import _io
 from polymem.errors import PolymemError
 
 try:
@@ -65,16 +66,7 @@ def write_file(path: Path, data: bytes) -> None:
 
 
 def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    _io.fsync_dir(path)  # through this module, so the fault-injection tests can fail it
 
 
 # ------------------------------------------------------------------------------------------ writer lock

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+from polymem.asset import _fs
 from polymem.asset._format import WRITING_MARKER
 from polymem.asset._validate import Raw, validate
 from polymem.errors import FormatError, PolymemError
@@ -105,7 +106,7 @@ def pull(
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, old / "asset")
         os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        _fs.fsync_dir(out.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
@@ -113,18 +114,6 @@ def pull(
         raise
     return MemoryAsset.open(out)
 
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 __all__ = ["pull"]

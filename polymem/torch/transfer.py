@@ -409,13 +409,9 @@ def plot_transfer(result: dict[str, Any], path: str | Path) -> Path:
     d, r = result["donor"], result["recipient"]
     ax.set_title(f"{d['tokenizer']} donor -> {r['tokenizer']} recipient, {result['steps']} steps, seeds {result['seeds']}", fontsize=9)
     fig.tight_layout()
-    from polymem._io import atomic_path
+    from polymem._optional import save_figure
 
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 COLORS = {"none": "#7f7f7f", "random": "#bcbd22", "donor": "#1f77b4", "donor_finetune": "#d62728",
@@ -451,13 +447,9 @@ def plot_curves(result: dict[str, Any], path: str | Path, *, title: str | None =
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    from polymem._io import atomic_path
+    from polymem._optional import save_figure
 
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_json(result: dict[str, Any], path: str | Path) -> Path:

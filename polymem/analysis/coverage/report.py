@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from polymem._io import atomic_write_bytes, atomic_write_text
+from polymem._io import atomic_write_text
 from polymem.analysis.coverage.counter import Tally
 from polymem.errors import FormatError
 
@@ -185,10 +185,7 @@ class CoverageReport:
                      fontsize=10)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         fig.tight_layout()
-        path = Path(path)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        plt.close(fig)
-        atomic_write_bytes(path, buf.getvalue())
-        return path
+        from polymem._optional import save_figure
+
+        return save_figure(fig, path)
 
