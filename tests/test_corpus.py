@@ -257,3 +257,27 @@ def test_truncated_text_gz_says_nothing_of_it_was_used(tmp_path: Path) -> None:
     (s,) = c.skipped
     assert s.reason.startswith("corrupt gzip: ") and "nothing of it was used" in s.reason
     assert (s.documents_used, s.bytes_used) == (0, 0)
+
+
+@pytest.mark.slow  # a local Dask cluster: ~25 s
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+def test_fifo_and_truncated_gz_in_a_partitioned_run(tmp_path: Path) -> None:
+    """The same skips, and the same counted prefix, when files are read by Dask tasks (coverage --workers 2)."""
+    pytest.importorskip("distributed")
+    import polymem
+
+    (tmp_path / "a.txt").write_text("hello world text", encoding="utf-8")
+    os.mkfifo(tmp_path / "f.txt")
+    lines = "".join(json.dumps({"text": f"doc {i} " + "x" * (i % 7)}) + "\n" for i in range(2000)).encode()
+    whole = gzip.compress(lines, mtime=0)
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    reports = []
+    with _hang_guard(120):
+        for workers in (1, 2):
+            reports.append(polymem.coverage("bytes", "bytes", Corpus([tmp_path]), max_n=2, workers=workers))
+    one, two = reports
+    assert one.docs == two.docs and 1 < one.docs < 2001
+    for r in reports:
+        reasons = {Path(s["source"]).name: s["reason"] for s in r.skipped}
+        assert reasons["f.txt"].startswith("not a regular file: a FIFO")
+        assert f"the first {one.docs - 1} documents" in reasons["cut.jsonl.gz"]
