@@ -1,0 +1,206 @@
+"""Benchmark: coverage in one process vs on a local Dask cluster, peak RSS per process, and S3 page reads.
+
+    nice -n 10 python benchmarks/bench_scaleout.py --json docs/benchmarks/scaleout.json \
+        pydocs=../shared/corpus/pydocs.jsonl.gz kerneldocs=../shared/corpus/kerneldocs.jsonl.gz \
+        all=../shared/corpus/
+
+For each corpus, back to back, each in a fresh subprocess (so its peak RSS is its own):
+  tokenize   read the corpus and encode every document with both tokenizers (nothing else)
+  inline     polymem.coverage(..., workers=1): the same partitions and tasks, one after the other
+  dask       polymem.coverage(..., client=LocalCluster(2 processes x 1 thread)): the cluster is started before the
+             clock (its start is timed apart); peak RSS of the driver and of each worker (ru_maxrss, asked from
+             the workers after the run)
+  fork       (--fork-tree PATH, first corpus only) the whole CLI, `polymem coverage --workers 2` and `--workers 1`,
+             with the old hand-written fork pool (a checkout of the code before it was removed) and with Dask
+Results (same-run ratios) as JSON; the page-read part: --s3-pages (a moto S3 server on 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_child(args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
+    out = p.stdout.read() if p.stdout else ""
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    if status != 0:
+        raise RuntimeError(f"{args} failed with status {status}")
+    res = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+    res.update(wall_s=wall, peak_rss_mb=ru.ru_maxrss / 1024, cpu_s=ru.ru_utime + ru.ru_stime)
+    return res
+
+
+def one(mode: str, paths: list[str], partition_mb: float, max_n: int) -> dict[str, Any]:
+    """Runs inside the child process."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import polymem
+    from polymem.corpus import Corpus
+    from polymem.tokenizers import load_tokenizer
+
+    tok_t, tok_r = load_tokenizer("mistral-v1"), load_tokenizer("cl100k_base")
+    polymem.coverage(tok_t, tok_r, ["warm-up: compile the kernels"], max_n=max_n)
+    corpus = Corpus(paths)
+    out: dict[str, Any] = {"mode": mode}
+    if mode == "tokenize":
+        t0 = time.perf_counter()
+        n = b = 0
+        for doc in corpus:
+            tok_t.encode(doc.text)
+            tok_r.encode(doc.text)
+            n += 1
+            b += len(doc.text.encode())
+        out.update(time_s=time.perf_counter() - t0, docs=n, bytes=b)
+    elif mode == "inline":
+        t0 = time.perf_counter()
+        r = polymem.coverage(tok_t, tok_r, corpus, max_n=max_n, partition_mb=partition_mb)
+        out.update(time_s=time.perf_counter() - t0, docs=r.docs, bytes=r.bytes,
+                   partitions=len(corpus.partitions(partition_mb)), occurrence=r.occurrence_weighted,
+                   per_doc_mean=r.per_doc_mean)
+    elif mode == "dask":
+        import logging
+
+        from distributed import Client, LocalCluster
+
+        t0 = time.perf_counter()
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                          silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+            t_start = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            r = polymem.coverage("mistral-v1", "cl100k_base", corpus, max_n=max_n, partition_mb=partition_mb,
+                                 client=client)
+            t = time.perf_counter() - t0
+            peaks = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        out.update(time_s=t, cluster_start_s=t_start, docs=r.docs, bytes=r.bytes,
+                   partitions=len(corpus.partitions(partition_mb)), worker_peak_rss_mb=sorted(peaks.values()),
+                   occurrence=r.occurrence_weighted, per_doc_mean=r.per_doc_mean)
+    return out
+
+
+def s3_pages(n_pages: int, threads: int) -> dict[str, Any]:
+    """pages/s reading an asset from a local moto S3 server: one read_pages call (parallel range requests) vs
+    one page at a time."""
+    import socket
+    import tempfile
+
+    import logging
+
+    import numpy as np
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    import polymem
+
+    os.environ.update({"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        fs = s3fs.S3FileSystem(endpoint_url=endpoint)
+        fs.mkdir("bench")
+        with tempfile.TemporaryDirectory() as d:
+            layout = polymem.Layout(pages=4096, heads=4, slots=4, head_dim=64)  # 2 KiB pages (float16)
+            rng = np.random.default_rng(0)
+            local = Path(d) / "t.pmem"
+            table = rng.standard_normal((layout.num_rows, layout.head_dim), dtype=np.float32)
+            polymem.MemoryAsset.from_array(local, table, polymem.HashSpec(), layout, orders=(1, 2), dtype="float16")
+            fs.put(str(local), "bench/t.pmem", recursive=True)
+        a = polymem.MemoryAsset.open("s3://bench/t.pmem")
+        ids = rng.choice(layout.pages, size=min(n_pages, layout.pages), replace=False)
+        a.read_pages(ids[:2])
+        t0 = time.perf_counter()
+        batch = a.read_pages(ids)
+        t_par = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        single = np.stack([a.read_pages([int(i)])[0] for i in ids])
+        t_one = time.perf_counter() - t0
+        assert np.array_equal(batch, single)
+        return {"pages": len(ids), "page_bytes": int(batch[0].nbytes), "parallel_s": t_par, "one_at_a_time_s": t_one,
+                "pages_per_s_parallel": len(ids) / t_par, "pages_per_s_one": len(ids) / t_one,
+                "speedup": t_one / t_par}
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("corpora", nargs="*", help="NAME=PATH[,PATH...]")
+    ap.add_argument("--partition-mb", type=float, default=4.0)
+    ap.add_argument("--max-n", type=int, default=7)
+    ap.add_argument("--modes", default="tokenize,inline,dask")
+    ap.add_argument("--fork-tree", help="a checkout with the old fork pool (measured on the first corpus)")
+    ap.add_argument("--s3-pages", type=int, default=0, help="also time this many page reads from a moto S3 server")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--one", nargs=2, metavar=("MODE", "PATHS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one[0], args.one[1].split(","), args.partition_mb, args.max_n)))
+        return
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    flags = next((ln.split(":", 1)[1].split() for ln in lscpu.splitlines() if ln.startswith("Flags")), [])
+    report: dict[str, Any] = {"machine": {"cpu": next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines()
+                                                        if ln.startswith("Model name")), "?"),
+                                          "cores": os.cpu_count(),
+                                          "simd": [f for f in flags if f.startswith(("avx", "sse4", "fma"))],
+                                          "loadavg_start": os.getloadavg()},
+                              "partition_mb": args.partition_mb, "max_n": args.max_n, "corpora": {}}
+    for spec in args.corpora:
+        name, paths = spec.split("=", 1)
+        res: dict[str, Any] = {}
+        for mode in args.modes.split(","):
+            res[mode] = run_child([sys.executable, __file__, "--one", mode, paths, "--partition-mb",
+                                   str(args.partition_mb), "--max-n", str(args.max_n)])
+            print(name, mode, json.dumps({k: v for k, v in res[mode].items() if k not in ("occurrence", "per_doc_mean")}),
+                  flush=True)
+        if "inline" in res and "dask" in res:
+            assert res["inline"]["occurrence"] == res["dask"]["occurrence"], "dask changed the result"
+            res["dask_speedup"] = res["inline"]["time_s"] / res["dask"]["time_s"]
+        if "inline" in res and "tokenize" in res:
+            res["inline_over_tokenize"] = res["inline"]["time_s"] / res["tokenize"]["time_s"]
+        if args.fork_tree and not report.get("fork"):
+            fork = {}
+            for tree, label in ((args.fork_tree, "fork"), (str(HERE.parent), "dask")):
+                env = dict(os.environ, PYTHONPATH=tree)
+                for w in (2, 1):
+                    cmd = [sys.executable, "-c", "from polymem.cli.app import main; main()", "coverage", "-t",
+                           "mistral-v1", "-r", "cl100k_base", *paths.split(","), "--max-n", str(args.max_n), "-q",
+                           "--workers", str(w)]
+                    t0 = time.perf_counter()
+                    subprocess.run(cmd, env=env, check=True, stderr=subprocess.DEVNULL)
+                    fork[f"{label}_cli_workers{w}_wall_s"] = time.perf_counter() - t0
+            fork["corpus"] = name
+            report["fork"] = fork
+            print("fork", fork, flush=True)
+        report["corpora"][name] = res
+        report["machine"]["loadavg_end"] = os.getloadavg()
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2))
+    if args.s3_pages:
+        report["s3_pages"] = s3_pages(args.s3_pages, 8)
+        print("s3", report["s3_pages"], flush=True)
+    report["machine"]["loadavg_end"] = os.getloadavg()
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
