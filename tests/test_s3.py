@@ -128,3 +128,118 @@ def test_aws_endpoint_url_is_honoured_and_scratch_can_be_s3(endpoint: str, shard
                               scratch=f"s3://{BUCKET}/scratch/run1", **kw)
     _same(local, remote)
     assert fs.find(f"{BUCKET}/scratch/run1") and all(p.endswith(".npy") for p in fs.find(f"{BUCKET}/scratch/run1"))
+
+
+# ------------------------------------------------------------------------------------------- assets in S3
+def _table(layout: Any, seed: int = 0) -> Any:
+    import numpy as np
+
+    return np.random.default_rng(seed).standard_normal((layout.num_rows, layout.head_dim), dtype=np.float32)
+
+
+def _asset_kw() -> dict[str, Any]:
+    from polymem import HashSpec
+
+    return dict(spec=HashSpec(), orders=(1, 2), dtype="float16", chunks_per_shard=4)
+
+
+def test_an_asset_written_to_s3_verifies_and_reads_back_the_same_bytes(endpoint: str, fs: Any,
+                                                                       tmp_path: Path) -> None:
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from polymem import Layout, MemoryAsset
+    from polymem.cli.app import app
+
+    layout = Layout(pages=48, heads=2, slots=4, head_dim=8)
+    opts = {"endpoint_url": endpoint}
+    url = f"s3://{BUCKET}/assets/a.pmem"
+    local = MemoryAsset.from_array(tmp_path / "a.pmem", _table(layout), layout=layout, **_asset_kw())
+    remote = MemoryAsset.from_array(url, _table(layout), layout=layout, storage_options=opts, **_asset_kw())
+    remote.verify()
+    files = sorted(p for p in (tmp_path / "a.pmem").rglob("*") if p.is_file() and not p.name.startswith("."))
+    for p in files:  # the same bytes, object for object
+        assert fs.cat_file(f"{BUCKET}/assets/a.pmem/{p.relative_to(tmp_path / 'a.pmem').as_posix()}") == p.read_bytes()
+    again = MemoryAsset.open(url, storage_options=opts)
+    ids = np.array([0, 5, 47, 12, 13, 5])
+    assert np.array_equal(again.read_pages(ids), local.read_pages(ids))
+    assert np.array_equal(again.to_numpy(), local.to_numpy())
+    # writes: pages, then a quantized copy, both to S3; the same as the local asset
+    new = np.full((2, layout.rows_per_page, layout.head_dim), 0.5, dtype=np.float32)
+    again.write_pages([3, 40], new)
+    local.write_pages([3, 40], new)
+    reopened = MemoryAsset.open(url, storage_options=opts)
+    reopened.verify()
+    assert np.array_equal(reopened.to_numpy(), local.to_numpy())
+    q, _ = reopened.quantize(f"s3://{BUCKET}/assets/a-nf4.pmem", to="nf4")
+    ql, _ = local.quantize(tmp_path / "a-nf4.pmem", to="nf4")
+    assert np.array_equal(MemoryAsset.open(f"s3://{BUCKET}/assets/a-nf4.pmem", storage_options=opts).to_numpy(),
+                          ql.to_numpy())
+    for cmd in ("verify", "inspect"):
+        res = CliRunner().invoke(app, [cmd, url, "--storage-options", json.dumps(opts)])
+        assert res.exit_code == 0, res.output
+
+
+def test_a_writer_stopped_before_its_metadata_leaves_nothing_open_accepts(endpoint: str, fs: Any) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from typer.testing import CliRunner
+
+    from polymem import FormatError, MemoryAsset
+    from polymem.cli.app import app
+
+    url = f"s3://{BUCKET}/assets/killed.pmem"
+    prefix = f"{BUCKET}/assets/killed.pmem"
+    code = (
+        "import numpy as np, polymem\n"
+        "from polymem import HashSpec, Layout, MemoryAsset\n"
+        "layout = Layout(pages=4096, heads=2, slots=4, head_dim=64)\n"
+        "t = np.random.default_rng(0).standard_normal((layout.num_rows, 64), dtype=np.float32)\n"
+        f"MemoryAsset.from_array({url!r}, t, HashSpec(), layout, orders=(1, 2), dtype='float32',"
+        " chunks_per_shard=8)\n"
+    )
+    env = dict(os.environ, AWS_ENDPOINT_URL=endpoint)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            fs.invalidate_cache()
+            seen = fs.find(prefix)
+            if seen:
+                proc.kill()  # SIGKILL: mid-upload, after some data objects landed
+                break
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert seen, "the writer was stopped after its first objects landed"
+    fs.invalidate_cache()
+    left = fs.find(prefix)
+    assert left and f"{prefix}/zarr.json" not in left
+    opts = {"endpoint_url": endpoint}
+    with pytest.raises(FormatError, match=r"not an asset: its group metadata \(zarr.json\) is missing.*orphan"):
+        MemoryAsset.open(url, storage_options=opts)
+    res = CliRunner().invoke(app, ["verify", url, "--storage-options", json.dumps(opts)])
+    assert res.exit_code != 0 and "orphan objects" in res.output and "killed.pmem/pages/" in res.output
+    # and writing it again (overwrite) replaces the orphans with a whole asset
+    from polymem import HashSpec, Layout
+
+    layout = Layout(pages=16, heads=2, slots=4, head_dim=8)
+    MemoryAsset.from_array(url, _table(layout), HashSpec(), layout, orders=(1, 2), overwrite=True,
+                           storage_options=opts).verify()
+    fs.invalidate_cache()
+    assert len(fs.find(prefix)) < len(left) + 2
+
+
+def test_an_existing_s3_asset_is_not_overwritten_by_default(endpoint: str) -> None:
+    from polymem import HashSpec, Layout, MemoryAsset, PolymemError
+
+    layout = Layout(pages=8, heads=2, slots=4, head_dim=8)
+    opts = {"endpoint_url": endpoint}
+    url = f"s3://{BUCKET}/assets/once.pmem"
+    MemoryAsset.from_array(url, _table(layout), HashSpec(), layout, orders=(1,), storage_options=opts)
+    with pytest.raises(PolymemError, match="already holds an asset; pass overwrite=True"):
+        MemoryAsset.from_array(url, _table(layout, 1), HashSpec(), layout, orders=(1,), storage_options=opts)

@@ -22,17 +22,18 @@ from polymem.errors import FormatError
 class Raw:
     """Bytes of the group's files, local (os) or remote (fsspec). Used for validation and verify."""
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, storage_options: dict[str, Any] | None = None) -> None:
         self.location = location
+        self.storage_options = dict(storage_options or {})
         self.local: Path | None = None
         if "://" not in location or location.startswith("file://"):
             self.local = Path(location.removeprefix("file://"))
             self._fs: Any = None
             self._root = ""
         else:
-            import fsspec
+            from polymem.sources import filesystem
 
-            self._fs, self._root = fsspec.core.url_to_fs(location)
+            self._fs, self._root = filesystem(location, self.storage_options)
 
     def _p(self, key: str) -> str:
         return f"{self._root.rstrip('/')}/{key}"

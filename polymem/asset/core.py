@@ -24,6 +24,7 @@ from polymem.asset._format import (
     check_provenance, geometry, header_body, parse_header, sha256_hex,
 )
 from polymem.asset._shards import FastReader, file_sha256, read_shard_checked, write_shard
+from polymem.asset import _remote
 from polymem.asset._validate import Raw as _Raw
 from polymem.asset._validate import validate as _validate
 from polymem.errors import FormatError, PolymemError, SpecMismatchError
@@ -135,14 +136,20 @@ class MemoryAsset:
         if backend == "tensorstore":
             return _zarr.TensorstoreReader(local, self.geometry, self.path)  # type: ignore[arg-type]
         return _zarr.ZarrReader(str(local) if local is not None else self._raw.location, geom=self.geometry,
-                                where=self.path)
+                                where=self.path, storage_options=self._raw.storage_options)
 
     # ---- constructors
     @classmethod
-    def open(cls, path_or_url: str | os.PathLike[str], *, backend: str = "auto") -> "MemoryAsset":
-        """Open and validate an asset (local directory or fsspec URL such as ``s3://bucket/table.pmem``)."""
+    def open(cls, path_or_url: str | os.PathLike[str], *, backend: str = "auto",
+             storage_options: Mapping[str, Any] | None = None) -> "MemoryAsset":
+        """Open and validate an asset (local directory or fsspec URL such as ``s3://bucket/table.pmem``, with
+        fsspec ``storage_options``; credentials and endpoint otherwise from the environment)."""
         location = os.fspath(path_or_url)
-        raw = _Raw(location)
+        raw = _Raw(location, dict(storage_options or {}))
+        if _remote.is_remote(location) and not raw.exists("zarr.json"):
+            err = _remote.missing_asset_error(location, raw.storage_options)
+            if err is not None:
+                raise err
         header = _validate(raw, location)
         return cls(raw, header, backend)
 
@@ -151,19 +158,23 @@ class MemoryAsset:
         cls, path: str | os.PathLike[str], spec: HashSpec, layout: Layout, *, dtype: str = "float32",
         orders: "tuple[int, ...] | list[int]" = (1, 2, 3), provenance: Mapping[str, Any] | None = None,
         overwrite: bool = False, chunks_per_shard: int | None = None, lock_timeout: float | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> "MemoryAsset":
-        """Create an all-zero table. Atomic; an overwrite takes the old asset's writer lock."""
+        """Create an all-zero table. Atomic; an overwrite takes the old asset's writer lock. A URL
+        (``s3://…``, with fsspec ``storage_options``) is committed by order (polymem/asset/_remote.py)."""
         return cls._write_new(path, spec, layout, None, dtype=dtype, orders=orders, provenance=provenance,
-                              overwrite=overwrite, chunks_per_shard=chunks_per_shard, lock_timeout=lock_timeout)
+                              overwrite=overwrite, chunks_per_shard=chunks_per_shard, lock_timeout=lock_timeout,
+                              storage_options=storage_options)
 
     @classmethod
     def from_array(
         cls, path: str | os.PathLike[str], table: np.ndarray, spec: HashSpec, layout: Layout, *,
         orders: "tuple[int, ...] | list[int]", dtype: str = "float32", provenance: Mapping[str, Any] | None = None,
         overwrite: bool = False, chunks_per_shard: int | None = None, lock_timeout: float | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> "MemoryAsset":
         """Write ``table`` float [layout.num_rows, layout.head_dim] as a new asset. Atomic; an overwrite takes
-        the old asset's writer lock."""
+        the old asset's writer lock. A URL is committed by order (polymem/asset/_remote.py)."""
         shape = tuple(np.shape(table))
         if shape != (layout.num_rows, layout.head_dim):
             raise PolymemError(
@@ -176,17 +187,34 @@ class MemoryAsset:
             return np.asarray(table[a * KS : b * KS], dtype=np.float32).reshape(b - a, KS, r)
 
         return cls._write_new(path, spec, layout, source, dtype=dtype, orders=orders, provenance=provenance,
-                              overwrite=overwrite, chunks_per_shard=chunks_per_shard, lock_timeout=lock_timeout)
+                              overwrite=overwrite, chunks_per_shard=chunks_per_shard, lock_timeout=lock_timeout,
+                              storage_options=storage_options)
+
+    @classmethod
+    def _write_remote(cls, url: str, storage_options: Mapping[str, Any] | None, overwrite: bool,
+                      build: Any) -> "MemoryAsset":
+        """Build the asset in a local temporary directory (``build(path)``), then commit it to ``url``: data
+        objects first, the group metadata with the checksums last (polymem/asset/_remote.py)."""
+        import tempfile
+
+        opts = dict(storage_options or {})
+        with tempfile.TemporaryDirectory(prefix="polymem-upload-") as d:
+            build(Path(d) / "asset")
+            _remote.upload(Path(d) / "asset", url, opts, overwrite=overwrite)
+        return cls.open(url, storage_options=opts)
 
     @classmethod
     def _write_new(
         cls, path: str | os.PathLike[str], spec: HashSpec, layout: Layout, source: PageSource | None, *,
         dtype: str, orders: Any, provenance: Mapping[str, Any] | None, overwrite: bool,
         chunks_per_shard: int | None, chunk_source: ChunkSource | None = None, lock_timeout: float | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> "MemoryAsset":
         location = os.fspath(path)
-        if "://" in location and not location.startswith("file://"):
-            raise PolymemError(f"cannot write {location!r}: polymem writes local assets; write locally, then upload")
+        if _remote.is_remote(location):
+            return cls._write_remote(location, storage_options, overwrite, lambda local: cls._write_new(
+                local, spec, layout, source, dtype=dtype, orders=orders, provenance=provenance, overwrite=False,
+                chunks_per_shard=chunks_per_shard, chunk_source=chunk_source))
         dest = Path(location.removeprefix("file://"))
         if not isinstance(spec, HashSpec) or not isinstance(layout, Layout):
             raise PolymemError("spec must be a polymem.HashSpec and layout a polymem.Layout")
@@ -393,7 +421,8 @@ class MemoryAsset:
         """
         root = self._raw.local
         if root is None:
-            raise PolymemError(f"cannot write pages of {self.path!r}: remote assets are read-only; write locally, then upload")
+            self._write_pages_remote(page_ids, data)
+            return
         if self._version < ASSET_VERSION:
             raise PolymemError(
                 f"{self.path}: format version {self._version} assets are read-only in this polymem; run "
@@ -447,6 +476,23 @@ class MemoryAsset:
                 self._reader.invalidate()
             self._header = parse_header({"polymem": {**body, "checksums": checksums}}, self.path)
 
+    def _write_pages_remote(self, page_ids: Any, data: Any) -> None:
+        """write_pages on a URL: copy the asset here, write the pages, commit it back in order (data objects,
+        then the group metadata). Costs a download and an upload of the whole asset; for large tables write
+        locally and upload."""
+        import tempfile
+
+        opts = self._raw.storage_options
+        with tempfile.TemporaryDirectory(prefix="polymem-pages-") as d:
+            local = Path(d) / "asset"
+            _remote.download(self.path, local, opts)
+            with MemoryAsset.open(local) as a:
+                a.write_pages(page_ids, data)
+            _remote.upload(local, self.path, opts, overwrite=True)
+        fresh = MemoryAsset.open(self.path, storage_options=opts, backend=self._backend)
+        self._reader.close()
+        self._raw, self._header, self._reader = fresh._raw, fresh._header, fresh._reader
+
     # ---- integrity
     def problems(self) -> list[str]:
         """Every integrity problem found (validation, then every shard's sha256). Empty = the asset is sound."""
@@ -473,7 +519,8 @@ class MemoryAsset:
 
     # ---- conversion
     def quantize(self, out: str | os.PathLike[str], *, to: str = "nf4", overwrite: bool = False,
-                 lock_timeout: float | None = None) -> tuple["MemoryAsset", QuantError]:
+                 lock_timeout: float | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> tuple["MemoryAsset", QuantError]:
         """Write a copy stored as ``to`` (streamed shard by shard); returns it and the per-row reconstruction error."""
         to = check_dtype(to)
         self.verify()  # never build on bytes that do not match their checksums
@@ -493,7 +540,9 @@ class MemoryAsset:
         prov["converted_from"] = {"dtype": self.dtype, "attributes_sha256": self._header.checksums["attributes"]}
         asset = MemoryAsset._write_new(out, self.spec, self.layout, source, dtype=to, orders=self.orders,
                                        provenance=prov, overwrite=overwrite, chunks_per_shard=None,
-                                       lock_timeout=lock_timeout)
+                                       lock_timeout=lock_timeout,
+                                       storage_options=self._raw.storage_options if storage_options is None
+                                       else storage_options)
         return asset, _merge_errors(errs)
 
     # ---- upgrade and repair

@@ -8,10 +8,11 @@ spelled out here and checked against that home by tests/test_cli_foundation.py; 
 
 from __future__ import annotations
 
+import json
 import math
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -90,3 +91,25 @@ PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="auto (bf16
 Bf16 = Annotated[Optional[bool], typer.Option("--bf16/--no-bf16", help="Deprecated: use --precision bf16|fp32.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads (1 is faster on a busy shared CPU).")]
 Device = Annotated[str, typer.Option("--device", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, …")]
+
+
+StorageOptionsOpt = Annotated[str | None, typer.Option(
+    "--storage-options", metavar="JSON", help="fsspec storage options for s3:// (and other) URLs, e.g. "
+    "'{\"endpoint_url\": \"http://127.0.0.1:9000\"}'; default: the AWS environment variables and config files.")]
+
+
+def parse_storage_options(text: str | None) -> dict[str, Any]:
+    """--storage-options JSON -> dict (exit 2 with the reason when it is not a JSON object)."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"{text!r} is not JSON ({e.msg} at column {e.colno}); pass a JSON object such as "
+                                 "'{\"anon\": true}'", param_hint="'--storage-options'") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter(f"{text!r} is a JSON {type(value).__name__}, expected an object such as "
+                                 "'{\"anon\": true}'", param_hint="'--storage-options'")
+    return value
+
+

@@ -13,6 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from polymem.cli._options import (
+    StorageOptionsOpt,
+    parse_storage_options,
     AssetDtype, Dtype, HeadDim, Heads, LayoutKind, Normalizer, NormalizerOpt, Orders, Params, Slots, parse_count,
     parse_orders,
 )
@@ -76,11 +78,12 @@ def inspect(
     asset: Annotated[str, typer.Argument(help="Asset directory or fsspec URL.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the header and counts as JSON.")] = False,
     scan: Annotated[bool, typer.Option("--scan/--no-scan", help="Count non-zero pages (reads the whole table).")] = True,
+    storage_options: StorageOptionsOpt = None,
 ) -> None:
     """Show an asset's hash spec, layout, sizes, provenance and how many pages are non-zero."""
     from polymem import MemoryAsset
 
-    a = MemoryAsset.open(asset)
+    a = MemoryAsset.open(asset, storage_options=parse_storage_options(storage_options))
     nz = a.nonzero_pages() if scan else None
     if as_json:
         h = a.header
@@ -100,11 +103,14 @@ def inspect(
 def verify(
     asset: Annotated[str, typer.Argument(help="Asset directory or fsspec URL.")],
     repair: Annotated[bool, typer.Option("--repair", help="First roll back an interrupted page write and remove stale temporary files (local assets).")] = False,
+    storage_options: StorageOptionsOpt = None,
 ) -> None:
-    """Check every checksum and the storage geometry. Exit 1 naming the bad shard or field."""
+    """Check every checksum and the storage geometry. Exit 1 naming the bad shard or field (for a URL without an
+    asset, the orphan objects of an interrupted write)."""
     from polymem import MemoryAsset
     from polymem.errors import FormatError
 
+    options = parse_storage_options(storage_options)
     if repair:
         done = MemoryAsset.repair(asset)
         for line in done:
@@ -112,7 +118,7 @@ def verify(
         if not done:
             console.print("nothing to repair", highlight=False)
     try:
-        a = MemoryAsset.open(asset)
+        a = MemoryAsset.open(asset, storage_options=options)
         problems = a.problems()
     except FormatError as e:
         problems = [str(e)]
@@ -127,18 +133,22 @@ def verify(
 
 def quantize(
     asset: Annotated[str, typer.Argument(help="Source asset.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the converted asset.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Where to write the converted asset (a directory or "
+                                        "a URL such as s3://bucket/t-nf4.pmem).")],
     to: Annotated[AssetDtype, typer.Option("--to", help="Target storage type.")] = AssetDtype("nf4"),
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing asset at OUTPUT.")] = False,
+    storage_options: StorageOptionsOpt = None,
 ) -> None:
     """Convert an asset to another storage type (nf4: 4-bit codes + fp16 scale per head row); report the error per row."""
     from polymem import MemoryAsset
 
     from polymem._io import check_output_path
 
-    src = MemoryAsset.open(asset)
-    check_output_path(output, directory=True)
-    out, err = src.quantize(output, to=to.value, overwrite=overwrite)
+    options = parse_storage_options(storage_options)
+    src = MemoryAsset.open(asset, storage_options=options)
+    if "://" not in output or output.startswith("file://"):
+        check_output_path(Path(output.removeprefix("file://")), directory=True)
+    out, err = src.quantize(output, to=to.value, overwrite=overwrite, storage_options=options)
     t = Table(title=f"{escape(str(asset))} ({src.dtype}) -> {escape(str(output))} ({out.dtype})", title_justify="left")
     t.add_column("per-row reconstruction error")
     t.add_column("mean", justify="right")

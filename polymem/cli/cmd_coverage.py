@@ -12,6 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
+from polymem.cli._options import StorageOptionsOpt
+
 
 class _InvalidUtf8(str, Enum):
     replace = "replace"
@@ -52,10 +54,7 @@ def coverage_cmd(
                                                 "writes its key files (default: a temporary directory here; "
                                                 "a multi-machine cluster needs a shared path or s3:// URL).")]
     = None,
-    storage_options: Annotated[str | None, typer.Option("--storage-options", metavar="JSON", help="fsspec "
-                                                        "storage options for s3:// (and other) URLs, e.g. "
-                                                        "'{\"endpoint_url\": \"http://127.0.0.1:9000\"}'.")]
-    = None,
+    storage_options: StorageOptionsOpt = None,
     text_field: Annotated[str, typer.Option("--text-field", help="The JSONL field holding the text.")] = "text",
     exact_bytes: Annotated[bool, typer.Option("--exact-bytes", help="Compare n-grams as byte strings instead of "
                                               "64-bit hashes (slow reference path; same results).")] = False,
@@ -88,6 +87,8 @@ def coverage_cmd(
         raise typer.BadParameter(f"--dask {dask} and --workers {workers} both choose where to count; pass one "
                                  "(--dask for an existing cluster, --workers N for a local one)",
                                  param_hint="'--dask' / '--workers'")
+    from polymem.cli._options import parse_storage_options
+
     options = parse_storage_options(storage_options)
     check_output_paths(json_out, csv_out, plot_out)
     out = Console(stderr=json_out == "-")
@@ -111,23 +112,6 @@ def coverage_cmd(
         for what, path in (("JSON", json_out if json_out != "-" else None), ("CSV", csv_out), ("plot", plot_out)):
             if path:
                 out.print(f"[dim]{what} written to {escape(str(path))}[/]", soft_wrap=True)
-
-
-def parse_storage_options(text: str | None) -> dict[str, Any]:
-    """--storage-options JSON -> dict (exit 2 with the reason when it is not a JSON object)."""
-    import json
-
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise typer.BadParameter(f"{text!r} is not JSON ({e.msg} at column {e.colno}); pass a JSON object such as "
-                                 "'{\"anon\": true}'", param_hint="'--storage-options'") from None
-    if not isinstance(value, dict):
-        raise typer.BadParameter(f"{text!r} is a JSON {type(value).__name__}, expected an object such as "
-                                 "'{\"anon\": true}'", param_hint="'--storage-options'")
-    return value
 
 
 @contextlib.contextmanager
