@@ -180,6 +180,7 @@ def test_an_asset_written_to_s3_verifies_and_reads_back_the_same_bytes(endpoint:
         assert res.exit_code == 0, res.output
 
 
+@pytest.mark.slow
 def test_a_writer_stopped_before_its_metadata_leaves_nothing_open_accepts(endpoint: str, fs: Any) -> None:
     import subprocess
     import sys
@@ -232,6 +233,25 @@ def test_a_writer_stopped_before_its_metadata_leaves_nothing_open_accepts(endpoi
                            storage_options=opts).verify()
     fs.invalidate_cache()
     assert len(fs.find(prefix)) < len(left) + 2
+
+
+def test_an_upload_stopped_before_its_metadata_is_named_by_verify(endpoint: str, fs: Any, tmp_path: Path) -> None:
+    # the deterministic twin of the killed-writer test above: the same upload, stopped before the group metadata
+    from polymem import FormatError, HashSpec, Layout, MemoryAsset
+    from polymem.asset import _remote
+
+    layout = Layout(pages=16, heads=2, slots=4, head_dim=8)
+    MemoryAsset.from_array(tmp_path / "s.pmem", _table(layout), HashSpec(), layout, orders=(1,), chunks_per_shard=4)
+    url = f"s3://{BUCKET}/assets/staged.pmem"
+    opts = {"endpoint_url": endpoint}
+    _remote.upload(tmp_path / "s.pmem", url, opts, overwrite=False, stop_before_metadata=True)
+    left = _remote.orphans(url, opts)
+    assert len(left) == 5 and all(k.startswith(f"s3://{BUCKET}/assets/staged.pmem/pages/") for k in left)
+    with pytest.raises(FormatError, match=r"5 orphan objects"):
+        MemoryAsset.open(url, storage_options=opts)
+    _remote.upload(tmp_path / "s.pmem", url, opts, overwrite=False)  # orphans of ours are replaced, then committed
+    MemoryAsset.open(url, storage_options=opts).verify()
+    assert _remote.orphans(url, opts) == []
 
 
 def test_an_existing_s3_asset_is_not_overwritten_by_default(endpoint: str) -> None:
