@@ -1,4 +1,6 @@
-"""Benchmark: asset page reads (fast path vs os.pread vs zarr-python vs tensorstore), shard writes, NF4.
+"""Benchmark: asset page reads (fast path vs os.pread vs zarr-python vs tensorstore), shard writes, NF4, and
+the cost of verifying every page read (format v2's per-page crc32c, pread instead of mmap) side by side
+with the previous fast path (format v1, memory-mapped shards, no per-read check — its reader is copied below).
 
     python benchmarks/bench_asset.py --size-mib 1024 --json docs/benchmarks/asset.json
 
@@ -41,6 +43,132 @@ def evict(paths: list[Path]) -> None:
             os.close(fd)
 
 
+class LegacyMmapReader:
+    """The fast reader before issue 9 (commit 8229a40, format v1): one mmap per shard, MADV_RANDOM, no
+    per-read check. Copied verbatim (minus the shard writer) so the new reader can be timed against it."""
+
+    def __init__(self, root: Path, geom) -> None:
+        import mmap
+
+        self._mmap = mmap
+        self._root = root
+        self._geom = geom
+        self._views = [None] * geom.num_shards
+        self._maps = [None] * geom.num_shards
+        self._dtype = np.dtype(geom.data_type).newbyteorder("<")
+        self._chunk_shape = geom.chunk_shape[1:]
+
+    def _view(self, s: int) -> np.ndarray:
+        v = self._views[s]
+        if v is None:
+            g, mmap = self._geom, self._mmap
+            with open(self._root / g.shard_key(s), "rb") as f:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if hasattr(mmap, "MADV_RANDOM"):
+                mm.madvise(mmap.MADV_RANDOM)
+            n = g.chunks_in_shard(s)
+            v = np.frombuffer(mm, dtype=self._dtype, count=n * g.chunk_bytes // self._dtype.itemsize)
+            v = v.reshape((n,) + self._chunk_shape)
+            self._maps[s], self._views[s] = mm, v
+        return v
+
+    def read_page(self, p: int) -> np.ndarray:
+        g = self._geom
+        c, j = divmod(p, g.pages_per_chunk)
+        s, i = divmod(c, g.chunks_per_shard)
+        v = self._views[s]
+        if v is None:
+            v = self._view(s)
+        if g.pages_per_chunk == 1 and g.dtype != "nf4":
+            return v[i : i + 1].copy()
+        return v[i : i + 1, j * g.page_bytes : (j + 1) * g.page_bytes].copy()
+
+    def read_chunks(self, ids: np.ndarray) -> np.ndarray:
+        from polymem.asset._shards import _groups
+
+        cps = self._geom.chunks_per_shard
+        if ids.shape[0] == 1:
+            c = int(ids[0])
+            return self._view(c // cps)[c % cps : c % cps + 1].copy()
+        if self._geom.num_shards == 1:
+            return self._view(0)[ids]
+        out = np.empty((ids.shape[0],) + self._chunk_shape, dtype=self._dtype)
+        for s, sel in _groups(ids // cps):
+            out[sel] = self._view(s)[ids[sel] - s * cps]
+        return out
+
+    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+        from polymem.asset._shards import _groups
+
+        g = self._geom
+        KS, cps = g.rows_per_page, g.chunks_per_shard
+        out = np.empty((rows.shape[0], g.head_dim), dtype=self._dtype)
+        rows_per_shard = cps * KS
+        for s, sel in _groups(rows // rows_per_shard):
+            v = self._view(s)
+            out[sel] = v.reshape(-1, g.head_dim)[rows[sel] - s * rows_per_shard]
+        return out
+
+    def invalidate(self, shards=None) -> None:
+        self._views = [None] * self._geom.num_shards
+        self._maps = [None] * self._geom.num_shards
+
+    def close(self) -> None:
+        self.invalidate()
+
+
+def legacy_asset(path: Path):
+    """A MemoryAsset on a format-v1 directory whose reader is today's-before-issue-9 mmap reader."""
+    from polymem import MemoryAsset
+    from polymem.asset import _shards
+
+    a = MemoryAsset.open(path)
+    assert a.version == 1
+    old = LegacyMmapReader(path, a.geometry)
+    old.__class__ = type("LegacyFast", (LegacyMmapReader, _shards.FastReader), {})  # take the same code paths
+    a._reader, a._lean = old, old.read_page
+    return a
+
+
+def verify_cost(a_new, a_old, P: int, rng, args) -> dict:
+    """Verified (v2 pread + crc32c) vs legacy (v1 mmap) reads of the same pages, interleaved runs."""
+    singles = rng.integers(0, P, size=args.single).tolist()
+    batches = [rng.integers(0, P, size=1024) for _ in range(args.batches)]
+    hashes = rng.integers(0, 2**63, size=(1024, 3), dtype=np.uint64)
+
+    def one(a, fn):
+        return lambda: [fn(a, [p]) for p in singles]
+
+    def batch(a, fn):
+        return lambda: [fn(a, ids) for ids in batches]
+
+    cases = {
+        "single page, read_stored": (one, lambda a, i: a.read_stored(i), len(singles)),
+        "single page, read_pages (float32)": (one, lambda a, i: a.read_pages(i), len(singles)),
+        "1024-page batch, read_stored": (batch, lambda a, i: a.read_stored(i), len(batches) * 1024),
+        "1024-page batch, read_pages (float32)": (batch, lambda a, i: a.read_pages(i), len(batches) * 1024),
+        "lookup, 1024 tokens x 3 orders (24,576 rows)": (None, None, hashes.size),
+    }
+    for a in (a_new, a_old):  # warm: open shards / map them, page cache
+        a.read_stored(np.arange(P))
+        assert np.array_equal(a_new.read_stored(batches[0]), a_old.read_stored(batches[0]))
+    out = {}
+    for name, (mk, fn, n) in cases.items():
+        if mk is None:
+            f_new, f_old = (lambda: a_new.lookup(hashes)), (lambda: a_old.lookup(hashes))
+            reps = args.repeat * 5
+        else:
+            f_new, f_old = mk(a_new, fn), mk(a_old, fn)
+            reps = args.repeat
+        t_new, t_old = [], []
+        for _ in range(reps):  # interleaved, so load changes hit both
+            t_old.append(timed(f_old, 1))
+            t_new.append(timed(f_new, 1))
+        new, old = statistics.median(t_new), statistics.median(t_old)
+        out[name] = {"units": n, "legacy_us": old / n * 1e6, "verified_us": new / n * 1e6, "ratio_of_rates": old / new}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=1024, help="table size on disk (float16, K=8 S=4 r=64: 4 KiB pages)")
@@ -52,6 +180,7 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true", help="also time reads after evicting the files from the page cache")
     ap.add_argument("--nf4-rows", type=int, default=1_000_000)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--verify-only", action="store_true", help="only the verified-vs-legacy read comparison")
     args = ap.parse_args()
 
     import zarr
@@ -98,12 +227,27 @@ def main() -> None:
                       "speedup": t_zarr / t_ours, "byte_identical": same}
         print(f"write {args.size_mib} MiB ({g.num_shards} shards): polymem {t_ours:.2f} s (of which encode "
               f"{t_encode:.2f} s), zarr-python {t_zarr:.2f} s -> {t_zarr / t_ours:.1f}x, byte-identical: {same}")
+        # ------------------------------------------------------------------ verified reads vs the legacy fast path
+        MemoryAsset._write_new(scratch / "v1", HashSpec(), layout, lambda a_, b_: table.reshape(P, 32, 64)[a_:b_],
+                               dtype=args.dtype, orders=(1, 2, 3), provenance=None, overwrite=False,
+                               chunks_per_shard=None, format_version=1)
         del table
+        vc = verify_cost(MemoryAsset.open(scratch / "t"), legacy_asset(scratch / "v1"), P, rng, args)
+        r["verify_cost"] = vc
+        print("\nverified reads (format v2: pread + crc32c per page) vs the legacy fast path (v1: mmap, unchecked)")
+        for name, v in vc.items():
+            print(f"  {name:48s} legacy {v['legacy_us']:8.2f} us  verified {v['verified_us']:8.2f} us  "
+                  f"rate ratio {v['ratio_of_rates']:.2f}")
+        shutil.rmtree(scratch / "v1")
+        if args.verify_only:
+            if args.json:
+                Path(args.json).write_text(json.dumps(r, indent=2))
+            return
 
         # ------------------------------------------------------------------ reads
         shard_paths = [scratch / "t" / g.shard_key(s) for s in range(g.num_shards)]
         fds = [os.open(p, os.O_RDONLY) for p in shard_paths]
-        cps, cb = g.chunks_per_shard, g.chunk_bytes
+        cps, cb, st = g.chunks_per_shard, g.chunk_bytes, g.stride
         zarr_arr = zarr.open_array(str(scratch / "t" / "pages"), mode="r")
         ts_arr = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(scratch / "t" / "pages")}},
                          read=True).result() if ts else None
@@ -118,11 +262,11 @@ def main() -> None:
 
         def pread_one():
             for p in singles:
-                os.pread(fds[p // cps], cb, (p % cps) * cb)
+                os.pread(fds[p // cps], cb, (p % cps) * st)
 
         def pread_one_dec():
             for p in singles:
-                decode(os.pread(fds[p // cps], cb, (p % cps) * cb))
+                decode(os.pread(fds[p // cps], cb, (p % cps) * st))
 
         def fast_one():
             for p in singles:
@@ -146,14 +290,14 @@ def main() -> None:
             for ids in batches:
                 out = np.empty((1024, cb), np.uint8)
                 for i, p in enumerate(ids.tolist()):
-                    out[i] = np.frombuffer(os.pread(fds[p // cps], cb, (p % cps) * cb), np.uint8)
+                    out[i] = np.frombuffer(os.pread(fds[p // cps], cb, (p % cps) * st), np.uint8)
 
         def pread_batch_dec():
             for ids in batches:
                 out = bytearray(1024 * cb)
                 mv = memoryview(out)
                 for i, p in enumerate(ids.tolist()):
-                    mv[i * cb : (i + 1) * cb] = os.pread(fds[p // cps], cb, (p % cps) * cb)
+                    mv[i * cb : (i + 1) * cb] = os.pread(fds[p // cps], cb, (p % cps) * st)
                 decode(out)
 
         def fast_batch():
@@ -228,7 +372,7 @@ def main() -> None:
         if args.cold:
             n_cold = min(2000, len(singles))
             cold = {}
-            for name, fn in [("os.pread", lambda: [os.pread(fds[p // cps], cb, (p % cps) * cb) for p in singles[:n_cold]]),
+            for name, fn in [("os.pread", lambda: [os.pread(fds[p // cps], cb, (p % cps) * st) for p in singles[:n_cold]]),
                              ("polymem read_stored (mmap, MADV_RANDOM)", lambda: [fast.read_stored([p]) for p in singles[:n_cold]])]:
                 fast.close()
                 evict(shard_paths)

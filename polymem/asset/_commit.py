@@ -38,9 +38,11 @@ def write_marker(root: Path, keys: list[str], new_group_sha256: str) -> None:
 
 
 def swap(root: Path, keys: list[str], group_json: bytes) -> None:
-    """Steps 2-5 above (step 1 done by the caller). Raises on failure after trying to roll back."""
-    write_marker(root, keys, hashlib.sha256(group_json).hexdigest())
+    """Steps 2-5 above (step 1 done by the caller). On failure before the commit point: roll back, re-raise
+    (the write has not landed). After it: finish, and if that fails say the write was committed."""
+    committed = False
     try:
+        write_marker(root, keys, hashlib.sha256(group_json).hexdigest())
         for key in keys:
             _fs.unlink(root / (key + ".old"))
             _fs.link(root / key, root / (key + ".old"))
@@ -49,8 +51,15 @@ def swap(root: Path, keys: list[str], group_json: bytes) -> None:
         tmp = root / ".zarr.json.tmp"
         _fs.write_file(tmp, group_json)
         _fs.replace(tmp, root / "zarr.json")
+        committed = True
         _fs.fsync_dir(root)
+        finish(root, keys)
     except BaseException as e:
+        if committed:
+            raise PolymemError(
+                f"{root}: the pages were written (committed), but finishing the write failed ({e!r}); if the asset "
+                f"refuses to open, `polymem verify --repair {root}` finishes it"
+            ) from e
         try:
             recover(root)
         except BaseException as e2:  # noqa: BLE001 - report both; the marker keeps the asset refused
@@ -59,13 +68,6 @@ def swap(root: Path, keys: list[str], group_json: bytes) -> None:
                 f"to open until `polymem verify --repair {root}` rolls it back"
             ) from e
         raise
-    try:
-        finish(root, keys)
-    except BaseException as e:  # noqa: BLE001
-        raise PolymemError(
-            f"{root}: the pages were written (committed), but removing the write marker failed ({e!r}); the asset "
-            f"refuses to open until `polymem verify --repair {root}` finishes the write"
-        ) from e
 
 
 def finish(root: Path, keys: list[str]) -> None:

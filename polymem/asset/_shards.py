@@ -283,6 +283,25 @@ class FastReader:
         b = self._pread(s, i)
         return np.frombuffer(b, np.uint8, g.page_bytes, j * g.page_bytes).reshape(self._page_shape).copy()
 
+    def lean_reader(self) -> Any:
+        """``read_page`` specialised for this geometry: a closure over locals (the single-page hot path)."""
+        g = self._geom
+        fds, st, cps, opener, check = self._fds, self._stride, self._cps, self._open, self._check
+        pread, crc, res, nd, want_crc = os.pread, _crc_bytes, CRC_RESIDUE, np.ndarray, self._crc
+        if g.pages_per_chunk == 1 and g.dtype != "nf4":
+            shape, dt = self._page_shape, self._dtype
+
+            def read_page(p: int) -> np.ndarray:
+                s, i = divmod(p, cps)
+                fd = fds[s]
+                b = pread(fd if fd >= 0 else opener(s), st, i * st)
+                if len(b) != st or (want_crc and crc(b) != res):
+                    check(s, i, b)
+                return nd(shape, dt, bytearray(b))
+
+            return read_page
+        return self.read_page
+
     def read_chunks_into(self, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Verified raw bytes of chunks ``ids`` (int64 [n], in range) into ``out`` (uint8 [n, chunk_bytes],
         C-contiguous, writable); returns ``out``. The primitive a page service builds on."""

@@ -37,7 +37,7 @@ BACKENDS = ("auto", "fast", "zarr", "tensorstore")
 PageSource = Callable[[int, int], np.ndarray]  # (first page, stop page) -> float32 [stop-first, K*S, r]
 
 
-_fsync_dir = _fs.fsync_dir
+
 ChunkSource = Callable[[int], np.ndarray]  # shard s -> its stored chunks (any dtype, C-contiguous)
 
 
@@ -68,7 +68,7 @@ class MemoryAsset:
         self._backend = backend
         self._reader = self._make_reader(backend)
         self._pages = header.layout.pages
-        self._lean = self._reader.read_page if isinstance(self._reader, FastReader) else None
+        self._lean = self._reader.lean_reader() if isinstance(self._reader, FastReader) else None
 
     # ---- properties
     @property
@@ -208,20 +208,20 @@ class MemoryAsset:
         cls, path: str | os.PathLike[str], spec: HashSpec, layout: Layout, source: PageSource | None, *,
         dtype: str, orders: Any, provenance: Mapping[str, Any] | None, overwrite: bool,
         chunks_per_shard: int | None, chunk_source: ChunkSource | None = None, lock_timeout: float | None = None,
-        storage_options: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None, format_version: int = ASSET_VERSION,
     ) -> "MemoryAsset":
         location = os.fspath(path)
         if _remote.is_remote(location):
             return cls._write_remote(location, storage_options, overwrite, lambda local: cls._write_new(
                 local, spec, layout, source, dtype=dtype, orders=orders, provenance=provenance, overwrite=False,
-                chunks_per_shard=chunks_per_shard, chunk_source=chunk_source))
+                chunks_per_shard=chunks_per_shard, chunk_source=chunk_source, format_version=format_version))
         dest = Path(location.removeprefix("file://"))
         if not isinstance(spec, HashSpec) or not isinstance(layout, Layout):
             raise PolymemError("spec must be a polymem.HashSpec and layout a polymem.Layout")
         dtype = check_dtype(dtype)
         orders_t = check_orders(orders)
         prov = check_provenance(provenance)
-        geom = geometry(layout, dtype, chunks_per_shard)
+        geom = geometry(layout, dtype, chunks_per_shard, version=format_version)  # version 1: tests/benchmarks only
         if dest.exists() and not overwrite:
             raise PolymemError(f"{str(dest)!r} already exists; pass overwrite=True (CLI: --overwrite) or pick another path")
         if dest.exists() and not dest.is_dir():
@@ -231,6 +231,7 @@ class MemoryAsset:
             tmp = _fs.mkdtemp(f".{dest.name}.tmp-", dest.parent)
         except OSError as e:
             raise PolymemError(f"cannot create {str(dest)!r}: {e.strerror} ({e.filename}); pick a writable directory") from None
+        committed = False
         try:
             from polymem.asset import _zarr
 
@@ -260,19 +261,40 @@ class MemoryAsset:
             }
             _write_group_json(tmp, body, checksums)
             for d in [tmp, tmp / "pages", *(tmp / geom.shard_key(s) for s in range(geom.num_shards))]:
-                _fsync_dir(d if d.is_dir() else d.parent)
+                _fs.fsync_dir(d if d.is_dir() else d.parent)
             if dest.exists():  # overwrite: hold the old asset's writer lock across the swap
                 with _fs.writer_lock(dest, LOCK_FILE, lock_timeout, str(dest)):
                     old = _fs.mkdtemp(f".{dest.name}.old-", dest.parent)
                     _fs.replace(dest, old / "asset")
-                    _fs.replace(tmp, dest)
-                    _fsync_dir(dest.parent)
-                _fs.rmtree(old)
+                    try:
+                        _fs.replace(tmp, dest)
+                    except BaseException:
+                        try:  # put the old asset back (if this fails too, `verify --repair` does it)
+                            _fs.replace(old / "asset", dest)
+                            _fs.rmtree(old)
+                        except OSError:
+                            pass
+                        raise
+                    committed = True
+                    _fs.fsync_dir(dest.parent)
+                try:
+                    _fs.rmtree(old)
+                except OSError:  # a stale .NAME.old-XXXX: harmless, `verify --repair` removes it
+                    pass
             else:
                 _fs.replace(tmp, dest)
-                _fsync_dir(dest.parent)
-        except BaseException:
-            _fs.rmtree(tmp)
+                committed = True
+                _fs.fsync_dir(dest.parent)
+        except BaseException as e:
+            if committed:
+                raise PolymemError(
+                    f"{dest}: the asset was written (committed), but finishing failed ({e!r}); `polymem verify "
+                    f"--repair {dest}` removes what is left over"
+                ) from e
+            try:
+                _fs.rmtree(tmp)
+            except OSError:  # a stale .NAME.tmp-XXXX: `verify --repair` removes it
+                pass
             raise
         return cls.open(dest)
 
