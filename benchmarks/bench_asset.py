@@ -253,7 +253,9 @@ def main() -> None:
         shutil.rmtree(scratch / "v1")
         if args.verify_only:
             if args.json:
-                Path(args.json).write_text(json.dumps(r, indent=2))
+                from polymem._io import atomic_write_json
+
+                atomic_write_json(args.json, r)
             return
 
         # ------------------------------------------------------------------ reads
