@@ -112,13 +112,11 @@ def xor_mixes(ids: np.ndarray, multipliers: Sequence[int], max_n: int) -> np.nda
         raise PolymemError(f"{len(multipliers)} multipliers cannot mix orders up to {max_n}; pass at least {max_n}")
     x = np.asarray(ids, dtype=np.int64).astype(np.uint64)
     T = x.shape[0]
-    out = np.empty((T, max_n), dtype=np.uint64)
+    out = np.empty((max_n, T), dtype=np.uint64)  # planar: each order is one contiguous pass
     with np.errstate(over="ignore"):
-        mix = x * np.uint64(multipliers[0])
-        out[:, 0] = mix
-        for n in range(1, max_n):  # extend leftwards: ids shifted by n, zero-padded
-            shifted = np.zeros_like(x)
-            shifted[n:] = x[: max(T - n, 0)]
-            mix = mix ^ (shifted * np.uint64(multipliers[n]))
-            out[:, n] = mix
-    return out
+        np.multiply(x, np.uint64(multipliers[0]), out=out[0])
+        for n in range(1, max_n):  # extend leftwards: the id n positions back; before the start it is 0
+            out[n] = out[n - 1]
+            if n < T:
+                out[n, n:] ^= x[: T - n] * np.uint64(multipliers[n])
+    return out.T  # [T, max_n] (a view)

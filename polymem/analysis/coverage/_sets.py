@@ -18,6 +18,25 @@ from polymem.hash._numba import _GOLDEN, _U0, _U1, _fmix64  # one fmix64 for the
 ZERO_KEY = _GOLDEN  # any fixed non-zero key would do; a byte hash equals it with probability 2^-64
 
 
+@njit(cache=True)
+def xor_keys(ids, valid, mults):  # pragma: no cover - compiled
+    """Engram's XOR mix with its order folded in, fused for the coverage hot path (numpy's several passes cost
+    ~4x more here): X[i, n-1] = xor_mixes(ids)[i, n-1] + n·GOLDEN, 0 where invalid. The definition is
+    :func:`polymem.hash.xor.xor_mixes`; tests/test_xor.py checks this kernel against it.
+
+    ids int64 [T], valid bool [T, N] (monotone in n), mults uint64 [>= N] -> uint64 [T, N]."""
+    T, N = valid.shape
+    out = np.zeros((T, N), dtype=np.uint64)
+    for i in range(T):
+        acc = _U0
+        for n in range(N):
+            if not valid[i, n]:
+                break
+            acc ^= np.uint64(ids[i - n]) * mults[n]
+            out[i, n] = acc + np.uint64(n + 1) * _GOLDEN
+    return out
+
+
 _LOW = np.uint64(0x1F)  # the low 5 bits of a reference-table entry hold the smallest reference order - 1
 _HIGH = ~np.uint64(0x1F)
 
@@ -128,7 +147,7 @@ def doc_scan(
 @njit(cache=True)
 def xor_scan(tX, tV, rX, rV, tt, tlist, alive, uniq, hits):  # pragma: no cover - compiled
     """The XOR baseline's unique-set counts for one document: uniq[n] distinct target keys of order n, hits[n]
-    of them also among the reference's keys of order n (XOR keys carry their order, see counter.xor_keys).
+    of them also among the reference's keys of order n (XOR keys carry their order, see xor_keys).
 
     Target first, one order at a time; then the reference's keys are looked up in it. A reference n-gram whose
     (n-1)-suffix matched no target (n-1)-gram cannot match a target n-gram (a target n-gram's suffix is a

@@ -27,8 +27,7 @@ import numpy as np
 from polymem.hash.token_hashes import TokenHashes
 from polymem.analysis.coverage import _sets as _kernels
 from polymem.hash.reference import ngram_bytes
-from polymem.hash.spec import GOLDEN
-from polymem.hash.xor import xor_mixes, xor_multipliers
+from polymem.hash.xor import xor_multipliers
 
 _FLUSH_KEYS = 1 << 23  # buffered reference keys / pending entries before a compaction (64 MiB of uint64)
 
@@ -90,14 +89,13 @@ class Tally:
 def xor_keys(ids: np.ndarray, valid: np.ndarray, mults: tuple[int, ...]) -> np.ndarray:
     """Engram's XOR mix of the n-gram ending at i with its order folded in (Engram's tables are disjoint per
     order): X[i, n-1] = mix(i, n) + n·GOLDEN (mod 2^64), so equal keys mean the same mix at the same order.
+    mix is :func:`polymem.hash.xor.xor_mixes`; the numba kernel fuses it (:func:`_sets.xor_keys`).
 
     ids int [T], valid bool [T, N] (the byte path's validity: before the start or with a special token ->
     invalid) -> uint64 [T, N]; invalid entries are 0.
     """
-    N = valid.shape[1]
-    with np.errstate(over="ignore"):
-        keys = xor_mixes(ids, mults, N) + np.arange(1, N + 1, dtype=np.uint64) * np.uint64(GOLDEN)
-    return np.where(valid, keys, np.uint64(0))
+    return _kernels.xor_keys(np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(valid),
+                             np.asarray(mults, dtype=np.uint64))
 
 
 def _pow2(n: int) -> int:
