@@ -246,7 +246,8 @@ class PageService:
         missing: list[int] = []
         where: list[int] = []
         hits = joined = 0
-        with self._lock:
+        pool = self.pool() if background else None
+        with self._lock:  # one critical section: a chunk is looked up and, if missing, registered as in flight
             cache, inflight = self._cache, self._inflight
             for j, c in enumerate(chunks.tolist()):
                 a = cache.get(c)
@@ -265,26 +266,24 @@ class PageService:
             self._stats["hits"] += hits
             self._stats["joined"] += joined
             self._stats["misses"] += len(missing)
-        if not missing:
+            if missing and pool is not None:
+                n = len(missing)
+                groups = min(self.workers, n)
+                bounds = [n * g // groups for g in range(groups + 1)]
+                for g in range(groups):
+                    part = missing[bounds[g]: bounds[g + 1]]
+                    fut = pool.submit(self._read, part)
+                    for i, c in enumerate(part):
+                        inflight[c] = (fut, i)
+                        entries[where[bounds[g] + i]] = (fut, i)
+        if not missing or pool is not None:
             return entries
-        if not background:  # the synchronous path: the caller waits for the whole read
-            t0 = time.perf_counter()
-            arrs = self._read(missing)
-            self.note_wait(time.perf_counter() - t0)
-            for j, a in zip(where, arrs):
-                entries[j] = a
-            return entries
-        pool = self.pool()
-        n = len(missing)
-        groups = min(self.workers, n)
-        bounds = [n * g // groups for g in range(groups + 1)]
-        with self._lock:
-            for g in range(groups):
-                part = missing[bounds[g]: bounds[g + 1]]
-                fut = pool.submit(self._read, part)
-                for i, c in enumerate(part):
-                    self._inflight[c] = (fut, i)
-                    entries[where[bounds[g] + i]] = (fut, i)
+        # the synchronous path: the caller reads, and waits for the whole read
+        t0 = time.perf_counter()
+        arrs = self._read(missing)
+        self.note_wait(time.perf_counter() - t0)
+        for j, a in zip(where, arrs):
+            entries[j] = a
         return entries
 
     def resolve(self, entry: Any) -> np.ndarray:
