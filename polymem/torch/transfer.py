@@ -421,10 +421,9 @@ COLORS = {"none": "#7f7f7f", "random": "#bcbd22", "donor": "#1f77b4", "donor_fin
 def plot_curves(result: dict[str, Any], path: str | Path, *, title: str | None = None) -> Path:
     """Learning curves: held-out bpb against recipient tokens, one line per arm (mean over seeds), the seeds'
     min–max as a band."""
-    import matplotlib
+    from polymem._optional import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("transfer --plot (curves)")
 
     fig, ax = plt.subplots(figsize=(7.0, 4.2))
     curves = result["curves"]
