@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from polymem.errors import FormatError, OutputError, PolymemError, SpecMismatchError, TokenizerError
+from polymem.errors import FormatError, OutputError, PolymemError, SpecMismatchError, TokenizerBoundError, TokenizerError
 
 __version__ = "0.1.0"
 
@@ -34,6 +34,10 @@ _LAZY = {
     "Tokenizer": ("polymem.tokenizers", "Tokenizer"),
     "coverage": ("polymem.analysis.coverage", "coverage"),
     "MemoryAsset": ("polymem.asset", "MemoryAsset"),
+    "IdHashSpec": ("polymem.hash.idhash", "IdHashSpec"),
+    "convert": ("polymem.asset.ops", "convert"),
+    "subset": ("polymem.asset.ops", "subset"),
+    "merge": ("polymem.asset.ops", "merge"),
     "attach": ("polymem.torch.attach", "attach"),
 }
 
@@ -60,4 +64,5 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-__all__ = ["FormatError", "OutputError", "PolymemError", "SpecMismatchError", "TokenizerError", "__version__", *_LAZY]
+__all__ = ["FormatError", "OutputError", "PolymemError", "SpecMismatchError", "TokenizerBoundError", "TokenizerError", "__version__",
+           *_LAZY]

@@ -15,6 +15,10 @@ class SpecMismatchError(PolymemError):
     """A stored object (cache, asset) was made with another hash spec or tokenizer than the one in use."""
 
 
+class TokenizerBoundError(SpecMismatchError):
+    """A tokenizer-bound (token-id hashed) asset was used where byte-hash addressing is required."""
+
+
 class FormatError(PolymemError):
     """A stored file has an unknown format name/version, or is corrupt."""
 

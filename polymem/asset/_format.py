@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from polymem.asset import nf4
@@ -171,24 +171,39 @@ class Header:
     geometry: Geometry
     provenance: dict[str, Any]
     checksums: dict[str, Any]
+    extras: dict[str, Any] = field(default_factory=dict)  # optional fields: tokenizer_bound, row_counts, sparse
 
     def to_dict(self) -> dict[str, Any]:
-        d = header_body(self.spec, self.layout, self.orders, self.dtype, self.geometry, self.provenance)
+        d = header_body(self.spec, self.layout, self.orders, self.dtype, self.geometry, self.provenance, self.extras)
         d["checksums"] = self.checksums
         return d
 
+    @property
+    def sparse(self) -> bool:
+        return "sparse" in self.extras
+
+
+OPTIONAL_FIELDS = ("tokenizer_bound", "row_counts", "sparse")  # docs/asset-format.md §3, §10-12
+
 
 def header_body(
-    spec: HashSpec, layout: Layout, orders: tuple[int, ...], dtype: str, geom: Geometry, provenance: Mapping[str, Any]
+    spec: Any, layout: Layout, orders: tuple[int, ...], dtype: str, geom: Geometry, provenance: Mapping[str, Any],
+    extras: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The header without ``checksums`` (what the ``attributes`` checksum covers)."""
     lay = layout.to_dict()
     lay["orders"] = list(orders)
     lay["joint"] = True
-    return {
+    body = {
         "format": ASSET_FORMAT, "version": geom.version, "hash_spec": spec.to_dict(), "layout": lay, "dtype": dtype,
         "storage": geom.storage_dict(), "provenance": dict(provenance),
     }
+    if getattr(spec, "tokenizer_bound", False):
+        body["tokenizer_bound"] = {**dict(spec.tokenizer), "vocab_size": spec.vocab_size}
+    for k, v in (extras or {}).items():
+        if k in OPTIONAL_FIELDS and k != "tokenizer_bound":
+            body[k] = v
+    return body
 
 
 def check_provenance(provenance: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -241,10 +256,19 @@ def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
             f"{where}: field 'attributes' checksum mismatch (stored {str(checksums.get('attributes'))[:12]}…, "
             f"computed {digest[:12]}…): zarr.json attributes were edited or corrupted; restore the asset"
         )
+    from polymem.hash.idhash import IdHashSpec, is_id_hash_dict
+
+    spec: Any
     try:
-        spec = HashSpec.from_dict(d["hash_spec"])
+        spec = IdHashSpec.from_dict(d["hash_spec"]) if is_id_hash_dict(d["hash_spec"]) else HashSpec.from_dict(d["hash_spec"])
     except PolymemError as e:
         raise FormatError(f"{where}: field 'hash_spec' is invalid: {e}") from None
+    want_tb = {**dict(spec.tokenizer), "vocab_size": spec.vocab_size} if isinstance(spec, IdHashSpec) else None
+    if d.get("tokenizer_bound") != want_tb:
+        raise FormatError(
+            f"{where}: field 'tokenizer_bound' is {d.get('tokenizer_bound')!r}, expected {want_tb!r}: a token-id "
+            "hash_spec must come with it (naming the tokenizer), a byte hash_spec without it"
+        )
     lay = d["layout"]
     if not isinstance(lay, Mapping):
         raise FormatError(f"{where}: field 'layout' must be an object, got {lay!r}")
@@ -275,9 +299,21 @@ def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
     prov = d["provenance"]
     if not isinstance(prov, Mapping):
         raise FormatError(f"{where}: field 'provenance' must be an object, got {prov!r}")
+    if isinstance(spec, IdHashSpec):
+        try:
+            spec.check_layout(layout)
+        except FormatError as e:
+            raise FormatError(f"{where}: {e}") from None
+    extras = {k: d[k] for k in OPTIONAL_FIELDS if k in d}
+    if "row_counts" in extras:
+        from polymem.asset._counts import check_counts_field
+
+        check_counts_field(extras["row_counts"], layout, where)
+    if "sparse" in extras and not (isinstance(extras["sparse"], Mapping) and isinstance(extras["sparse"].get("pages_kept"), int)):
+        raise FormatError(f"{where}: field 'sparse' is {extras['sparse']!r}; expected an object with integer 'pages_kept'")
     return Header(
         spec=spec, layout=layout, orders=orders, dtype=dtype, geometry=geom, provenance=dict(prov),
-        checksums=dict(checksums),
+        checksums=dict(checksums), extras=extras,
     )
 
 

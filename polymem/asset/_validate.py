@@ -108,6 +108,21 @@ def validate(raw: Raw, where: str) -> Header:
         check_array_metadata(meta, geom, where)  # names the field when it can
         raise FormatError(f"{where}: field 'checksums.array_metadata' does not match pages/zarr.json; it was edited")
     check_array_metadata(meta, geom, where)
+    if "row_counts" in header.extras:
+        from polymem.asset._counts import COUNTS_ARRAY, chunk_keys
+
+        want = {f"{COUNTS_ARRAY}/zarr.json", *chunk_keys(header.extras["row_counts"])}
+        got = header.checksums.get("row_counts")
+        if not isinstance(got, dict) or set(got) != want:
+            raise FormatError(f"{where}: field 'checksums.row_counts' must list exactly {sorted(want)}; the asset was edited")
+        for key in sorted(want):
+            if not raw.exists(key):
+                raise FormatError(f"{where}: row counts file {key!r} is missing; restore the asset")
+    if header.sparse:
+        from polymem.asset._sparse import validate_sparse
+
+        validate_sparse(raw, header, where)
+        return header
     shards = header.checksums["shards"]
     for s in range(geom.num_shards):
         key = geom.shard_key(s)

@@ -27,7 +27,7 @@ from polymem.asset._shards import FastReader, file_sha256, read_shard_checked, w
 from polymem.asset import _remote
 from polymem.asset._validate import Raw as _Raw
 from polymem.asset._validate import validate as _validate
-from polymem.errors import FormatError, PolymemError, SpecMismatchError
+from polymem.errors import FormatError, PolymemError, SpecMismatchError, TokenizerBoundError
 from polymem.asset import nf4
 from polymem.hash.spec import HashSpec
 from polymem.hash.layout import Layout
@@ -72,8 +72,38 @@ class MemoryAsset:
 
     # ---- properties
     @property
-    def spec(self) -> HashSpec:
+    def spec(self) -> Any:
+        """The hash spec: a :class:`HashSpec` (byte-addressed) or an ``IdHashSpec`` (tokenizer-bound)."""
         return self._header.spec
+
+    @property
+    def tokenizer_bound(self) -> bool:
+        """True when rows are addressed by token ids of one tokenizer (header field ``tokenizer_bound``)."""
+        return bool(getattr(self._header.spec, "tokenizer_bound", False))
+
+    @property
+    def sparse(self) -> bool:
+        """True for a subset whose absent pages are not stored (they read as zeros)."""
+        return self._header.sparse
+
+    def require_byte_addressed(self, what: str = "this operation") -> None:
+        """Raise TokenizerBoundError when the asset is addressed by token ids, not by bytes."""
+        if self.tokenizer_bound:
+            tb = self._header.extras.get("tokenizer_bound") or {}
+            raise TokenizerBoundError(
+                f"{self.path}: asset is tokenizer-bound (token-id XOR hash of tokenizer {tb.get('name')!r}, "
+                f"fingerprint {str(tb.get('fingerprint'))[:16]}…), so {what} cannot address it by byte hashes; "
+                f"re-address it first: `polymem convert {self.path} --tokenizer {tb.get('name')} --corpus TEXT -o OUT.pmem`"
+            )
+
+    def row_counts(self) -> np.ndarray | None:
+        """Per-row update counts, uint32 [num_rows] (the optional ``counts`` array), or None when absent."""
+        f = self._header.extras.get("row_counts")
+        if f is None:
+            return None
+        from polymem.asset._counts import read_counts
+
+        return read_counts(self._raw, f, self.path)
 
     @property
     def layout(self) -> Layout:
@@ -130,6 +160,10 @@ class MemoryAsset:
             raise PolymemError(f"backend {backend!r} reads local directories only; {self.path!r} is a URL — use 'zarr'")
         self._backend = backend
         if backend == "fast":
+            if self._header.sparse:
+                from polymem.asset._sparse import SparseReader, validate_sparse
+
+                return SparseReader(local, self.geometry, validate_sparse(self._raw, self._header, self.path), self.path)  # type: ignore[arg-type]
             return FastReader(local, self.geometry, self.path)  # type: ignore[arg-type]
         from polymem.asset import _zarr
 
@@ -171,10 +205,11 @@ class MemoryAsset:
         cls, path: str | os.PathLike[str], table: np.ndarray, spec: HashSpec, layout: Layout, *,
         orders: "tuple[int, ...] | list[int]", dtype: str = "float32", provenance: Mapping[str, Any] | None = None,
         overwrite: bool = False, chunks_per_shard: int | None = None, lock_timeout: float | None = None,
-        storage_options: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None, row_counts: Any = None,
     ) -> "MemoryAsset":
         """Write ``table`` float [layout.num_rows, layout.head_dim] as a new asset. Atomic; an overwrite takes
-        the old asset's writer lock. A URL is committed by order (polymem/asset/_remote.py)."""
+        the old asset's writer lock. A URL is committed by order (polymem/asset/_remote.py). ``row_counts``
+        (int [num_rows], optional): per-row update counts, stored as the ``counts`` array (asset-format.md §11)."""
         shape = tuple(np.shape(table))
         if shape != (layout.num_rows, layout.head_dim):
             raise PolymemError(
@@ -188,7 +223,7 @@ class MemoryAsset:
 
         return cls._write_new(path, spec, layout, source, dtype=dtype, orders=orders, provenance=provenance,
                               overwrite=overwrite, chunks_per_shard=chunks_per_shard, lock_timeout=lock_timeout,
-                              storage_options=storage_options)
+                              storage_options=storage_options, row_counts=row_counts)
 
     @classmethod
     def _write_remote(cls, url: str, storage_options: Mapping[str, Any] | None, overwrite: bool,
@@ -205,19 +240,30 @@ class MemoryAsset:
 
     @classmethod
     def _write_new(
-        cls, path: str | os.PathLike[str], spec: HashSpec, layout: Layout, source: PageSource | None, *,
+        cls, path: str | os.PathLike[str], spec: Any, layout: Layout, source: PageSource | None, *,
         dtype: str, orders: Any, provenance: Mapping[str, Any] | None, overwrite: bool,
         chunks_per_shard: int | None, chunk_source: ChunkSource | None = None, lock_timeout: float | None = None,
         storage_options: Mapping[str, Any] | None = None, format_version: int = ASSET_VERSION,
+        row_counts: Any = None,
     ) -> "MemoryAsset":
         location = os.fspath(path)
         if _remote.is_remote(location):
             return cls._write_remote(location, storage_options, overwrite, lambda local: cls._write_new(
                 local, spec, layout, source, dtype=dtype, orders=orders, provenance=provenance, overwrite=False,
-                chunks_per_shard=chunks_per_shard, chunk_source=chunk_source, format_version=format_version))
+                chunks_per_shard=chunks_per_shard, chunk_source=chunk_source, format_version=format_version,
+                row_counts=row_counts))
         dest = Path(location.removeprefix("file://"))
-        if not isinstance(spec, HashSpec) or not isinstance(layout, Layout):
-            raise PolymemError("spec must be a polymem.HashSpec and layout a polymem.Layout")
+        from polymem.hash.idhash import IdHashSpec
+
+        if not isinstance(spec, (HashSpec, IdHashSpec)) or not isinstance(layout, Layout):
+            raise PolymemError("spec must be a polymem.HashSpec (or an IdHashSpec) and layout a polymem.Layout")
+        if isinstance(spec, IdHashSpec):
+            spec.check_layout(layout)
+        counts = None
+        if row_counts is not None:
+            from polymem.asset._counts import check_counts
+
+            counts = check_counts(row_counts, layout.num_rows)
         dtype = check_dtype(dtype)
         orders_t = check_orders(orders)
         prov = check_provenance(provenance)
@@ -254,11 +300,19 @@ class MemoryAsset:
                     pages = _codec.check_pages(source(a, b), geom, b - a)
                     chunks = _codec.pages_to_chunks(_codec.encode_pages(pages, geom), geom)
                     shards[key] = write_shard(tmp / key, geom, s, chunks)
-            body = header_body(spec, layout, orders_t, dtype, geom, prov)
+            extras: dict[str, Any] = {}
+            count_sums: dict[str, str] = {}
+            if counts is not None:
+                from polymem.asset._counts import write_counts
+
+                extras["row_counts"], count_sums = write_counts(tmp, counts)
+            body = header_body(spec, layout, orders_t, dtype, geom, prov, extras)
             checksums = {
                 "algorithm": "sha256", "attributes": sha256_hex(canonical_json(body)),
                 "array_metadata": file_sha256(tmp / "pages" / "zarr.json"), "shards": shards,
             }
+            if count_sums:
+                checksums["row_counts"] = count_sums
             _write_group_json(tmp, body, checksums)
             for d in [tmp, tmp / "pages", *(tmp / geom.shard_key(s) for s in range(geom.num_shards))]:
                 _fs.fsync_dir(d if d.is_dir() else d.parent)
@@ -361,6 +415,7 @@ class MemoryAsset:
 
     def lookup(self, hashes: Any, valid: Any = None) -> np.ndarray:
         """uint64 n-gram hashes [...] -> float32 [..., K, r] (zeros where ``valid`` is False)."""
+        self.require_byte_addressed("lookup(hashes)")
         h = np.asarray(hashes)
         if h.size and h.dtype != np.uint64:
             if not np.issubdtype(h.dtype, np.integer):
@@ -421,6 +476,8 @@ class MemoryAsset:
 
     def check_spec(self, spec: HashSpec) -> None:
         """Raise SpecMismatchError unless hashes made with ``spec`` address this table."""
+        if spec != self.spec and isinstance(spec, HashSpec):
+            self.require_byte_addressed(f"hash spec {spec.spec_id}")
         if spec != self.spec:
             raise SpecMismatchError(
                 f"hash spec {spec.spec_id} differs from the asset's {self.spec.spec_id} ({self.path}); hash with "
@@ -431,6 +488,7 @@ class MemoryAsset:
         """A :class:`polymem.TokenHashes` for ``tokenizer`` under this asset's hash spec."""
         from polymem.hash.token_hashes import TokenHashes
 
+        self.require_byte_addressed("token_cache (byte hashes)")
         return TokenHashes.build(tokenizer, self.spec)
 
     # ---- writes
@@ -450,6 +508,8 @@ class MemoryAsset:
                 f"{self.path}: format version {self._version} assets are read-only in this polymem; run "
                 f"`polymem upgrade {self.path}` (MemoryAsset.upgrade) first"
             )
+        if self.sparse:
+            raise PolymemError(f"cannot write pages of {self.path!r}: it is a sparse subset (read-only); write to the full asset")
         ids, _ = self._check_ids(page_ids)
         g = self.geometry
         pages = _codec.check_pages(data, g, ids.shape[0])
@@ -491,7 +551,8 @@ class MemoryAsset:
                 raise
             checksums = dict(header.checksums)
             checksums["shards"] = {**header.checksums["shards"], **new_sums}
-            body = header_body(header.spec, header.layout, header.orders, header.dtype, g, header.provenance)
+            body = header_body(header.spec, header.layout, header.orders, header.dtype, g, header.provenance,
+                               header.extras)
             try:
                 _commit.swap(root, sorted(new_sums), _group_json_bytes(body, checksums))
             finally:
@@ -523,8 +584,15 @@ class MemoryAsset:
         except FormatError as e:
             return [str(e)]
         out = []
+        for key, want in sorted(header.checksums.get("row_counts", {}).items()):
+            got = self._raw.sha256(key)
+            if got != want:
+                out.append(f"{self.path}: row counts file {key!r} checksum mismatch (stored {want[:12]}…, computed "
+                           f"{got[:12]}…): its bytes changed; restore the asset")
         for s in range(header.geometry.num_shards):
             key = header.geometry.shard_key(s)
+            if header.sparse and key not in header.checksums["shards"]:
+                continue  # an absent shard of a subset: nothing stored, reads as zeros
             got = self._raw.sha256(key)
             if got != header.checksums["shards"][key]:
                 out.append(
@@ -564,8 +632,20 @@ class MemoryAsset:
                                        provenance=prov, overwrite=overwrite, chunks_per_shard=None,
                                        lock_timeout=lock_timeout,
                                        storage_options=self._raw.storage_options if storage_options is None
-                                       else storage_options)
+                                       else storage_options, row_counts=self.row_counts())
         return asset, _merge_errors(errs)
+
+    def subset(
+        self, out: str | os.PathLike[str], *, tokenizer: Any = None, corpus: Any = None, min_count: int | None = None,
+        heldout: Any = None, overwrite: bool = False, keep_counts: bool = False, progress: Any = None,
+    ) -> tuple["MemoryAsset", Any]:
+        """A sparse copy holding only the pages ``corpus``'s n-grams touch (and/or with a row updated ≥ ``min_count``
+        times); absent pages are not stored and read as zeros. Returns (the subset, its SubsetReport)."""
+        from polymem.asset.ops import subset
+
+        rep = subset(self, out, tokenizer=tokenizer, corpus=corpus, min_count=min_count, heldout=heldout,
+                     overwrite=overwrite, keep_counts=keep_counts, progress=progress)
+        return MemoryAsset.open(rep.path), rep
 
     # ---- upgrade and repair
     @classmethod
@@ -589,7 +669,7 @@ class MemoryAsset:
 
         out = cls._write_new(root, old.spec, old.layout, None, dtype=old.dtype, orders=old.orders,
                              provenance=old.provenance, overwrite=True, chunks_per_shard=g_old.chunks_per_shard,
-                             chunk_source=chunks, lock_timeout=lock_timeout)
+                             chunk_source=chunks, lock_timeout=lock_timeout, row_counts=old.row_counts())
         old.close()
         return out
 

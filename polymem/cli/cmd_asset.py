@@ -63,7 +63,10 @@ def _info_rows(a: Any) -> list[tuple[str, str]]:
     L, g = a.layout, a.geometry
     rows = [
         ("format", f"{a.header['format']} v{a.header['version']}"),
-        ("hash spec", f"{a.spec.spec_id} (byte-poly64 v{a.spec.version}, normalizer {a.spec.normalizer}, base 0x{a.spec.base:016x})"),
+        ("hash spec", f"{a.spec.spec_id} (byte-poly64 v{a.spec.version}, normalizer {a.spec.normalizer}, base 0x{a.spec.base:016x})"
+         if not a.tokenizer_bound else
+         f"{a.spec.spec_id} TOKENIZER-BOUND token-id XOR ({a.spec.origin}) of {a.spec.tokenizer['name']} "
+         f"(fingerprint {a.spec.tokenizer['fingerprint'][:16]}…), orders {list(a.spec.orders)}, {a.spec.heads} heads/order"),
         ("layout", f"{L.kind}: P={L.pages:,} pages, K={L.heads} heads, S={L.slots} slots, r={L.head_dim}"),
         ("orders", ", ".join(map(str, a.orders)) + " (joint address space)"),
         ("parameters", f"{L.params:,} ({L.num_rows:,} rows)"),
@@ -71,6 +74,11 @@ def _info_rows(a: Any) -> list[tuple[str, str]]:
         ("page", f"{g.page_bytes:,} B; {g.pages_per_chunk} page(s) per {g.chunk_bytes:,} B chunk"),
         ("shards", f"{g.num_shards} × up to {g.chunks_per_shard:,} chunks; pages total {_human(g.num_chunks * g.chunk_bytes)}"),
     ]
+    rc = a.header.get("row_counts")
+    if rc:
+        rows.append(("row counts", f"{rc['total']:,} updates over {rc['rows_nonzero']:,} rows"))
+    if a.sparse:
+        rows.append(("sparse subset", f"{a.header['sparse']['pages_kept']:,} of {L.pages:,} pages stored"))
     return rows
 
 

@@ -52,6 +52,7 @@ def train(
     bf16: Bf16 = None,
     threads: Threads = None,
     device: Device = "auto",
+    hash_kind: Annotated[str, typer.Option("--hash", help="bytes (tokenizer-agnostic byte hash) or xor (Engram's token-id XOR hash: a tokenizer-bound table, re-addressable with `polymem convert`).")] = "bytes",
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
     json_out: JsonOut = None,
 ) -> None:
@@ -67,6 +68,9 @@ def train(
     check_output_paths(json_out)
     if threads:
         torch.set_num_threads(threads)
+    if hash_kind not in ("bytes", "xor"):
+        console.print(f"[red]--hash {hash_kind!r} is unknown; accepted: bytes, xor[/]", highlight=False)
+        raise typer.Exit(2)
     try:
         layer_ids = tuple(int(x) for x in layers.split(",") if x.strip())
     except ValueError:
@@ -89,7 +93,7 @@ def train(
 
         summary = train_donor(tokenizer, corpus, out, cfg=cfg, mem=mem, heldout_every=heldout_every,
                               max_eval_tokens=max_eval_tokens, overwrite=overwrite, on_step=on_step,
-                              on_phase=lambda s: prog.update(task, description=escape(s)))
+                              on_phase=lambda s: prog.update(task, description=escape(s)), hash=hash_kind)
     t = Table(title=f"donor table {escape(str(summary['path']))}", show_header=False, title_justify="left")
     for k in ("tokenizer", "train_tokens_available", "heldout_tokens", "rows", "rows_touched", "final_loss",
               "heldout_bpb", "heldout_bpb_memory_off", "tokens_per_s", "precision", "elapsed_s"):

@@ -61,6 +61,13 @@ class TokenHashes:
         :func:`polymem.load_tokenizer` accepts) under ``spec`` (default: ``HashSpec()``)."""
         from polymem.tokenizers import load_tokenizer
 
+        if getattr(spec, "tokenizer_bound", False):
+            from polymem.errors import TokenizerBoundError
+
+            raise TokenizerBoundError(
+                f"hash spec {type(spec).__name__} is a tokenizer-bound token-id hash (of {spec.tokenizer.get('name')!r}); "
+                "byte-level token hashes cannot be built for it. Re-address the table by bytes with `polymem convert`"
+            )
         tok = load_tokenizer(tokenizer)
         t0 = time.perf_counter()
         tb = tok.all_token_bytes()

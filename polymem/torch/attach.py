@@ -184,7 +184,8 @@ def _resolve_table(table_or_asset: Any, spec: HashSpec | None, in_memory: bool, 
             f"table_or_asset is a {type(table_or_asset).__name__}; accepted: a MemoryAsset or its path, a "
             "MemoryTable (e.g. TrainableTable), or a Layout (fresh all-zero trainable table)"
         )
-    _check_usable(asset.spec, asset.layout, where=str(getattr(asset, "path", "asset")))
+    if not getattr(asset.spec, "tokenizer_bound", False):
+        _check_usable(asset.spec, asset.layout, where=str(getattr(asset, "path", "asset")))
     if in_memory or trainable:
         return TrainableTable(
             asset.to_numpy(), spec=asset.spec, layout=asset.layout, orders=tuple(asset.orders), trainable=trainable,
@@ -436,12 +437,21 @@ def attach(
     _check_vocab(model, tok_name, int(tokenizer.vocab_size), allow_vocab_padding)
     table = _resolve_table(table_or_asset, spec, in_memory, trainable=train in ("table", "all"),
                            serving={"cache_mb": cache_mb, "prefetch": prefetch, "read_workers": read_workers})
-    _check_usable(table.spec, table.layout, where="table")
+    id_bound = getattr(table.spec, "tokenizer_bound", False)  # a token-id (Engram XOR) table: polymem.torch.idrows
+    if not id_bound:
+        _check_usable(table.spec, table.layout, where="table")
     if isinstance(table, TrainableTable):
         table.set_trainable(train in ("table", "all"))
     elif train != "projection":
         raise PolymemError(f"train={train!r} needs the table in memory; an asset read page by page is frozen (in_memory=True)")
-    cache = _token_cache(tokenizer, table.spec)
+    cache = _token_cache(tokenizer, HashSpec() if id_bound else table.spec)
+    if id_bound and cache.fingerprint != table.spec.tokenizer["fingerprint"]:
+        raise SpecMismatchError(
+            f"the table is tokenizer-bound to {table.spec.tokenizer['name']!r} (fingerprint "
+            f"{table.spec.tokenizer['fingerprint'][:16]}…), the model's tokenizer {cache.tokenizer_name!r} has "
+            f"{cache.fingerprint[:16]}…: token-id rows mean nothing under another tokenizer; re-address the table by "
+            "bytes with `polymem convert`"
+        )
     d = _d_model(model)
     width = _input_width(model)
     if width is not None and width != d:
@@ -482,7 +492,11 @@ def attach(
     tc = TorchTokenHashes.from_cache(cache)
     V = tc.C.numel()
     vocab = _check_vocab(model, cache.tokenizer_name, V, allow_vocab_padding)
-    if vocab is not None and vocab != V:  # vocab > V: padding, checked above
+    if id_bound:
+        from polymem.torch.idrows import TorchIdRows
+
+        tc = TorchIdRows.build(table.spec, cache.special, vocab)  # ids >= V are treated as special
+    elif vocab is not None and vocab != V:  # vocab > V: padding, checked above
         report.notes.append(f"model vocab_size {vocab} > tokenizer vocab size {V}: the {vocab - V:,} ids "
                             f"({V}..{vocab - 1}) never hit memory")
         if vocab > V:

@@ -38,8 +38,17 @@ class TableFile:
         self.path, self._table, self.spec, self.layout = path, table, spec, layout
         self.orders, self.provenance, self.dtype = tuple(orders), dict(provenance or {}), "float32"
 
+    _counts: "np.ndarray | None" = None
+
     def to_numpy(self) -> np.ndarray:
         return self._table
+
+    def row_counts(self) -> "np.ndarray | None":
+        return self._counts
+
+    @property
+    def tokenizer_bound(self) -> bool:
+        return bool(getattr(self.spec, "tokenizer_bound", False))
 
     def read_pages(self, page_ids) -> np.ndarray:
         n = self.layout.rows_per_page
@@ -48,6 +57,10 @@ class TableFile:
 
 
 def _hash_spec_from_dict(d: dict[str, Any]) -> HashSpec:
+    from polymem.hash.idhash import IdHashSpec, is_id_hash_dict
+
+    if is_id_hash_dict(d):
+        return IdHashSpec.from_dict(d)  # type: ignore[return-value]
     from_dict = getattr(HashSpec, "from_dict", None)
     if from_dict is not None:
         return from_dict(d)
@@ -57,9 +70,10 @@ def _hash_spec_from_dict(d: dict[str, Any]) -> HashSpec:
 
 def save_table(
     path: str | os.PathLike[str], table: np.ndarray, spec: HashSpec, layout: Layout, *,
-    orders=(1, 2, 3), provenance: dict[str, Any] | None = None, overwrite: bool = False,
+    orders=(1, 2, 3), provenance: dict[str, Any] | None = None, overwrite: bool = False, row_counts: Any = None,
 ) -> Path:
-    """Write ``table`` (fp32 [num_rows, r]) as an asset (zarr) or, for ``*.safetensors``, a table file."""
+    """Write ``table`` (fp32 [num_rows, r]) as an asset (zarr) or, for ``*.safetensors``, a table file.
+    ``row_counts`` (uint32 [num_rows]): per-row update counts (the asset's ``counts`` array / tensor ``counts``)."""
     path = Path(path)
     table = np.ascontiguousarray(table, dtype=np.float32)
     if path.exists() and not overwrite:
@@ -67,7 +81,7 @@ def save_table(
     Asset = _asset_cls()
     if Asset is not None and path.suffix != ".safetensors":
         Asset.from_array(path, table, spec, layout, orders=tuple(orders), dtype="float32",
-                         provenance=provenance, overwrite=overwrite)
+                         provenance=provenance, overwrite=overwrite, row_counts=row_counts)
         return path
     if path.suffix != ".safetensors":
         path = path.with_suffix(".safetensors")
@@ -77,8 +91,11 @@ def save_table(
               "orders": list(orders), "provenance": provenance or {}}
     from polymem._io import atomic_path
 
+    tensors = {"table": table}
+    if row_counts is not None:
+        tensors["counts"] = np.ascontiguousarray(row_counts, dtype=np.uint32)
     with atomic_path(path, fsync=True) as tmp:
-        save_file({"table": table}, str(tmp), metadata={"polymem": json.dumps(header, sort_keys=True)})
+        save_file(tensors, str(tmp), metadata={"polymem": json.dumps(header, sort_keys=True)})
     return path
 
 
@@ -102,8 +119,11 @@ def open_table(path: str | os.PathLike[str]) -> Any:
                     f"this polymem reads {TABLE_FILE_FORMAT!r} v1"
                 )
             table = f.get_tensor("table")
+            counts = f.get_tensor("counts") if "counts" in f.keys() else None
         spec, layout = _hash_spec_from_dict(header["hash_spec"]), Layout.from_dict(header["layout"])
-        return TableFile(p, table, spec, layout, header["orders"], header.get("provenance"))
+        tf = TableFile(p, table, spec, layout, header["orders"], header.get("provenance"))
+        tf._counts = counts
+        return tf
     Asset = _asset_cls()
     if Asset is None:
         raise PolymemError(f"{str(p)!r} is not a .safetensors table file and polymem.asset is not available")

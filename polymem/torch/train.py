@@ -255,7 +255,12 @@ def train_loop(
             t_eval += time.perf_counter() - te
     el = time.perf_counter() - t0 - t_eval
     tokens = cfg.steps * cfg.batch_size * cfg.block_size
-    return {"losses": losses, "tokens": tokens, "elapsed_s": el, "tokens_per_s": tokens / max(el, 1e-9)}
+    out = {"losses": losses, "tokens": tokens, "elapsed_s": el, "tokens_per_s": tokens / max(el, 1e-9)}
+    if topt is not None:  # per-row update counts of the table (SparseRowRMS state), for the asset's counts array
+        st = topt.state.get(handle.table.weight, {})
+        if "n" in st:
+            out["row_counts"] = st["n"].detach().cpu().numpy().astype(np.uint32)
+    return out
 
 
 @torch.no_grad()
@@ -291,10 +296,16 @@ def train_donor(
     tokenizer: Any, corpus: Sequence[str | Path], out: str | Path, *, cfg: TrainConfig = TrainConfig(),
     mem: MemoryConfig = MemoryConfig(), heldout_every: int = 10, max_eval_tokens: int | None = None,
     overwrite: bool = False, on_step: Callable[[int, float], None] | None = None,
-    on_phase: Callable[[str], None] | None = None,
+    on_phase: Callable[[str], None] | None = None, hash: str = "bytes", return_model: bool = False,
 ) -> dict[str, Any]:
     """Train a backbone with a fresh all-zero table from scratch and write the table to ``out`` (an asset,
-    or a ``.safetensors`` table file). Returns a summary (held-out bpb with and without memory, speed)."""
+    or a ``.safetensors`` table file). Returns a summary (held-out bpb with and without memory, speed).
+
+    ``hash="xor"``: an Engram-style tokenizer-bound table (token-id XOR hash, a prime modulus per (order, head),
+    independent heads; :mod:`polymem.torch.idrows`) instead of the byte hash. ``return_model``: the summary
+    also holds ``model``, ``handle`` and ``data`` (for experiments)."""
+    if hash not in ("bytes", "xor"):
+        raise PolymemError(f"hash {hash!r} is unknown; accepted: bytes (tokenizer-agnostic), xor (Engram, tokenizer-bound)")
     from polymem.torch.attach import attach
     from polymem.torch.tablefile import save_table
 
@@ -308,9 +319,18 @@ def train_donor(
     say("tokenizing")
     data = TokenData.build(tokenizer, train_texts, held_texts)
     model = build_model(data, cfg)
-    layout = mem.layout()
-    handle = attach(model, layout, data.cache, layers=list(mem.layers), train="all", max_n=mem.max_n,
-                    gate=mem.gate, conv=mem.conv, init_seed=cfg.seed + 1000)
+    layout, table_in = mem.layout(), None
+    if hash == "xor":
+        from polymem.torch.idrows import xor_spec_for
+        from polymem.torch.tables import TrainableTable
+
+        xspec = xor_spec_for(mem.params, heads=mem.heads, head_dim=mem.head_dim, max_n=mem.max_n, seed=cfg.seed,
+                             tokenizer={"name": data.name, "fingerprint": data.cache.fingerprint},
+                             vocab_size=data.cache.vocab_size)
+        layout = xspec.layout(mem.head_dim)
+        table_in = TrainableTable(None, spec=xspec, layout=layout, orders=tuple(range(1, mem.max_n + 1)))
+    handle = attach(model, table_in if table_in is not None else layout, data.cache, layers=list(mem.layers),
+                    train="all", max_n=mem.max_n, gate=mem.gate, conv=mem.conv, init_seed=cfg.seed + 1000)
     handle.table.orders = tuple(range(1, mem.max_n + 1))
     precision, why = cfg.precision_choice()
     say("training")
@@ -327,15 +347,19 @@ def train_donor(
         "tokens_seen": res["tokens"], "train_stream_tokens": int(data.train.size), "loss": float(np.mean(res["losses"][-20:])),
         "heldout_bpb": bpb, "heldout_bpb_memory_off": bpb_off, "rows_touched": touched,
         "train_config": asdict(cfg), "precision": {"chosen": precision, "reason": why}, "memory_config": asdict(mem), "created_by": "polymem train",
+        "hash": hash,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     say("writing asset")
     path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, mem.max_n + 1)),
-                      provenance=prov, overwrite=overwrite)
-    handle.detach()
+                      provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
+    extra = {"model": model, "handle": handle, "data": data} if return_model else {}
+    if not return_model:
+        handle.detach()
     return {"path": str(path), "tokenizer": data.name, "train_tokens_available": int(data.train.size),
             "heldout_tokens": int(data.heldout.size), "n_used": int(data.used_ids.size),
             "params_backbone": sum(p.numel() for p in model.parameters()), "layout": layout.to_dict(),
             "heldout_bpb": bpb, "heldout_bpb_memory_off": bpb_off, "rows_touched": touched,
             "rows": layout.num_rows, "tokens_per_s": res["tokens_per_s"], "train_s": res["elapsed_s"],
-            "final_loss": prov["loss"], "precision": precision, "precision_reason": why, "elapsed_s": time.perf_counter() - t0}
+            "final_loss": prov["loss"], "precision": precision, "precision_reason": why, "elapsed_s": time.perf_counter() - t0,
+            "hash": hash, **extra}
