@@ -352,6 +352,17 @@ def test_subset_serves_every_corpus_lookup_and_stores_only_kept_chunks(tmp_path,
         assert dropped.size and (np.asarray(arr[dropped]) == 0).all()
     back = MemoryAsset.open(tmp_path / "sub.pmem", backend="zarr")
     np.testing.assert_array_equal(back.to_numpy(), sub.to_numpy())
+    from polymem.asset.pages import service_for  # the page service (attach(in_memory=False)) reads sparse shards too
+
+    svc = service_for(sub, cache_mb=1)
+    ids = np.arange(g.num_chunks)
+    got = np.stack([svc.resolve(e) for e in svc.fetch(ids, background=False)])
+    full_chunks = np.ascontiguousarray(full._reader.read_chunks(ids)).view(np.uint8).reshape(g.num_chunks, -1)
+    keep = np.zeros(g.num_chunks, bool)
+    keep[np.flatnonzero(np.abs(sub.to_numpy()).reshape(g.pages, -1).max(1) > 0) // g.pages_per_chunk] = True
+    np.testing.assert_array_equal(got[keep], full_chunks[keep])
+    assert (got[~keep] == 0).all()
+    svc.close()
 
 
 def test_subset_min_count_and_errors(tmp_path, tok, corpus):

@@ -96,6 +96,14 @@ class MemoryAsset:
                 f"re-address it first: `polymem convert {self.path} --tokenizer {tb.get('name')} --corpus TEXT -o OUT.pmem`"
             )
 
+    def sparse_ranks(self) -> list[Any]:
+        """Sparse subsets: per shard, the rank of each stored chunk (-1 = absent), or None for an absent shard."""
+        from polymem.asset._sparse import validate_sparse
+
+        if not self.sparse:
+            raise PolymemError(f"{self.path} is not a sparse subset; every chunk is stored")
+        return validate_sparse(self._raw, self._header, self.path)
+
     def row_counts(self) -> np.ndarray | None:
         """Per-row update counts, uint32 [num_rows] (the optional ``counts`` array), or None when absent."""
         f = self._header.extras.get("row_counts")

@@ -49,11 +49,32 @@ class ChunkReader:
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
         self._check = getattr(asset, "check_chunk_bytes", None)
+        # a sparse subset (docs/asset-format.md §12): rank of each stored chunk in its shard, -1 = absent (zeros)
+        self._ranks = asset.sparse_ranks() if getattr(asset, "sparse", False) else None
 
     def _extent(self, c: int) -> tuple[int, int]:
         cps = self.geom.chunks_per_shard
         s, i = divmod(int(c), cps)
+        if self._ranks is not None:
+            i = int(self._ranks[s][i])  # type: ignore[index]
         return s, i * self.geom.stride  # stride = chunk bytes + its crc32c (format v2)
+
+    def _absent(self, c: int) -> bool:
+        if self._ranks is None:
+            return False
+        s, i = divmod(int(c), self.geom.chunks_per_shard)
+        rank = self._ranks[s]
+        return rank is None or int(rank[i]) < 0
+
+    def read(self, chunks: "list[int] | np.ndarray") -> list[np.ndarray]:
+        """Chunk ids -> one uint8 array [chunk_bytes] each (checked); absent chunks of a sparse asset are zeros."""
+        if self._ranks is None:
+            return self._read_stored(chunks)
+        chunks = [int(c) for c in chunks]
+        here = [c for c in chunks if not self._absent(c)]
+        got = dict(zip(here, self._read_stored(here))) if here else {}
+        zero = np.zeros(self.geom.chunk_bytes, dtype=np.uint8)
+        return [got.get(c, zero) for c in chunks]
 
     def _fd(self, s: int) -> int:
         fd = self._fds.get(s)
@@ -81,7 +102,7 @@ class ChunkReader:
             f"of chunk {int(c)} (offset {off}): the shard is truncated or was replaced; restore the asset"
         )
 
-    def read(self, chunks: "list[int] | np.ndarray") -> list[np.ndarray]:
+    def _read_stored(self, chunks: "list[int] | np.ndarray") -> list[np.ndarray]:
         """Chunk ids -> one uint8 array [chunk_bytes] each (checked: length and, format v2, crc32c)."""
         cb = self.geom.stride  # read the stored chunk with its crc32c; the check strips it
         out: list[np.ndarray] = []
