@@ -156,7 +156,7 @@ def open_id_table(src: Any) -> IdTable:
         return src
     from polymem.asset.core import MemoryAsset
 
-    p = Path(os.fspath(src))
+    p = Path(os.fspath(src)) if isinstance(src, (str, os.PathLike)) else Path("")
     if p.suffix == ".safetensors":
         if not p.is_file():
             raise PolymemError(f"source {str(p)!r} does not exist")
@@ -179,7 +179,7 @@ def open_id_table(src: Any) -> IdTable:
                 raise FormatError(f"{str(p)!r}: safetensors file is neither an Engram table (metadata format {ENGRAM_FORMAT!r}) "
                                   "nor a polymem table file; see docs/asset-format.md §10")
         return read_engram_table(p)
-    a = MemoryAsset.open(src)
+    a = src if isinstance(src, MemoryAsset) else MemoryAsset.open(src)
     spec = a.spec
     if not isinstance(spec, IdHashSpec):
         raise SpecMismatchError(

@@ -65,7 +65,8 @@ class TokenHashes:
             from polymem.errors import TokenizerBoundError
 
             raise TokenizerBoundError(
-                f"hash spec {type(spec).__name__} is a tokenizer-bound token-id hash (of {spec.tokenizer.get('name')!r}); "
+                f"hash spec {type(spec).__name__} is a tokenizer-bound token-id hash (of "
+                f"{dict(getattr(spec, 'tokenizer', {}) or {}).get('name', 'one tokenizer')!r}); "
                 "byte-level token hashes cannot be built for it. Re-address the table by bytes with `polymem convert`"
             )
         tok = load_tokenizer(tokenizer)

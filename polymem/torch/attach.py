@@ -184,7 +184,7 @@ def _resolve_table(table_or_asset: Any, spec: HashSpec | None, in_memory: bool, 
             f"table_or_asset is a {type(table_or_asset).__name__}; accepted: a MemoryAsset or its path, a "
             "MemoryTable (e.g. TrainableTable), or a Layout (fresh all-zero trainable table)"
         )
-    if not getattr(asset.spec, "tokenizer_bound", False):
+    if type(asset.spec).__name__ != "IdHashSpec":
         _check_usable(asset.spec, asset.layout, where=str(getattr(asset, "path", "asset")))
     if in_memory or trainable:
         return TrainableTable(
@@ -437,7 +437,9 @@ def attach(
     _check_vocab(model, tok_name, int(tokenizer.vocab_size), allow_vocab_padding)
     table = _resolve_table(table_or_asset, spec, in_memory, trainable=train in ("table", "all"),
                            serving={"cache_mb": cache_mb, "prefetch": prefetch, "read_workers": read_workers})
-    id_bound = getattr(table.spec, "tokenizer_bound", False)  # a token-id (Engram XOR) table: polymem.torch.idrows
+    from polymem.hash.idhash import IdHashSpec
+
+    id_bound = isinstance(table.spec, IdHashSpec)  # a token-id (Engram XOR) table asset: polymem.torch.idrows
     if not id_bound:
         _check_usable(table.spec, table.layout, where="table")
     if isinstance(table, TrainableTable):
