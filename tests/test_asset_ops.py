@@ -166,8 +166,12 @@ def test_attach_reads_tokenizer_bound_table_by_ids_only(tmp_path, tok):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_used=tok.vocab_size, block_size=16, n_layer=2, n_head=2, d_model=16),
                 torch.arange(tok.vocab_size))
-    with pytest.raises(SpecMismatchError, match="tokenizer-bound"):
-        polymem.attach(model, a, "cl100k_base", layers=[1])
+    import dataclasses
+
+    other = dataclasses.replace(spec, tokenizer={"name": "bytes-v0", "fingerprint": "0" * 64})
+    b = MemoryAsset.from_array(tmp_path / "o.pmem", np.ones((lay.num_rows, 8), np.float32), other, lay, orders=(1, 2, 3))
+    with pytest.raises(SpecMismatchError, match="tokenizer-bound to 'bytes-v0'"):
+        polymem.attach(model, b, tok, layers=[1])
     h = polymem.attach(model, a, tok, layers=[1], value_init="orthogonal")
     ids = torch.tensor([list(b"hello world hello")])
     y = model(ids[:, :-1], ids[:, 1:])
