@@ -95,34 +95,57 @@ def phase_gap(a) -> dict:
 
 
 def phase_transfer(a) -> dict:
+    """Transfer arms (none / random / converted donor, polymem.torch.transfer.run_transfer_jobs) for a recipient
+    with another tokenizer family, plus a native byte-hash donor (same corpus, steps and table layout as the
+    converted one) attached the same way on the same seeds."""
     import torch
 
     torch.set_num_threads(a.threads)
-    from polymem.torch.train import MemoryConfig, TrainConfig, train_donor
-    from polymem.torch.transfer import run_transfer
+    from polymem import MemoryAsset
+    from polymem.torch.attach import attach
+    from polymem.torch.tables import TrainableTable
+    from polymem.torch.train import (MemoryConfig, TokenData, TrainConfig, build_model, evaluate_bpb, read_documents,
+                                     split_documents, train_donor, train_loop)
+    from polymem.torch.transfer import run_transfer_jobs
 
     work = Path(a.work)
     corpus = work / "corpus.jsonl.gz"
-    conv = work / f"conv-{a.transfer_mult}x.pmem"
+    conv = work / f"conv-{a.transfer_mult:g}x.pmem"
+    if not conv.exists():
+        conv = work / f"conv-{a.transfer_mult}x.pmem"
+    lay = MemoryAsset.open(conv).layout
     cfg = TrainConfig(steps=a.steps, batch_size=a.batch, block_size=a.block, n_layer=a.layers, n_head=4,
                       d_model=a.d_model, seed=0)
-    from polymem import MemoryAsset
-
-    lay = MemoryAsset.open(conv).layout
-    mem = MemoryConfig(params=lay.params, heads=lay.heads, slots=lay.slots, head_dim=lay.head_dim, max_n=3)
-    if not (work / "native.pmem").exists():
-        s = train_donor(a.tokenizer, [corpus], work / "native.pmem", cfg=cfg, mem=mem, overwrite=True,
-                        max_eval_tokens=a.eval_tokens)
-        print("native donor", s["heldout_bpb"], s["heldout_bpb_memory_off"], flush=True)
-    out = {}
     rcfg = TrainConfig(steps=a.transfer_steps, batch_size=a.batch, block_size=a.block, n_layer=a.layers, n_head=4,
                        d_model=a.d_model)
-    for name, asset in (("converted", conv), ("native", work / "native.pmem")):
-        r = run_transfer(str(asset), a.recipient, [str(corpus)], cfg=rcfg, seeds=tuple(range(a.seeds)),
-                         max_eval_tokens=a.eval_tokens)
-        out[name] = {k: r[k] for k in ("arms", "seeds", "steps", "tokens") if k in r}
-        print(name, json.dumps(out[name]["arms"]), flush=True)
-    return {"recipient": a.recipient, "donor_tokenizer": a.tokenizer, "transfer_steps": a.transfer_steps, **out}
+    seeds = tuple(range(a.seeds))
+    t0 = time.perf_counter()
+    r = run_transfer_jobs(str(conv), a.recipient, [str(corpus)], seeds=seeds, jobs=min(2, len(seeds)), threads=1,
+                          cfg=rcfg, max_eval_tokens=a.eval_tokens)
+    out = {"converted": {k: r[k] for k in ("arms", "seeds", "steps", "tokens", "coverage", "margins", "target_met") if k in r}}
+    print("converted arms", json.dumps(out["converted"]["arms"]), flush=True)
+    native = work / "native.pmem"
+    mem = MemoryConfig(params=lay.params, heads=lay.heads, slots=lay.slots, head_dim=lay.head_dim, max_n=3)
+    if not native.exists():
+        s = train_donor(a.tokenizer, [corpus], native, cfg=cfg, mem=mem, overwrite=True, max_eval_tokens=a.eval_tokens)
+        out["native_donor_train"] = {k: s[k] for k in ("heldout_bpb", "heldout_bpb_memory_off", "rows_touched", "train_s")}
+    nat = MemoryAsset.open(native)
+    train_texts, held_texts = split_documents(read_documents([corpus]), 10)
+    data = TokenData.build(a.recipient, train_texts, held_texts)
+    bpbs = []
+    for seed in seeds:
+        c = TrainConfig(**{**asdict(rcfg), "seed": int(seed)})
+        model = build_model(data, c, seed=seed)
+        table = TrainableTable(nat.to_numpy(), spec=nat.spec, layout=nat.layout, orders=tuple(nat.orders), trainable=False)
+        h = attach(model, table, data.cache, layers=[1], train="projection", max_n=3, init_seed=1000 + int(seed),
+                   freeze_model=False, value_init="zero")
+        train_loop(model, h, data, c)
+        bpbs.append(evaluate_bpb(model, data, c, max_tokens=a.eval_tokens))
+        h.detach()
+        print("native seed", seed, bpbs[-1], flush=True)
+    out["native"] = {"bpb": bpbs}
+    return {"recipient": a.recipient, "donor_tokenizer": a.tokenizer, "transfer_steps": a.transfer_steps,
+            "elapsed_s": time.perf_counter() - t0, **out}
 
 
 def main(argv=None) -> int:

@@ -324,7 +324,7 @@ def _byte_asset(tmp_path, name="full.pmem", seed=0, dtype="float32", zero_frac=0
                                      chunks_per_shard=16 if pages <= 128 else 1024, row_counts=c)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "nf4"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("nf4", marks=pytest.mark.slow)])
 def test_subset_serves_every_corpus_lookup_and_stores_only_kept_chunks(tmp_path, tok, corpus, heldout, dtype):
     zarr = pytest.importorskip("zarr")
     full = _byte_asset(tmp_path, dtype=dtype, pages=1 << 13, zero_frac=0.3)
