@@ -44,6 +44,8 @@ def main(argv=None) -> int:
     p.add_argument("--kernel-docs", type=int, default=400)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--params", type=int, default=12_000_000)
+    p.add_argument("--asset", default=None, help="subset this existing byte-addressed asset instead of training one")
+    p.add_argument("--pydocs-docs", type=int, default=None, help="use only the first N pydocs documents")
     p.add_argument("--work", default="/tmp/assetops-subset")
     p.add_argument("--out", default="docs/results/assetops")
     a = p.parse_args(argv)
@@ -56,28 +58,30 @@ def main(argv=None) -> int:
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     sh = Path(a.shared)
-    py = read_docs(str(sh / "pydocs.jsonl.gz"))
+    py = read_docs(str(sh / "pydocs.jsonl.gz"), a.pydocs_docs)
     py_train, py_held = split_documents(py, 10)
-    mix = py + read_docs(str(sh / "kerneldocs.jsonl.gz"), a.kernel_docs) + read_docs(str(sh / "debref-en.jsonl.gz")) \
+    mix = [] if a.asset else py + read_docs(str(sh / "kerneldocs.jsonl.gz"), a.kernel_docs) + read_docs(str(sh / "debref-en.jsonl.gz")) \
         + read_docs(str(sh / "debref-de.jsonl.gz"))
     rng = np.random.default_rng(0)
     mix = [mix[i] for i in rng.permutation(len(mix))]
-    corpus = write_docs(mix, work / "mix.jsonl.gz")
     t0 = time.perf_counter()
     cfg = TrainConfig(steps=a.steps, batch_size=8, block_size=128, n_layer=2, n_head=4, d_model=128)
     mem = MemoryConfig(params=a.params, heads=8, slots=4, head_dim=32)
-    asset_path = work / "mix.pmem"
+    asset_path = Path(a.asset) if a.asset else work / "mix.pmem"
     if not asset_path.exists():
+        corpus = write_docs(mix, work / "mix.jsonl.gz")
         s = train_donor("cl100k_base", [corpus], asset_path, cfg=cfg, mem=mem, overwrite=True, max_eval_tokens=20_000,
                         on_step=lambda i, l: print(f"step {i + 1} loss {l:.3f}", flush=True) if (i + 1) % 50 == 0 else None)
         print("donor", s["heldout_bpb"], s["heldout_bpb_memory_off"], s["rows_touched"], flush=True)
     full = MemoryAsset.open(asset_path)
     held = write_docs(py_held, work / "py-held.jsonl.gz")
-    res = {"donor": {"corpus_docs": len(mix), "kerneldocs_docs": a.kernel_docs, "train": asdict(cfg), "memory": asdict(mem),
-                     "layout": full.layout.to_dict(), "rows_trained": int((full.row_counts() > 0).sum()),
+    res = {"donor": {"asset": str(asset_path), "provenance_corpus": full.provenance.get("corpus"),
+                     "corpus_docs": len(mix), "kerneldocs_docs": a.kernel_docs, "train": asdict(cfg), "memory": asdict(mem),
+                     "layout": full.layout.to_dict(),
+                     "rows_trained": int((full.row_counts() > 0).sum()) if full.row_counts() is not None else None,
                      "pages_nonzero": full.nonzero_pages()},
            "subsets": []}
-    for n in (1, 10, 100, len(py_train)):
+    for n in sorted({1, 10, min(100, len(py_train)), len(py_train)}):
         sl = write_docs(py_train[:n], work / f"py-{n}.jsonl.gz")
         t1 = time.perf_counter()
         _, rep = full.subset(work / f"sub-{n}.pmem", tokenizer="cl100k_base", corpus=[sl], heldout=[held], overwrite=True)
