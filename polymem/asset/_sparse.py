@@ -164,7 +164,8 @@ def write_sparse_asset(dest: Path, src: Any, chunk_keep: np.ndarray, provenance:
     from polymem.asset import _zarr
     from polymem.asset._format import canonical_json, header_body, sha256_hex
     from polymem.asset._shards import file_sha256
-    from polymem.asset.core import _fsync_dir, _write_group_json
+    from polymem.asset._fs import fsync_dir as _fsync_dir
+    from polymem.asset.core import _write_group_json
     from polymem.errors import PolymemError
 
     if dest.exists() and not overwrite:
