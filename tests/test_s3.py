@@ -46,7 +46,10 @@ def endpoint() -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         fs = s3fs.S3FileSystem(endpoint_url=url)
-        fs.mkdir(BUCKET)
+        try:
+            fs.mkdir(BUCKET)
+        except FileExistsError:  # moto keeps one in-process state: another module's server already made it
+            pass
         yield url
     finally:
         server.stop()
