@@ -88,8 +88,9 @@ def main() -> None:
                 if isa == "haswell":
                     env["NUMBA_CPU_NAME"] = "haswell"
                 out = subprocess.run([sys.executable, __file__, "--corpus", a.corpus, "--docs", str(a.docs),
-                                      "--repeats", str(a.repeats), "--child"], env=env, capture_output=True, text=True,
-                                     check=True)
+                                      "--repeats", str(a.repeats), "--child"], env=env, capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"the {isa} child failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
             r = json.loads(out.stdout.strip().splitlines()[-1])
             runs[isa].append(r)
             print(f"round {rnd} {isa}: {r}", flush=True)
