@@ -128,3 +128,18 @@ def raw_bytes() -> Tokenizer:
 @pytest.fixture(scope="session", params=["cl100k", "mistral_v1", "bpe_json", "raw_bytes"])
 def all_tokenizers(request: pytest.FixtureRequest) -> Tokenizer:
     return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """20 documents (the sample's lines, rotated) as a .jsonl.gz: the tiny training corpus of the train/transfer tests."""
+    import gzip
+    import json
+
+    lines = [ln for ln in sample_text().splitlines() if ln.strip()]
+    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for i in range(20):
+            f.write(json.dumps({"id": str(i), "text": "\n".join(lines[i % len(lines):] + lines[: i % len(lines)])}) + "\n")
+    return path
+

@@ -3,7 +3,6 @@ assets with provenance, the held-out split, bits per byte, the transfer JSON con
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import numpy as np
@@ -12,22 +11,11 @@ import torch
 from typer.testing import CliRunner
 
 from polymem.cli.app import app
-from polymem.samples import sample_text
 from polymem.torch.train import MemoryConfig, TokenData, TrainConfig, evaluate_bpb, split_documents, train_donor
 
 torch.set_num_threads(1)
 TINY = dict(steps=4, batch_size=2, block_size=32, n_layer=2, n_head=2, d_model=32)
 TINY_MEM = MemoryConfig(params=64 * 4 * 4 * 8, heads=4, slots=4, head_dim=8)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    lines = [ln for ln in sample_text().splitlines() if ln.strip()]
-    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl.gz"
-    with gzip.open(path, "wt", encoding="utf-8") as f:
-        for i in range(20):
-            f.write(json.dumps({"id": str(i), "text": "\n".join(lines[i % len(lines):] + lines[: i % len(lines)])}) + "\n")
-    return path
 
 
 def test_split_holds_out_every_kth_document():

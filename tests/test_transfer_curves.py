@@ -4,7 +4,6 @@ numbers."""
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import numpy as np
@@ -14,7 +13,6 @@ from typer.testing import CliRunner
 
 from polymem.cli.app import app
 from polymem.errors import PolymemError
-from polymem.samples import sample_text
 from polymem.torch.curves import analyze, compute_saved, crossover, paired, tokens_to_reach
 from polymem.torch.train import MemoryConfig, TokenData, TrainConfig, train_donor, train_loop
 
@@ -23,16 +21,6 @@ TINY = dict(steps=4, batch_size=2, block_size=32, n_layer=2, n_head=2, d_model=3
 TINY_MEM = MemoryConfig(params=64 * 4 * 4 * 8, heads=4, slots=4, head_dim=8)
 ARGS = ["--steps", "4", "--batch-size", "2", "--block-size", "32", "--n-layer", "2", "--d-model", "32", "--n-head", "2",
         "--precision", "fp32"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    lines = [ln for ln in sample_text().splitlines() if ln.strip()]
-    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl.gz"
-    with gzip.open(path, "wt", encoding="utf-8") as f:
-        for i in range(20):
-            f.write(json.dumps({"id": str(i), "text": "\n".join(lines[i % len(lines):] + lines[: i % len(lines)])}) + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")
