@@ -22,13 +22,12 @@ import numpy as np
 
 
 def read_docs(path: str, limit: int | None = None) -> list[str]:
-    out = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            out.append(json.loads(line)["text"])
-            if limit and len(out) >= limit:
-                break
-    return out
+    """The first ``limit`` document texts of a corpus file (polymem's own corpus reader)."""
+    from itertools import islice
+
+    from polymem.corpus import Corpus
+
+    return [d.text for d in islice(Corpus([path]), limit)]
 
 
 def write_docs(texts, path: Path) -> Path:

@@ -237,8 +237,10 @@ def main() -> None:
         r["write"] = {"table_mib": args.size_mib, "dtype": args.dtype, "pages": P, "shards": g.num_shards,
                       "polymem_s": t_ours, "encode_s": t_encode, "zarr_python_s": t_zarr,
                       "speedup": t_zarr / t_ours, "byte_identical": same}
+        zarr_part = ("zarr-python write skipped (--verify-only)" if args.verify_only else
+                     f"zarr-python {t_zarr:.2f} s -> {t_zarr / t_ours:.1f}x, byte-identical: {same}")
         print(f"write {args.size_mib} MiB ({g.num_shards} shards): polymem {t_ours:.2f} s (of which encode "
-              f"{t_encode:.2f} s), zarr-python {t_zarr:.2f} s -> {t_zarr / t_ours:.1f}x, byte-identical: {same}")
+              f"{t_encode:.2f} s), {zarr_part}")
         # ------------------------------------------------------------------ verified reads vs the legacy fast path
         MemoryAsset._write_new(scratch / "v1", HashSpec(), layout, lambda a_, b_: table.reshape(P, 32, 64)[a_:b_],
                                dtype=args.dtype, orders=(1, 2, 3), provenance=None, overwrite=False,

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_asset import evict  # posix_fadvise(DONTNEED) on each file; benchmarks/ is on sys.path
+
 ARMS = ("none", "memory", "sync", "prefetch")
 HERE = Path(__file__).resolve()
 
@@ -62,13 +64,6 @@ def shard_files(asset) -> list[Path]:
     return [Path(asset.path) / g.shard_key(s) for s in range(g.num_shards)]
 
 
-def evict(paths: list[Path]) -> None:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def touch(paths: list[Path]) -> None:
