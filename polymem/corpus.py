@@ -44,6 +44,7 @@ import json
 import os
 import stat
 import sys
+import uuid
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -53,8 +54,8 @@ import glob as _glob
 from typing import Any, BinaryIO
 
 from polymem.errors import PolymemError
-from polymem.sources import (FileInfo, Piece, decompress, expand, is_url, jsonl_lines, kind_of, open_raw,
-                             parquet_texts, plan_pieces)
+from polymem.sources import (FileInfo, LineState, OpenStreams, Piece, decompress, expand, is_url, jsonl_lines,
+                             kind_of, open_raw, parquet_texts, plan_pieces)
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl",)
@@ -159,7 +160,9 @@ class Corpus:
         self.skipped, self.replaced, self.ignored_files = [], 0, 0
         files = [info for p in self.paths for info in self._files(p)]
         pieces = plan_pieces(files, max(1, int(partition_mb * 1e6)), self.storage_options)
-        return [FilePartition(tuple(ps), self.text_field, self.invalid_utf8, self.storage_options) for ps in pieces]
+        token = uuid.uuid4().hex  # the partitions of one plan: a stream one leaves open may serve the next
+        return [FilePartition(tuple(ps), self.text_field, self.invalid_utf8, self.storage_options, token)
+                for ps in pieces]
 
     def _files(self, p: str | os.PathLike[str]) -> list[FileInfo]:
         """The files an input names: a URL or glob (fsspec), a directory (walked), or one local file."""
@@ -209,12 +212,20 @@ class Corpus:
     def _read_file(self, path: Path) -> Iterator[Document]:
         yield from self._read_piece(Piece(_local_info(path, explicit=True)))
 
-    def _read_piece(self, piece: Piece) -> Iterator[Document]:
-        """The documents of one file, or of one part of it (a byte range, a run of Parquet row groups)."""
+    def _read_piece(self, piece: Piece, token: str | None = None) -> Iterator[Document]:
+        """The documents of one file, or of one part of it (a byte range, a run of Parquet row groups).
+        ``token`` names the partitioning the piece belongs to: a compressed JSONL stream that an earlier piece
+        of it left open (:class:`polymem.sources.OpenStreams`) is read on instead of decompressed again."""
         info = piece.file
         src, kind, comp = info.url, info.kind, info.compression
         if kind == "parquet":
             yield from self._parquet_rows(piece)
+            return
+        resumable = token is not None and kind == "jsonl" and comp is not None and piece.stop is not None
+        left = OpenStreams.take(token, piece) if token is not None and kind == "jsonl" and comp else None
+        if left is not None:
+            raw, f, state = left
+            yield from self._read_jsonl_piece(raw, f, piece, state, token, resumable)
             return
         if is_url(src):
             try:
@@ -227,38 +238,77 @@ class Corpus:
             if isinstance(raw, str):
                 self._skip(src, raw)
                 return
+        if kind == "jsonl" and (piece.start or piece.stop is not None):
+            f = raw
+            try:
+                f = decompress(raw, comp)
+                binary = piece.start == 0 and self._binary(f, src)
+            except (OSError, EOFError, zlib.error, *_zstd_errors()) as e:
+                self._read_error(e, piece, _Progress())
+                binary = True
+            except BaseException:
+                if f is not raw:
+                    f.close()
+                raw.close()
+                raise
+            if binary:
+                if f is not raw:
+                    f.close()
+                raw.close()
+                return
+            yield from self._read_jsonl_piece(raw, f, piece, LineState(), token, resumable)
+            return
         used = _Progress()
         f: Any = raw
         try:
             f = decompress(raw, comp)
             if kind == "jsonl":
-                if piece.start == 0 and piece.stop is None:
-                    yield from self._jsonl_lines(f, src, used)
-                else:
-                    if piece.start == 0 and self._binary(f, src):
-                        return
-                    yield from self._jsonl_records(jsonl_lines(f, piece), used)
+                yield from self._jsonl_lines(f, src, used)
             else:
                 data = f.read()
                 doc = self._text_document(data, src, src)
                 if doc is not None:
                     yield doc
         except (OSError, EOFError, zlib.error, *_zstd_errors()) as e:  # gzip.BadGzipFile is an OSError
-            what = f"corrupt {comp}: {e}" if comp else f"unreadable file: {type(e).__name__}: {e}"
-            part = f" of the part from byte {piece.start:,}" if piece.start else ""
-            lines = f"{used.lines} lines" if piece.start else f"lines 1-{used.lines}"
-            if used.documents:
-                what += (f"; the first {used.documents} documents{part} ({lines}, {used.nbytes:,} bytes) "
-                         f"were used, the rest of the file was not")
-            elif kind == "jsonl" and used.lines:
-                what += f"; {lines}{part} were read but held no document, the rest of the file was not"
-            else:
-                what += f"; nothing of {'the part from byte ' + format(piece.start, ',') if piece.start else 'it'} was used"
-            self.skipped.append(Skipped(src, what, documents_used=used.documents, bytes_used=used.nbytes))
+            self._read_error(e, piece, used)
         finally:
             if f is not raw:
                 f.close()
             raw.close()
+
+    def _read_jsonl_piece(self, raw: Any, f: Any, piece: Piece, state: LineState, token: str | None,
+                          resumable: bool) -> Iterator[Document]:
+        """The documents of a byte range of a JSONL file whose (decompressed) stream ``f`` stands at ``state``;
+        a compressed stream the range ended in is kept open for the next piece (see _read_piece)."""
+        used = _Progress()
+        keep = False
+        try:
+            yield from self._jsonl_records(jsonl_lines(f, piece, state), used)
+            keep = resumable and state.ended
+        except (OSError, EOFError, zlib.error, *_zstd_errors()) as e:  # gzip.BadGzipFile is an OSError
+            self._read_error(e, piece, used)
+        finally:
+            if keep:
+                OpenStreams.keep(token, piece, raw, f, state)
+            else:
+                if f is not raw:
+                    f.close()
+                raw.close()
+
+    def _read_error(self, e: BaseException, piece: Piece, used: "_Progress") -> None:
+        """Record a file that broke off while being read: what of it was used (see docs/coverage.md)."""
+        src, kind, comp = piece.file.url, piece.file.kind, piece.file.compression
+        what = f"corrupt {comp}: {e}" if comp else f"unreadable file: {type(e).__name__}: {e}"
+        part = f" of the part from byte {piece.start:,}" if piece.start else ""
+        lines = f"{used.lines} lines" if piece.start else f"lines 1-{used.lines}"
+        if used.documents:
+            what += (f"; the first {used.documents} documents{part} ({lines}, {used.nbytes:,} bytes) "
+                     f"were used, the rest of the file was not")
+        elif kind == "jsonl" and used.lines:
+            what += f"; {lines}{part} were read but held no document, the rest of the file was not"
+        else:
+            what += f"; nothing of {'the part from byte ' + format(piece.start, ',') if piece.start else 'it'} was used"
+        self.skipped.append(Skipped(src, what, documents_used=used.documents, bytes_used=used.nbytes))
 
     def _binary(self, f: Any, src: str) -> bool:
         head = f.peek(_BINARY_PROBE)[:_BINARY_PROBE] if hasattr(f, "peek") else b""
@@ -490,9 +540,10 @@ class FilePartition:
     appends what it left out to ``skipped``; ``replaced`` then counts its documents with invalid UTF-8."""
 
     def __init__(self, pieces: tuple[Piece, ...], text_field: str, invalid_utf8: str,
-                 storage_options: dict[str, Any] | None) -> None:
+                 storage_options: dict[str, Any] | None, token: str | None = None) -> None:
         self.pieces, self.text_field, self.invalid_utf8 = pieces, text_field, invalid_utf8
         self.storage_options = storage_options
+        self.token = token
         self.replaced = 0
 
     def __repr__(self) -> str:
@@ -504,7 +555,7 @@ class FilePartition:
                         storage_options=self.storage_options)
         try:
             for piece in self.pieces:
-                yield from reader._read_piece(piece)
+                yield from reader._read_piece(piece, self.token)
         finally:
             skipped.extend(reader.skipped)
             self.replaced = reader.replaced

@@ -262,12 +262,25 @@ class _ZstdReader(io.RawIOBase):
         return n
 
 
-def jsonl_lines(fh: Any, piece: Piece) -> Iterator[tuple[str, bytes]]:
-    """(label, raw line) for the lines that start in the piece's byte range of the decompressed stream."""
+@dataclass
+class LineState:
+    """Where a decompressed stream stands: byte ``pos`` (a line start) after ``line_no`` lines; ``ended`` once a
+    piece's range ended there (the stream can go on with a later piece of the same file)."""
+
+    pos: int = 0
+    line_no: int = 0
+    ended: bool = False
+
+
+def jsonl_lines(fh: Any, piece: Piece, state: LineState | None = None) -> Iterator[tuple[str, bytes]]:
+    """(label, raw line) for the lines that start in the piece's byte range of the decompressed stream.
+    ``state``: where ``fh`` already stands (a stream a previous piece of the file left at a line start at or
+    before this piece's start, see :class:`OpenStreams`); it is updated as the lines are read."""
     url, start, stop = piece.file.url, piece.start, piece.stop
-    pos, line_no = 0, 0
+    st = state if state is not None else LineState()
+    pos, line_no = st.pos, st.line_no
     known = True
-    if start > 0:
+    if start > pos:
         if piece.file.compression is None and hasattr(fh, "seek"):
             fh.seek(start - 1)
             pos, known = start - 1, False
@@ -278,17 +291,56 @@ def jsonl_lines(fh: Any, piece: Piece) -> Iterator[tuple[str, bytes]]:
                     return
                 pos += len(chunk)
                 line_no += chunk.count(b"\n")
-        rest = fh.readline()  # the end of the line holding byte start-1: it belongs to the previous range
-        if not rest:
-            return
-        pos += len(rest)
-        line_no += 1 if rest.endswith(b"\n") else 0
-    for raw in fh:
+        if pos == start - 1:  # pos == start: a line starts right at the range's start
+            rest = fh.readline()  # the end of the line holding byte start-1: it belongs to the previous range
+            if not rest:
+                return
+            pos += len(rest)
+            line_no += 1 if rest.endswith(b"\n") else 0
+    while True:
+        st.pos, st.line_no = pos, line_no
         if stop is not None and pos >= stop:
+            st.ended = True  # stopped before the next line, which is still unread
+            return
+        raw = fh.readline()
+        if not raw:
             return
         line_no += 1
         yield (f"{url}:{line_no}" if known else f"{url}@{pos}"), raw
         pos += len(raw)
+
+
+class OpenStreams:
+    """The decompressed stream of a compressed JSONL file that a finished piece left open, kept (one per process)
+    so that a later piece of the same file, in the same partitioning, goes on from there instead of
+    decompressing the file from its start again (reading partitions in order decompresses each file once)."""
+
+    _left: tuple[Any, Piece, Any, Any, LineState] | None = None
+
+    @classmethod
+    def keep(cls, token: Any, piece: Piece, raw: Any, f: Any, state: LineState) -> None:
+        cls.close()
+        cls._left = (token, piece, raw, f, state)
+
+    @classmethod
+    def take(cls, token: Any, piece: Piece) -> tuple[Any, Any, LineState] | None:
+        """(raw, decompressed stream, its state) left by an earlier piece of this file at or before
+        ``piece.start``, or None (and whatever was kept is closed)."""
+        left, cls._left = cls._left, None
+        if left is not None:
+            t, prev, raw, f, state = left
+            if t == token and prev.file == piece.file and prev.stop is not None and prev.stop <= piece.start:
+                return raw, f, state
+            for h in (f, raw):
+                h.close()
+        return None
+
+    @classmethod
+    def close(cls) -> None:
+        left, cls._left = cls._left, None
+        if left is not None:
+            left[3].close()
+            left[2].close()
 
 
 def parquet_texts(f: FileInfo, lo: int, hi: int | None, text_field: str, storage_options: dict[str, Any] | None

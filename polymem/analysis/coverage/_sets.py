@@ -195,101 +195,164 @@ def _pow2(n):  # pragma: no cover - compiled
     return p
 
 
-# --------------------------------------------------------------------------- partitioned corpus-wide key set
-# A set of uint64 keys as 2^b sub-tables of S slots (uint64 [2^b, S], 0 = empty). A key's sub-table is the top
-# b bits of fmix64(key), its first slot the low bits. Keys are first partitioned by sub-table (a counting
-# sort), then inserted or looked up one sub-table at a time, so the probes stay within a cache-sized block
-# instead of missing all over a table of hundreds of MiB.
+# ------------------------------------------------------------------- bucketed key sets (the occurrence pass)
+# The corpus-wide occurrence metric needs set membership over a partition's (and then the corpus's) distinct
+# reference keys. Keys are grouped by **bucket** (the top ``bits`` bits of the stored key, a counting sort), and
+# each bucket is deduplicated / looked up in its own small open-addressing table (slot = fmix64(key)), which
+# stays cache-sized: one sequential pass to group, then probes that hit L1/L2 instead of missing all over one
+# table of hundreds of MiB.
 
 
 @njit(cache=True)
-def _partition(keys, bshift):  # pragma: no cover - compiled
-    """Counting sort of keys by sub-table: (keys, their fmix64, sub-table start offsets [2^b + 1], original
-    positions), grouped."""
-    B = 1 << (64 - bshift)
-    n = keys.shape[0]
-    mixed = np.empty(n, dtype=np.uint64)
-    counts = np.zeros(B + 1, dtype=np.int64)
+def _bucket_counts(keys, n, bits):  # pragma: no cover - compiled
+    """Offsets int64 [2^bits + 1] of the stored keys _key(keys[:n]) grouped by their top ``bits`` bits."""
+    shift = np.uint64(64 - bits)
+    off = np.zeros((1 << bits) + 1, dtype=np.int64)
     for i in range(n):
-        x = _fmix64(_key(keys[i]))
-        mixed[i] = x
-        counts[np.int64(x >> np.uint64(bshift)) + 1] += 1
-    for b in range(B):
-        counts[b + 1] += counts[b]
-    fill = counts[:-1].copy()
-    pk = np.empty(n, dtype=np.uint64)
-    pm = np.empty(n, dtype=np.uint64)
-    idx = np.empty(n, dtype=np.int64)
+        off[np.int64(_key(keys[i]) >> shift) + 1] += 1
+    for b in range(1 << bits):
+        off[b + 1] += off[b]
+    return off
+
+
+@njit(cache=True)
+def _table_for(off):  # pragma: no cover - compiled
+    """A zeroed scratch table big enough for the largest bucket at load <= 1/2."""
+    big = 0
+    for b in range(off.shape[0] - 1):
+        big = max(big, off[b + 1] - off[b])
+    return np.zeros(_pow2(2 * big + 1), dtype=np.uint64)
+
+
+@njit(cache=True, inline="always")
+def _insert(table, mask, k):  # pragma: no cover - compiled
+    """Insert stored key k; True if it was new."""
+    s = _fmix64(k) & mask
+    while True:
+        t = table[s]
+        if t == _U0:
+            table[s] = k
+            return True
+        if t == k:
+            return False
+        s = (s + _U1) & mask
+
+
+@njit(cache=True, inline="always")
+def _member(table, mask, k):  # pragma: no cover - compiled
+    s = _fmix64(k) & mask
+    while True:
+        t = table[s]
+        if t == _U0:
+            return False
+        if t == k:
+            return True
+        s = (s + _U1) & mask
+
+
+@njit(cache=True)
+def bucket_unique(keys, n, bits):  # pragma: no cover - compiled
+    """The distinct stored keys of keys[:n] (raw hashes; 0 is stored as ZERO_KEY) grouped by bucket:
+    (keys uint64 [d], offsets int64 [2^bits + 1]); bucket b = keys[offsets[b]:offsets[b+1]]."""
+    shift = np.uint64(64 - bits)
+    nb = 1 << bits
+    off = _bucket_counts(keys, n, bits)
+    fill = off[:-1].copy()
+    grouped = np.empty(n, dtype=np.uint64)
     for i in range(n):
-        x = mixed[i]
-        b = np.int64(x >> np.uint64(bshift))
+        k = _key(keys[i])
+        b = np.int64(k >> shift)
+        grouped[fill[b]] = k
+        fill[b] += 1
+    table = _table_for(off)
+    out_off = np.zeros(nb + 1, dtype=np.int64)
+    w = 0
+    for b in range(nb):
+        lo, hi = off[b], off[b + 1]
+        if hi > lo:
+            cap = _pow2(2 * (hi - lo) + 1)
+            mask = np.uint64(cap - 1)
+            table[:cap] = 0
+            for j in range(lo, hi):
+                k = grouped[j]
+                if _insert(table, mask, k):
+                    grouped[w] = k  # w <= j: compaction in place
+                    w += 1
+        out_off[b + 1] = w
+    return grouped[:w].copy(), out_off
+
+
+@njit(cache=True)
+def bucket_resolve(ref, ref_off, ph, pn, pc, n, bits, hits):  # pragma: no cover - compiled
+    """Group the pending target entries (stored keys ph, order-1 pn, counts pc; first n) by bucket, and count
+    those whose key is among the distinct reference keys ``ref`` (grouped as :func:`bucket_unique` returns
+    them): hits[pn] += pc. Returns the rest, grouped by bucket: (keys, orders, counts, offsets [2^bits + 1])."""
+    shift = np.uint64(64 - bits)
+    nb = 1 << bits
+    off = _bucket_counts(ph, n, bits)
+    fill = off[:-1].copy()
+    gh = np.empty(n, dtype=np.uint64)
+    gn = np.empty(n, dtype=np.int8)
+    gc = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        k = _key(ph[i])
+        b = np.int64(k >> shift)
         j = fill[b]
-        pk[j] = _key(keys[i])
-        pm[j] = x
-        idx[j] = i
+        gh[j], gn[j], gc[j] = k, pn[i], pc[i]
         fill[b] = j + 1
-    return pk, pm, counts, idx
+    table = _table_for(ref_off)
+    out_off = np.zeros(nb + 1, dtype=np.int64)
+    w = 0
+    for b in range(nb):
+        rlo, rhi = ref_off[b], ref_off[b + 1]
+        cap = _pow2(2 * (rhi - rlo) + 1)
+        mask = np.uint64(cap - 1)
+        if rhi > rlo and off[b + 1] > off[b]:
+            table[:cap] = 0
+            for j in range(rlo, rhi):
+                _insert(table, mask, ref[j])
+        for j in range(off[b], off[b + 1]):
+            if rhi > rlo and _member(table, mask, gh[j]):
+                hits[gn[j]] += gc[j]
+            else:
+                gh[w], gn[w], gc[w] = gh[j], gn[j], gc[j]
+                w += 1
+        out_off[b + 1] = w
+    return gh[:w].copy(), gn[:w].copy(), gc[:w].copy(), out_off
 
 
 @njit(cache=True)
-def pset_insert(tab, keys, bshift):  # pragma: no cover - compiled
-    """Insert keys into the partitioned set ``tab`` (uint64 [2^b, S]); returns how many were new."""
-    pk, pm, counts, _ = _partition(keys, bshift)
-    smask = np.uint64(tab.shape[1] - 1)
-    new = 0
-    for b in range(tab.shape[0]):
-        for j in range(counts[b], counts[b + 1]):
-            h = pk[j]
-            s = pm[j] & smask
-            while True:
-                k = tab[b, s]
-                if k == _U0:
-                    tab[b, s] = h
-                    new += 1
-                    break
-                if k == h:
-                    break
-                s = (s + _U1) & smask
-    return new
-
-
-@njit(cache=True)
-def pset_rehash(old, new):  # pragma: no cover - compiled
-    """Move every key of ``old`` (uint64 [2^b, S]) into the empty, larger ``new`` (uint64 [2^b, S']): a key
-    keeps its sub-table (the top bits of its fmix64), so each sub-table is rehashed on its own."""
-    smask = np.uint64(new.shape[1] - 1)
-    for b in range(old.shape[0]):
-        for j in range(old.shape[1]):
-            h = old[b, j]
-            if h == _U0:
-                continue
-            s = _fmix64(h) & smask
-            while new[b, s] != _U0:
-                s = (s + _U1) & smask
-            new[b, s] = h
-
-
-@njit(cache=True)
-def pset_contains(tab, keys, bshift):  # pragma: no cover - compiled
-    """bool [len(keys)]: keys[i] in the partitioned set ``tab`` (looked up one sub-table at a time)."""
-    B = tab.shape[0]
-    n = keys.shape[0]
-    pk, pm, counts, idx = _partition(keys, bshift)
-    smask = np.uint64(tab.shape[1] - 1)
-    out = np.zeros(n, dtype=np.bool_)
+def resolve_range(ref, ref_off, ph, pn, pc, pend_off, hits):  # pragma: no cover - compiled
+    """The reduce of the occurrence pass over B buckets and P partitions: ref / ph, pn, pc are the partitions'
+    slices concatenated, ref_off / pend_off int64 [P, B + 1] their absolute offsets per bucket. For each bucket,
+    the union of every partition's reference keys goes into a small table, then every partition's pending
+    entries of that bucket are looked up: hits[pn] += pc for those found."""
+    P = ref_off.shape[0]
+    B = ref_off.shape[1] - 1
+    big = 0
     for b in range(B):
-        for j in range(counts[b], counts[b + 1]):
-            h = pk[j]
-            s = pm[j] & smask
-            while True:
-                k = tab[b, s]
-                if k == _U0:
-                    break
-                if k == h:
-                    out[idx[j]] = True
-                    break
-                s = (s + _U1) & smask
-    return out
+        tot = 0
+        for p in range(P):
+            tot += ref_off[p, b + 1] - ref_off[p, b]
+        big = max(big, tot)
+    table = np.zeros(_pow2(2 * big + 1), dtype=np.uint64)
+    for b in range(B):
+        tot = 0
+        for p in range(P):
+            tot += ref_off[p, b + 1] - ref_off[p, b]
+        if tot == 0:
+            continue
+        cap = _pow2(2 * tot + 1)
+        mask = np.uint64(cap - 1)
+        table[:cap] = 0
+        for p in range(P):
+            for j in range(ref_off[p, b], ref_off[p, b + 1]):
+                _insert(table, mask, ref[j])
+        for p in range(P):
+            for j in range(pend_off[p, b], pend_off[p, b + 1]):
+                if _member(table, mask, ph[j]):
+                    hits[pn[j]] += pc[j]
+    return 0
 
 
 @njit(cache=True)
@@ -319,24 +382,3 @@ def compare_token_bytes(ids, buf, offsets, text):  # pragma: no cover - compiled
     if pos - shift != text.shape[0]:
         return 2, pos
     return shift, 0
-
-
-@njit(cache=True)
-def bucket_order(keys, bits):  # pragma: no cover - compiled
-    """Counting sort by the top ``bits`` bits of each key: (permutation grouping the keys by bucket, stably;
-    offsets int64 [2^bits + 1], bucket b = permutation[offsets[b]:offsets[b+1]])."""
-    nb = 1 << bits
-    shift = np.uint64(64 - bits)
-    n = keys.shape[0]
-    off = np.zeros(nb + 1, dtype=np.int64)
-    for i in range(n):
-        off[np.int64(keys[i] >> shift) + 1] += 1
-    for b in range(nb):
-        off[b + 1] += off[b]
-    fill = off[:-1].copy()
-    perm = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        b = np.int64(keys[i] >> shift)
-        perm[fill[b]] = i
-        fill[b] += 1
-    return perm, off

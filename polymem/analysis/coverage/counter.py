@@ -1,13 +1,14 @@
 """Coverage counters: feed (target ids, reference ids) per document, get a `Tally` of sums at the end.
 
-Two implementations with one interface (`add`, `partial`, `finish`):
+Two implementations with one interface (`add`, then `finish_one`):
 
 * `HashCounter` — the fast path. N-grams are compared by their 64-bit byte hashes
   (``TokenHashes.ngram_hashes``, joint space across orders) in per-document numba hash sets; the XOR baseline
-  uses Engram's token-id mix. Memory: per-document scratch (O(largest document × max_n)), plus the
-  corpus-wide set of distinct reference n-gram hashes (`KeySet`, 11–46 bytes each) and the target n-grams
-  that their own document's reference did not contain (17 bytes each, resolved against the corpus-wide set
-  when they pile up and at the end). Both are bounded by distinct n-grams, not by corpus size.
+  uses Engram's token-id mix. Memory: per-document scratch (O(largest document × max_n)), plus, for the
+  occurrence-weighted metric, flat buffers of each document's distinct reference n-gram hashes and of the
+  target n-grams that their own document's reference did not contain (17 bytes each); both are grouped by key
+  bucket and deduplicated / resolved at the end (`HashCounter.occurrence_output`). On the partitioned path a
+  counter sees one partition, so this is bounded by the partition (:mod:`polymem.analysis.coverage.dist`).
 * `ExactCounter` — the readable reference. N-grams are byte strings (and id tuples for XOR) in Python sets.
   Slow; used by ``--exact-bytes`` and by the tests to check the hash path.
 
@@ -29,7 +30,6 @@ from polymem.analysis.coverage import _sets as _kernels
 from polymem.hash.reference import ngram_bytes
 from polymem.hash.xor import xor_multipliers
 
-_FLUSH_KEYS = 1 << 23  # buffered reference keys / pending entries before a compaction (64 MiB of uint64)
 
 
 @dataclass
@@ -98,71 +98,42 @@ def xor_keys(ids: np.ndarray, valid: np.ndarray, mults: tuple[int, ...]) -> np.n
                              np.asarray(mults, dtype=np.uint64))
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(4, int(n - 1).bit_length())
-
-
-class KeySet:
-    """A growable set of uint64 keys for the corpus-wide reference n-grams: 2^8 cache-sized sub-tables, filled
-    and probed one sub-table at a time (:func:`polymem.analysis.coverage._sets.pset_insert`). ~11–46 bytes per key
-    (load kept between 0.17 and 0.7)."""
-
-    _BITS = 8
-    _CHUNK = 1 << 21
-    _LOAD = 0.7
-
-    def __init__(self, slots_per_table: int = 1 << 13) -> None:
-        self.tab = np.zeros((1 << self._BITS, slots_per_table), dtype=np.uint64)
-        self.count = 0
-
-    def add(self, keys: np.ndarray) -> None:
-        for lo in range(0, keys.shape[0], self._CHUNK):
-            chunk = keys[lo:lo + self._CHUNK]
-            while self.count + chunk.shape[0] > self._LOAD * self.tab.size:
-                self._grow()
-            self.count += int(_kernels.pset_insert(self.tab, chunk, 64 - self._BITS))
-
-    def _grow(self) -> None:
-        new = np.zeros((self.tab.shape[0], 4 * self.tab.shape[1]), dtype=np.uint64)  # x4: fewer rehashes
-        _kernels.pset_rehash(self.tab, new)
-        self.tab = new
-
-    def contains(self, keys: np.ndarray) -> np.ndarray:
-        if keys.shape[0] == 0:
-            return np.zeros(0, dtype=bool)
-        return _kernels.pset_contains(self.tab, keys, 64 - self._BITS)
-
-    def keys(self) -> np.ndarray:
-        return self.tab[self.tab != 0]
+_COMPACT_KEYS = 1 << 23  # buffered reference keys (64 MiB) before they are deduplicated in place
+BUCKET_BITS = 10  # key buckets of the occurrence pass (the top bits of a stored key; see _sets.bucket_unique)
 
 
 @dataclass
-class HashPartial:
-    """What one HashCounter hands back (picklable): its tally, reference keys and unresolved target entries."""
+class OccurrenceOutput:
+    """What a counter hands to the corpus-wide occurrence pass: its distinct reference keys and its unresolved
+    target entries, both grouped by key bucket (offsets int64 [2^BUCKET_BITS + 1])."""
 
-    tally: Tally
-    ref: np.ndarray  # uint64 distinct reference keys (the worker's KeySet contents)
-    pend_h: np.ndarray  # uint64
-    pend_n: np.ndarray  # int8 (order - 1)
-    pend_c: np.ndarray  # int64
-    keyset: KeySet | None = None  # set in-process (workers=1) to skip rebuilding it
+    ref: np.ndarray  # uint64 distinct stored reference keys
+    ref_off: np.ndarray
+    pend_h: np.ndarray  # uint64 stored keys of target n-grams that no reference of this counter had
+    pend_n: np.ndarray  # int8 their order - 1
+    pend_c: np.ndarray  # int64 their number of positions
+    pend_off: np.ndarray
 
 
 class HashCounter:
-    """Fast coverage counter over 64-bit byte hashes (see the module docstring)."""
+    """Fast coverage counter over 64-bit byte hashes (see the module docstring).
 
-    def __init__(self, target: TokenHashes, reference: TokenHashes, max_n: int, *, occurrence: bool = True) -> None:
+    For the occurrence-weighted metric each document's distinct reference keys and unresolved target entries
+    are appended to flat buffers (no per-document copies or set inserts); :meth:`occurrence_output` groups them
+    by key bucket, deduplicates the keys and resolves the entries against them, bucket by bucket in small
+    tables. The buffers hold at most the counter's documents' n-grams (a partition's, on the partitioned
+    path); beyond ``compact_keys`` buffered reference keys they are deduplicated in place."""
+
+    def __init__(self, target: TokenHashes, reference: TokenHashes, max_n: int, *, occurrence: bool = True,
+                 compact_keys: int = _COMPACT_KEYS) -> None:
         self.target, self.reference, self.max_n, self.occurrence = target, reference, max_n, occurrence
         self.tally = Tally(max_n)
         self._mults = xor_multipliers(max_n)
         self._cap_r = self._cap_t = 0
         self._alive = np.zeros(0, dtype=np.bool_)
-        self._ref_out, self._pend_h, self._pend_n, self._pend_c = _EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64
-        self._refset = KeySet()
-        self._ref_chunks: list[np.ndarray] = []
-        self._ref_buffered = 0
-        self._pend: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self._pend_buffered = 0
+        self._compact = int(compact_keys)
+        self._ref, self._ph, self._pn, self._pc = _take_buffers() if occurrence else _NO_BUFFERS
+        self._nref = self._npend = 0
 
     def _scratch(self, cap_r: int, cap_t: int) -> None:
         if cap_r > self._cap_r:
@@ -174,6 +145,32 @@ class HashCounter:
             self._cap_t = cap_t
             self._tt = np.zeros((cap_t, 2), dtype=np.uint64)
             self._tlist = np.zeros(cap_t, dtype=np.int64)
+
+    def _room(self, n_ref: int, n_pend: int) -> None:
+        """Make the occurrence buffers hold n_ref more reference keys and n_pend more pending entries."""
+        if self._nref + n_ref > self._ref.shape[0]:
+            if self._nref >= self._compact:
+                self._compact_ref()
+            need = self._nref + n_ref
+            if need > self._ref.shape[0]:
+                new = np.empty(_pow2(max(need, 2 * self._ref.shape[0])), dtype=np.uint64)
+                new[:self._nref] = self._ref[:self._nref]
+                self._ref = new
+        need = self._npend + n_pend
+        if need > self._ph.shape[0]:
+            k = _pow2(max(need, 2 * self._ph.shape[0]))
+            for name, dt in (("_ph", np.uint64), ("_pn", np.int8), ("_pc", np.int64)):
+                new = np.empty(k, dtype=dt)
+                new[:self._npend] = getattr(self, name)[:self._npend]
+                setattr(self, name, new)
+
+    def _compact_ref(self) -> None:
+        """Deduplicate the buffered reference keys in place (they stay a prefix of the buffer)."""
+        keys, _ = _kernels.bucket_unique(self._ref, self._nref, BUCKET_BITS)
+        self._ref[:keys.shape[0]] = keys
+        self._nref = keys.shape[0]
+        # still more than half full after deduplicating: let the buffer grow instead of compacting again soon
+        self._compact = max(self._compact, 2 * self._nref)
 
     def add(self, target_ids: np.ndarray, reference_ids: np.ndarray) -> None:
         """Count one document, given its ids under the target and the reference tokenizer."""
@@ -189,18 +186,18 @@ class HashCounter:
         uniq = np.zeros(N, dtype=np.int64)
         hits = np.zeros((N, N), dtype=np.int64)
         occ = self.occurrence
-        if occ:  # output buffers, reused across documents (fresh large arrays would page-fault every time)
-            if self._ref_out.shape[0] < Tr * N:
-                self._ref_out = np.empty(_pow2(Tr * N), dtype=np.uint64)
-            if self._pend_h.shape[0] < Tt * N:
-                k = _pow2(Tt * N)
-                self._pend_h, self._pend_n, self._pend_c = (np.empty(k, np.uint64), np.empty(k, np.int8),
-                                                            np.empty(k, np.int64))
-        ref_out, pend_h, pend_n, pend_c = self._ref_out, self._pend_h, self._pend_n, self._pend_c
+        if occ:  # the document's keys go straight into the counter's buffers
+            self._room(Tr * N, Tt * N)
+            nr, npd = self._nref, self._npend
+            ref_out, pend_h, pend_n, pend_c = self._ref[nr:], self._ph[npd:], self._pn[npd:], self._pc[npd:]
+        else:
+            ref_out, pend_h, pend_n, pend_c = _EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64
         n_ref, n_pend = _kernels.doc_scan(
             tH, tV, rH, rV, rt, tt, tlist, occ,
             uniq, hits, t.positions, t.pos_hits, ref_out, pend_h, pend_n, pend_c,
         )
+        self._nref += n_ref
+        self._npend += n_pend
         # the XOR baseline: Engram's token-id mix, same multipliers for both tokenizers, order folded into the key
         tX = xor_keys(target_ids, tV, self._mults)
         rX = xor_keys(reference_ids, rV, self._mults)
@@ -208,102 +205,53 @@ class HashCounter:
         xhits = np.zeros(N, dtype=np.int64)
         _kernels.xor_scan(tX, tV, rX, rV, tt, tlist, self._alive[:Tr], xuniq, xhits)
         t.add_doc(uniq, hits, xuniq, xhits)
-        if occ:
-            if n_ref:
-                self._ref_chunks.append(ref_out[:n_ref].copy())
-                self._ref_buffered += n_ref
-            if n_pend:
-                self._pend.append((pend_h[:n_pend].copy(), pend_n[:n_pend].copy(), pend_c[:n_pend].copy()))
-                self._pend_buffered += n_pend
-            if self._ref_buffered >= KeySet._CHUNK:
-                self._flush_ref()
-            if self._pend_buffered >= _FLUSH_KEYS:
-                self._flush_ref()
-                self._resolve_pending()
 
-    def _flush_ref(self) -> None:
-        if self._ref_chunks:
-            self._refset.add(np.concatenate(self._ref_chunks))
-            self._ref_chunks, self._ref_buffered = [], 0
-
-    def _pending(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if not self._pend:
-            return _EMPTY_U64, _EMPTY_I8, _EMPTY_I64
-        h, n, c = (np.concatenate(x) for x in zip(*self._pend))
-        return h, n, c
-
-    def _resolve_pending(self) -> None:
-        """Count pending entries already in the reference set (it only grows); keep the rest for later."""
-        h, n, c = self._pending()
-        found = self._refset.contains(h)
-        self.tally.pos_hits += np.bincount(n[found], weights=c[found], minlength=self.max_n).astype(np.int64)
-        keep = ~found
-        self._pend = [(h[keep], n[keep], c[keep])]
-        self._pend_buffered = int(keep.sum())
-
-    def partial(self, *, in_process: bool = False, keys: bool = True) -> HashPartial:
-        """This counter's share. ``in_process`` hands over the reference set itself instead of its keys;
-        ``keys=False`` first resolves the pending entries against this counter's own set and sends no keys
-        (the worker pool then resolves the rest with :meth:`lookup` in the other workers)."""
-        self._flush_ref()
-        if not keys:
-            self._resolve_pending()
-        h, n, c = self._pending()
-        if in_process:
-            return HashPartial(tally=self.tally, ref=_EMPTY_U64, pend_h=h, pend_n=n, pend_c=c, keyset=self._refset)
-        return HashPartial(tally=self.tally, ref=self._refset.keys() if keys else _EMPTY_U64, pend_h=h, pend_n=n,
-                           pend_c=c)
-
-    def partition_output(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(distinct reference keys, unresolved target keys, their orders - 1, their counts) after resolving the
-        pending entries against this counter's own reference set: what a corpus partition hands to the
-        bucketed occurrence pass (:mod:`polymem.analysis.coverage.dist`)."""
-        self._flush_ref()
-        self._resolve_pending()
-        h, n, c = self._pending()
-        return self._refset.keys(), h, n, c
-
-    def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """bool [len(keys)]: which keys this counter's reference set holds (after flushing it)."""
-        self._flush_ref()
-        return self._refset.contains(keys)
-
-    @staticmethod
-    def settle(partial: HashPartial, found: np.ndarray) -> None:
-        """Count the pending entries marked ``found`` and drop all pending entries (they are settled)."""
-        N = partial.tally.max_n
-        partial.tally.pos_hits += np.bincount(partial.pend_n[found], weights=partial.pend_c[found],
-                                              minlength=N).astype(np.int64)
-        partial.pend_h, partial.pend_n, partial.pend_c = _EMPTY_U64, _EMPTY_I8, _EMPTY_I64
-
-    @staticmethod
-    def finish(partials: list[HashPartial]) -> Tally:
-        """Merge partials (one per worker): sum the tallies, then resolve every pending target n-gram against
-        the union of all reference sets."""
-        N = partials[0].tally.max_n
-        total = Tally(N)
-        for p in partials:
-            total += p.tally
-        if len(partials) == 1 and partials[0].keyset is not None:
-            refset = partials[0].keyset
-        else:
-            refset = KeySet()
-            for p in partials:
-                if p.keyset is not None:
-                    refset.add(p.keyset.keys())
-                refset.add(p.ref)
-        for p in partials:
-            found = refset.contains(p.pend_h)
-            total.pos_hits += np.bincount(p.pend_n[found], weights=p.pend_c[found], minlength=N).astype(np.int64)
-        return total
+    def occurrence_output(self) -> OccurrenceOutput:
+        """Group the buffered keys by bucket, deduplicate the reference keys, count the pending target entries
+        that they hold (into ``tally.pos_hits``) and hand back the rest; the buffers are emptied. What a
+        corpus partition gives the bucketed occurrence pass (:mod:`polymem.analysis.coverage.dist`)."""
+        ref, ref_off = _kernels.bucket_unique(self._ref, self._nref, BUCKET_BITS)
+        found = np.zeros(self.max_n, dtype=np.int64)
+        ph, pn, pc, pend_off = _kernels.bucket_resolve(ref, ref_off, self._ph, self._pn, self._pc, self._npend,
+                                                       BUCKET_BITS, found)
+        if self._ref.shape[0]:  # the next counter in this process reuses the buffers (no regrowth, no page faults)
+            if len(_SPARE) < 2:
+                _SPARE.append((self._ref, self._ph, self._pn, self._pc))
+        self._ref, self._ph, self._pn, self._pc = _NO_BUFFERS
+        self._nref = self._npend = 0
+        self.tally.pos_hits += found
+        return OccurrenceOutput(ref, ref_off, ph, pn, pc, pend_off)
 
     def finish_one(self) -> Tally:
-        return HashCounter.finish([self.partial(in_process=True)])
+        """The tally of everything added, the occurrence-weighted hits settled against this counter's own
+        reference keys (the whole corpus, when one counter saw it all)."""
+        if self.occurrence:
+            self.occurrence_output()
+        return self.tally
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(4, int(n - 1).bit_length())
 
 
 _EMPTY_U64 = np.empty(0, dtype=np.uint64)
 _EMPTY_I8 = np.empty(0, dtype=np.int8)
 _EMPTY_I64 = np.empty(0, dtype=np.int64)
+_NO_BUFFERS = (_EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64)
+# occurrence buffers finished counters left for the next ones in this process (a partition's each, at most 2)
+_SPARE: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+
+def _take_buffers() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    try:
+        return _SPARE.pop()
+    except IndexError:  # none (or another thread took the last one)
+        return _NO_BUFFERS
+
+
+def release_buffers() -> None:
+    """Drop the occurrence buffers kept for the next counter in this process (the end of a run)."""
+    _SPARE.clear()
 
 
 # ------------------------------------------------------------------------------------------------ exact path

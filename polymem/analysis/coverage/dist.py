@@ -4,15 +4,18 @@ occurrence-weighted metric by key bucket (shuffle + reduce). Runs in this proces
     partitions ──count_partition──▶ per-partition tally + key files ──resolve_buckets──▶ occurrence hits
 
 * **map** (:func:`count_partition`, one task per corpus partition): documents are counted one at a time
-  (per-document metrics need nothing else). For the occurrence-weighted metric the partition's distinct
-  reference n-gram keys are collected in a :class:`~polymem.analysis.coverage.counter.KeySet`; target n-grams
-  that their own document's reference did not contain are looked up there first, and what is still unresolved
-  is kept as (key, order, count). Both lists are sorted by **key bucket** (the top ``BUCKET_BITS`` bits of the
-  64-bit byte hash) and written to the scratch directory (``.npy`` files, fsspec URL), with each bucket's
-  offsets. A task holds one partition's keys, never the corpus's.
-* **reduce** (:func:`resolve_buckets`, one task per contiguous range of buckets): builds the set of the
-  reference keys of its buckets from every partition's files (range reads), then looks up the unresolved
-  target entries of the same buckets and sums the counts found, per order. A key lives in exactly one bucket,
+  (per-document metrics need nothing else). For the occurrence-weighted metric each document's distinct
+  reference n-gram keys, and the target n-grams that their own document's reference did not contain, are
+  appended to flat buffers; at the end of the partition both are grouped by **key bucket** (the top
+  ``BUCKET_BITS`` bits of the 64-bit byte hash), the reference keys deduplicated and the target entries looked
+  up in them bucket by bucket (small cache-sized tables, :func:`~polymem.analysis.coverage._sets.bucket_unique`),
+  and what is still unresolved is kept as (key, order, count). Both lists are written to the scratch directory
+  (``.npy`` files, fsspec URL), with each bucket's offsets. A task holds one partition's keys, never the
+  corpus's.
+* **reduce** (:func:`resolve_buckets`, one task per contiguous range of buckets): reads its buckets' slices of
+  every partition's files (range reads); then, bucket by bucket, puts the reference keys of every partition
+  in one small table and looks up the unresolved target entries of the same bucket, summing the counts found
+  per order (:func:`~polymem.analysis.coverage._sets.resolve_range`). A key lives in exactly one bucket,
   so the union over tasks is exact: a position is a hit iff its n-gram is anywhere in the corpus's reference
   stream, as in the single-set computation. Each task holds ~1/R of the corpus's distinct reference keys.
 
@@ -32,11 +35,10 @@ from typing import Any
 import numpy as np
 
 from polymem.analysis.coverage import _sets as _kernels
-from polymem.analysis.coverage.counter import KeySet, Tally
+from polymem.analysis.coverage.counter import BUCKET_BITS, OccurrenceOutput, Tally
 from polymem.corpus import Document, Skipped
 from polymem.hash.spec import HashSpec
 
-BUCKET_BITS = 10  # key buckets written by each partition; a reduce task takes a contiguous range of them
 REDUCE_KEYS = 1 << 22  # aim for about this many reference keys (summed over partitions) per reduce task
 _PEND_DTYPE = np.dtype([("h", "<u8"), ("n", "i1"), ("c", "<i8")])  # packed: 17 bytes per entry
 
@@ -71,27 +73,67 @@ class DocsPartition:
 
 
 # ------------------------------------------------------------------------------------------- per process
-_TOOLS: dict[str, Any] = {}
+# The tools of the latest run, kept by each process (a Dask worker) for the next tasks and the next runs: a
+# worker loads its tokenizers and builds their token hashes once, not once per task (nor per run, while the
+# specs stay the same). One entry at a time, so old tokenizers do not pile up.
+_TOOLS: dict[Any, Any] = {}
+LOADS = [0]  # how many times this process loaded tools (the tests read it on the workers)
+
+
+def _tools_key(plan: Plan) -> Any:
+    """What identifies a run's tools across runs: the tokenizer specs when both are names or paths (a path with
+    its size and modification time, so a rewritten file is loaded again) and the hash spec; else this run."""
+    if not (isinstance(plan.target, str) and isinstance(plan.reference, str)):
+        return plan.token
+
+    def stamp(spec: str) -> Any:
+        try:
+            st = os.stat(spec)
+        except (OSError, ValueError):
+            return spec  # a builtin name
+        return (spec, st.st_size, st.st_mtime_ns)
+
+    return (stamp(plan.target), stamp(plan.reference), plan.spec.spec_id)
 
 
 def _tools(plan: Plan) -> Any:
-    """(target, reference, target hashes, reference hashes), loaded once per process and run."""
-    got = _TOOLS.get(plan.token)
+    """(target, reference, target hashes, reference hashes, their TokenizerInfo pair), loaded once per process
+    while the specs stay the same."""
+    key = _tools_key(plan)
+    got = _TOOLS.get(key)
     if got is None:
         from polymem.hash.token_hashes import TokenHashes
         from polymem.tokenizers import load_tokenizer
 
+        _TOOLS.clear()  # before loading: do not hold two sets of tokenizers at once
         tok_t, tok_r = load_tokenizer(plan.target), load_tokenizer(plan.reference)
-        got = (tok_t, tok_r, TokenHashes.build(tok_t, plan.spec), TokenHashes.build(tok_r, plan.spec))
-        _TOOLS.clear()  # one run at a time per process: do not keep old tokenizers alive
-        _TOOLS[plan.token] = got
+        got = _with_info((tok_t, tok_r, TokenHashes.build(tok_t, plan.spec), TokenHashes.build(tok_r, plan.spec)))
+        LOADS[0] += 1
+        _TOOLS[key] = got
     return got
+
+
+def _with_info(tools: Any) -> Any:
+    from polymem.analysis.coverage.run import _info
+
+    return (*tools[:4], (_info(tools[0]), _info(tools[1])))
 
 
 def preload(plan: Plan, tools: Any) -> None:
     """Seed this process's cache with tools the caller already loaded (the in-process executor)."""
     _TOOLS.clear()
-    _TOOLS[plan.token] = tools
+    _TOOLS[_tools_key(plan)] = _with_info(tools)
+
+
+def release() -> None:
+    """Forget this process's run state: cached tools and spare occurrence buffers (the in-process executor's
+    end of run)."""
+    from polymem.analysis.coverage.counter import release_buffers
+    from polymem.sources import OpenStreams
+
+    _TOOLS.clear()
+    release_buffers()
+    OpenStreams.close()
 
 
 # ------------------------------------------------------------------------------------------------- map
@@ -100,7 +142,7 @@ def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None) -> di
     ``on_doc(nbytes)`` is called after each document (in-process progress)."""
     from polymem.analysis.coverage.run import _Job
 
-    tok_t, tok_r, tcache, rcache = _tools(plan)
+    tok_t, tok_r, tcache, rcache, info = _tools(plan)
     job = _Job(tok_t, tok_r, tcache, rcache, plan.max_n, False, plan.occurrence)
     skipped: list[Skipped] = []
     t_read = 0.0
@@ -116,34 +158,25 @@ def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None) -> di
         nbytes = job.run(doc)
         if on_doc is not None:
             on_doc(nbytes)
+    occ = job.counter.occurrence_output() if plan.occurrence else None  # settles what the partition can
     out: dict[str, Any] = {"index": index, "tally": job.counter.tally, "fid_t": job.fid_t.state(),
                            "fid_r": job.fid_r.state(), "skipped": skipped + job.skipped, "bytes": job.nbytes,
                            "replaced": part.replaced, "encode_s": job.encode_s, "count_s": job.count_s,
-                           "read_s": t_read, "ref_keys": 0, "pending": 0, "pid": os.getpid()}
-    if plan.occurrence:
-        ref, pend_h, pend_n, pend_c = job.counter.partition_output()
-        out["ref_keys"], out["pending"] = int(ref.shape[0]), int(pend_h.shape[0])
-        _write_buckets(plan, index, ref, pend_h, pend_n, pend_c)
+                           "read_s": t_read, "ref_keys": 0, "pending": 0, "pid": os.getpid(),
+                           "info": info}
+    if occ is not None:
+        out["ref_keys"], out["pending"] = int(occ.ref.shape[0]), int(occ.pend_h.shape[0])
+        _write_buckets(plan, index, occ)
     return out
 
 
-def _bucket_sort(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(order that groups keys by bucket, offsets [2^BUCKET_BITS + 1])."""
-    return _kernels.bucket_order(np.ascontiguousarray(keys, dtype=np.uint64), BUCKET_BITS)
-
-
-def _write_buckets(plan: Plan, index: int, ref: np.ndarray, pend_h: np.ndarray, pend_n: np.ndarray,
-                   pend_c: np.ndarray) -> None:
-    o, ref_off = _bucket_sort(ref)
-    ref = ref[o]
-    pend_h = np.where(pend_h == 0, _kernels.ZERO_KEY, pend_h)  # as the sets store it (see _sets)
-    o, pend_off = _bucket_sort(pend_h)
-    pend = np.empty(pend_h.shape[0], dtype=_PEND_DTYPE)
-    pend["h"], pend["n"], pend["c"] = pend_h[o], pend_n[o], pend_c[o]
+def _write_buckets(plan: Plan, index: int, occ: OccurrenceOutput) -> None:
+    pend = np.empty(occ.pend_h.shape[0], dtype=_PEND_DTYPE)
+    pend["h"], pend["n"], pend["c"] = occ.pend_h, occ.pend_n, occ.pend_c
     fs, root = _fs(plan)
     fs.makedirs(root, exist_ok=True)
     # offsets last: a reader that finds a partition's offsets finds its data (each file renamed into place)
-    for name, arr in (("ref", ref), ("pend", pend), ("off", np.stack([ref_off, pend_off]))):
+    for name, arr in (("ref", occ.ref), ("pend", pend), ("off", np.stack([occ.ref_off, occ.pend_off]))):
         _save(fs, f"{root}/p{index:07d}.{name}.npy", arr)
 
 
@@ -186,23 +219,31 @@ def resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int) -> np.ndarra
     """Occurrence hits per order (int64 [max_n]) of the unresolved target entries in key buckets lo:hi,
     looked up in every listed partition's reference keys of the same buckets."""
     fs, root = _fs(plan)
-    keys = KeySet()
-    offsets = {}
+    refs, pends, ref_off, pend_off = [], [], [], []
+    nr = npd = 0
     for p in parts:
         path = f"{root}/p{p:07d}.off.npy"
         if not fs.exists(path):
             raise FileNotFoundError(
                 f"coverage scratch file {plan.scratch}/p{p:07d}.off.npy is missing: the scratch directory must be "
                 "shared by every Dask worker (pass scratch= / --scratch with a shared path or an s3:// URL)")
-        offsets[p] = _read_all(fs, path)
-        keys.add(_read_slice(fs, f"{root}/p{p:07d}.ref.npy", int(offsets[p][0, lo]), int(offsets[p][0, hi])))
+        off = _read_all(fs, path)
+        r = _read_slice(fs, f"{root}/p{p:07d}.ref.npy", int(off[0, lo]), int(off[0, hi]))
+        q = _read_slice(fs, f"{root}/p{p:07d}.pend.npy", int(off[1, lo]), int(off[1, hi]))
+        refs.append(r)
+        pends.append(q)
+        ref_off.append(off[0, lo:hi + 1] - off[0, lo] + nr)  # absolute offsets in the concatenation
+        pend_off.append(off[1, lo:hi + 1] - off[1, lo] + npd)
+        nr += r.shape[0]
+        npd += q.shape[0]
     hits = np.zeros(plan.max_n, dtype=np.int64)
-    for p in parts:
-        pend = _read_slice(fs, f"{root}/p{p:07d}.pend.npy", int(offsets[p][1, lo]), int(offsets[p][1, hi]))
-        if pend.shape[0]:
-            found = keys.contains(np.ascontiguousarray(pend["h"]))
-            hits += np.bincount(pend["n"][found].astype(np.int64), weights=pend["c"][found],
-                                minlength=plan.max_n).astype(np.int64)
+    if npd == 0:
+        return hits
+    ref = np.concatenate(refs)
+    pend = np.concatenate(pends)
+    _kernels.resolve_range(ref, np.stack(ref_off), np.ascontiguousarray(pend["h"]),
+                           np.ascontiguousarray(pend["n"]), np.ascontiguousarray(pend["c"]), np.stack(pend_off),
+                           hits)
     return hits
 
 

@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -52,8 +53,7 @@ class _Fidelity:
 
     def __init__(self, tok: Any) -> None:
         self.dummy = bool(tok.dummy_prefix)
-        tb = tok.all_token_bytes()
-        self.buf, self.offsets = pack_token_bytes(tb)
+        self.buf, self.offsets = _packed(tok)
         self.tok = tok
         self.docs = self.exact = self.prefixed = self.mismatched = 0
         self.first: str | None = None
@@ -77,6 +77,30 @@ class _Fidelity:
     def state(self) -> dict[str, Any]:
         return {"docs": self.docs, "exact": self.exact, "dummy_prefix": self.prefixed,
                 "mismatched": self.mismatched, "first_mismatch": self.first}
+
+
+_PACKED: "weakref.WeakKeyDictionary[Any, tuple[np.ndarray, np.ndarray]]" = weakref.WeakKeyDictionary()
+
+
+def _packed(tok: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The tokenizer's byte map packed for the kernels, once per tokenizer object and process (not per
+    partition: packing a 100k vocabulary costs ~0.1 s)."""
+    got = _PACKED.get(tok)
+    if got is None:
+        got = _PACKED[tok] = pack_token_bytes(tok.all_token_bytes())
+    return got
+
+
+_HASHES: "weakref.WeakKeyDictionary[Any, dict[str, TokenHashes]]" = weakref.WeakKeyDictionary()
+
+
+def _hashes(tok: Any, spec: HashSpec) -> TokenHashes:
+    """TokenHashes of a loaded tokenizer under ``spec``, built once per tokenizer object and process."""
+    per_spec = _HASHES.setdefault(tok, {})
+    got = per_spec.get(spec.spec_id)
+    if got is None:
+        got = per_spec[spec.spec_id] = TokenHashes.build(tok, spec)
+    return got
 
 
 def _merge_fidelity(states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -178,8 +202,14 @@ def coverage(
         raise PolymemError("exact_bytes runs in one process (it is the slow reference path that checks the hash "
                            "path); drop workers/client (--workers/--dask), or drop exact_bytes")
     spec = spec or HashSpec()
-    tok_t, tok_r = load_tokenizer(target), load_tokenizer(reference)
-    info_t, info_r = _info(tok_t), _info(tok_r)
+    remote = client is not None or workers > 1
+    if remote and _known_spec(target) and _known_spec(reference):
+        # the workers load them (and report what they loaded): the driver need not spend the time
+        tok_t = tok_r = None
+        info_t = info_r = None
+    else:
+        tok_t, tok_r = load_tokenizer(target), load_tokenizer(reference)
+        info_t, info_r = _info(tok_t), _info(tok_r)
     if exact_bytes:
         results, nproc = [_run_exact(tok_t, tok_r, max_n, occurrence, texts, progress)], 1
         tally = ExactCounter.finish([results[0].pop("partial")])
@@ -187,7 +217,6 @@ def coverage(
         own_scratch = scratch is None
         scratch_dir = tempfile.mkdtemp(prefix="polymem-coverage-") if own_scratch else str(scratch)
         # on a cluster, send what the caller named (workers load it themselves) rather than loaded objects
-        remote = client is not None or workers > 1
         plan = dist.Plan(target=_portable(target) if remote else tok_t,
                          reference=_portable(reference) if remote else tok_r,
                          max_n=max_n, occurrence=occurrence, spec=spec, scratch=scratch_dir,
@@ -199,9 +228,10 @@ def coverage(
                 with _local_cluster(workers) as local:
                     results, extra, nproc = _run_dask(local, plan, texts, partition_mb, progress)
             else:
-                dist.preload(plan, (tok_t, tok_r, TokenHashes.build(tok_t, spec), TokenHashes.build(tok_r, spec)))
+                dist.preload(plan, (tok_t, tok_r, _hashes(tok_t, spec), _hashes(tok_r, spec)))
                 results, extra, nproc = _run_inline(plan, texts, partition_mb, progress)
         finally:
+            dist.release()
             if own_scratch:
                 shutil.rmtree(scratch_dir, ignore_errors=True)
         tally = dist.merge_tallies(results, max_n)
@@ -216,6 +246,8 @@ def coverage(
             f"empty corpus: no documents to measure ({len(skipped)} skipped: {reasons}). Pass text files, "
             "directories of .txt/.md/.jsonl(.gz) files, or JSONL with a text field (--text-field)"
         )
+    if info_t is None:
+        info_t, info_r = next(r["info"] for r in results if r.get("info"))
     replaced = sum(r.get("replaced", 0) for r in results) + (texts.replaced if isinstance(texts, Corpus) else 0)
     return CoverageReport.from_tally(
         tally, occurrence=occurrence,
@@ -231,6 +263,16 @@ def coverage(
                 "read_s": sum(r["read_s"] for r in results)},
         hash_spec="" if exact_bytes else spec.spec_id,
     )
+
+
+def _known_spec(spec: Any) -> bool:
+    """A tokenizer spec that a worker can load and that is known good without loading it here: a builtin name or
+    an existing file (a bad one still fails, on the worker, with the same error)."""
+    from polymem.tokenizers.registry import MISTRAL_FILES, TIKTOKEN_ENCODINGS
+
+    if isinstance(spec, str) and (spec in TIKTOKEN_ENCODINGS or spec in MISTRAL_FILES or spec == "bytes"):
+        return True
+    return isinstance(spec, (str, os.PathLike)) and os.path.isfile(spec)
 
 
 def _info(tok: Any) -> TokenizerInfo:
