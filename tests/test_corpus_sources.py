@@ -146,3 +146,42 @@ def test_parquet_ids_and_bad_values(tmp_path: Path) -> None:
 def test_stdin_cannot_be_partitioned() -> None:
     with pytest.raises(PolymemError, match="stdin"):
         Corpus(["-"]).partitions(1.0)
+
+
+@pytest.mark.parametrize("comp", [".gz", ".zst"])
+def test_compressed_partitions_go_on_from_the_stream_left_open(tmp_path: Path, comp: str) -> None:
+    """Partitions of one compressed file read in order go on from the stream the previous one left (each file
+    decompressed once); read in any other order, or mixed with another partitioning, each still yields exactly
+    its own documents."""
+    from polymem.sources import OpenStreams
+
+    data = jsonl(DOCS * 3)
+    data = gzip.compress(data, mtime=0) if comp == ".gz" else zstandard.ZstdCompressor().compress(data)
+    p = tmp_path / f"c.jsonl{comp}"
+    p.write_bytes(data)
+
+    def alone(part: object) -> list[str]:  # no stream to go on from
+        OpenStreams.close()
+        return [d.text for d in part.read([])]  # type: ignore[attr-defined]
+
+    parts = Corpus([p]).partitions(0.0003)
+    assert len(parts) >= 5
+    want = [alone(q) for q in parts]
+    assert sum(want, []) == DOCS * 3
+
+    OpenStreams.close()
+    got = []
+    for i, q in enumerate(parts):
+        got.append([d.text for d in q.read([])])
+        left = OpenStreams._left
+        if i < len(parts) - 1:  # a range that ended before the file did leaves its stream for the next one
+            assert left is not None and left[1].stop == q.pieces[-1].stop
+        else:
+            assert left is None
+    assert got == want
+    order = [0, 2, 4, 1, 3] + list(range(5, len(parts)))  # skipping forward, and going back
+    other = Corpus([p]).partitions(0.0005)  # another partitioning of the same file, in between
+    for i in order:
+        assert [d.text for d in parts[i].read([])] == want[i]
+        assert [d.text for d in other[min(i, len(other) - 1)].read([])] == alone(other[min(i, len(other) - 1)])
+    OpenStreams.close()

@@ -21,6 +21,7 @@ from polymem.cli.app import app
 from polymem.corpus import Corpus, Document
 from polymem.analysis.coverage import CoverageReport, ExactCounter, HashCounter
 from polymem.errors import PolymemError
+from polymem.hash.spec import GOLDEN
 from polymem.tokenizers import Tokenizer, load_tokenizer
 
 from conftest import generated_text, sample_text
@@ -452,3 +453,85 @@ def test_cli_error_exit_code_and_message(tmp_path: Path) -> None:
     assert res.returncode == 2 and "error: empty corpus" in " ".join(res.stderr.split())
     res = subprocess.run([*cmd, str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "nope' does not exist" in " ".join(res.stderr.split())
+
+
+# ------------------------------------------------------------------------ the bucketed occurrence kernels (_sets)
+_key_values = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2**63, 2**64 - 1, GOLDEN]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(ref=st.lists(_key_values, max_size=300), pend=st.lists(st.tuples(_key_values, st.integers(0, 6),
+                                                                        st.integers(1, 9)), max_size=200),
+       bits=st.sampled_from([1, 4, 10]), dup=st.integers(1, 3))
+def test_bucket_kernels_equal_python_sets(ref: list[int], pend: list[tuple[int, int, int]], bits: int,
+                                          dup: int) -> None:
+    """bucket_unique == set(), bucket_resolve == membership in it, resolve_range (the reduce) == both, for keys
+    that include 0 (stored as ZERO_KEY, as the per-document tables store it) and ZERO_KEY itself."""
+    from polymem.analysis.coverage import _sets
+
+    stored = lambda k: k if k else GOLDEN  # noqa: E731 - _sets.ZERO_KEY
+    keys = np.array(ref * dup, dtype=np.uint64)
+    uniq, off = _sets.bucket_unique(keys, keys.shape[0], bits)
+    assert sorted(uniq.tolist()) == sorted({stored(k) for k in ref})
+    assert off[0] == 0 and off[-1] == uniq.shape[0] and np.all(np.diff(off) >= 0)
+    for b in range(1 << bits):  # every key sits in the bucket of its top bits
+        assert all(int(k) >> (64 - bits) == b for k in uniq[off[b]:off[b + 1]])
+    ph = np.array([h for h, _, _ in pend], dtype=np.uint64)
+    pn = np.array([n for _, n, _ in pend], dtype=np.int8)
+    pc = np.array([c for _, _, c in pend], dtype=np.int64)
+    found = np.zeros(7, dtype=np.int64)
+    rh, rn, rc, roff = _sets.bucket_resolve(uniq, off, ph, pn, pc, ph.shape[0], bits, found)
+    refset = {stored(k) for k in ref}
+    want = np.zeros(7, dtype=np.int64)
+    for h, n, c in pend:
+        if stored(h) in refset:
+            want[n] += c
+    assert found.tolist() == want.tolist()
+    assert sorted(zip(rh.tolist(), rn.tolist(), rc.tolist())) == sorted(
+        (stored(h), n, c) for h, n, c in pend if stored(h) not in refset)
+    # the reduce over two "partitions" (the keys split in halves) finds what one set finds
+    half = len(ref) // 2
+    parts = [_sets.bucket_unique(np.array(x, dtype=np.uint64), len(x), bits) for x in (ref[:half], ref[half:])]
+    allp = np.array([stored(h) for h, _, _ in pend], dtype=np.uint64)
+    po = _sets._bucket_counts(allp, allp.shape[0], bits)
+    order = np.argsort(allp >> np.uint64(64 - bits), kind="stable")
+    hits = np.zeros(7, dtype=np.int64)
+    cat = np.concatenate([parts[0][0], parts[1][0]])
+    ref_off = np.stack([parts[0][1], parts[1][1] + parts[0][0].shape[0]])
+    empty_off = np.full_like(po, allp.shape[0])  # the second partition has no pending entries
+    _sets.resolve_range(cat, ref_off, allp[order], pn[order], pc[order], np.stack([po, empty_off]), hits)
+    assert hits.tolist() == want.tolist()
+
+
+def test_compacting_the_buffers_changes_nothing(mistral_v1: Tokenizer, cl100k: Tokenizer,
+                                                real_docs: list[str]) -> None:
+    # a counter whose reference-key buffer is deduplicated in place every few documents counts the same
+    from polymem.analysis.coverage.run import _hashes
+
+    spec = polymem.HashSpec()
+    tc, rc = _hashes(mistral_v1, spec), _hashes(cl100k, spec)
+    tallies = []
+    for compact in (1 << 30, 1000):
+        h = HashCounter(tc, rc, 5, compact_keys=compact)
+        for d in real_docs[:30]:
+            h.add(mistral_v1.encode(d), cl100k.encode(d))
+        tallies.append(h.finish_one())
+    a, b = tallies
+    assert a.pos_hits.tolist() == b.pos_hits.tolist() and a.positions.tolist() == b.positions.tolist()
+    assert a.hits.tolist() == b.hits.tolist() and a.pos_hits.sum() > 0
+
+
+def test_counters_in_one_process_reuse_the_buffers(mistral_v1: Tokenizer, cl100k: Tokenizer) -> None:
+    from polymem.analysis.coverage import counter
+    from polymem.analysis.coverage.run import _hashes
+
+    spec = polymem.HashSpec()
+    counter.release_buffers()
+    h = HashCounter(_hashes(mistral_v1, spec), _hashes(cl100k, spec), 3)
+    h.add(mistral_v1.encode("one two three"), cl100k.encode("one two three"))
+    first = h._ref
+    h.finish_one()
+    h2 = HashCounter(h.target, h.reference, 3)
+    assert h2._ref is first  # the next counter took them over
+    counter.release_buffers()
+    assert HashCounter(h.target, h.reference, 3)._ref.shape[0] == 0

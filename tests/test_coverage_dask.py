@@ -100,6 +100,29 @@ def test_occurrences_are_resolved_across_workers(client: Any) -> None:
     assert r.occurrence_weighted == [1.0, 1.0] and r.per_doc_mean == [0.5, 1.0] and r.docs == 8
 
 
+def test_workers_load_their_tokenizers_once_across_runs(client: Any, docs: list[str]) -> None:
+    """Each worker loads the tokenizers and builds their token hashes once, for all its tasks and for later runs
+    with the same specs; another hash spec is loaded afresh. The driver does not load them at all: the report's
+    tokenizer info comes from the workers, the same as a one-process run's."""
+    from polymem.analysis.coverage import dist
+
+    small = docs[:24]
+    loads = lambda: dist.LOADS[0]  # noqa: E731 - run on each worker
+    before = client.run(loads)
+    reports = [polymem.coverage("mistral-v1", "cl100k_base", small, max_n=3, partition_mb=_mb(small) / 6,
+                                client=client) for _ in range(2)]
+    after = client.run(loads)
+    assert all(after[w] - before.get(w, 0) <= 1 for w in after)  # 0 if an earlier test loaded these already
+    assert numbers(reports[0]) == numbers(reports[1])
+    one = polymem.coverage("mistral-v1", "cl100k_base", small, max_n=3, partition_mb=_mb(small) / 6)
+    assert reports[0].target == one.target and reports[0].reference == one.reference
+    other = polymem.HashSpec(byte_seed=12345)
+    r = polymem.coverage("mistral-v1", "cl100k_base", small, max_n=3, partition_mb=_mb(small) / 6, client=client,
+                         spec=other)
+    again = client.run(loads)
+    assert sum(again[w] - after[w] for w in again) >= 1 and r.hash_spec == other.spec_id
+
+
 def test_a_failing_task_raises_its_error(client: Any) -> None:
     with pytest.raises(ValueError, match="not in the toy vocabulary"):
         polymem.coverage(TA, TB, ["aabb", "abc"], max_n=2, client=client)
