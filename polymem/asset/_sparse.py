@@ -115,6 +115,8 @@ class SparseReader(FastReader):
     """Chunks of a local sparse asset through :class:`FastReader`'s verified ``pread`` (each stored chunk's crc32c
     checked): a stored chunk is read at its rank in the shard, absent chunks (and absent shards) read as zeros."""
 
+    _mappable = False  # chunks lie at their rank, not at i * stride: no maps, no lean closure
+
     def __init__(self, root: Path, geom: Geometry, ranks: list[np.ndarray | None], where: str | None = None) -> None:
         super().__init__(root, geom, where)
         self._ranks = ranks
