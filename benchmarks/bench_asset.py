@@ -1,5 +1,5 @@
 """Benchmark: asset page reads (fast path vs os.pread vs zarr-python vs tensorstore), shard writes, NF4, and
-the cost of verifying every page read (format v2's per-page crc32c, pread instead of mmap) side by side
+the cost of verifying every page read (format v2's per-page crc32c; SIGBUS-guarded maps, or pread) side by side
 with the previous fast path (format v1, memory-mapped shards, no per-read check — its reader is copied below).
 
     python benchmarks/bench_asset.py --size-mib 1024 --json docs/benchmarks/asset.json
@@ -138,8 +138,10 @@ def legacy_asset(path: Path):
     return a
 
 
-def verify_cost(a_new, a_old, P: int, rng, args) -> dict:
-    """Verified (v2 pread + crc32c) vs legacy (v1 mmap) reads of the same pages, interleaved runs."""
+def verify_cost(a_new, a_old, P: int, rng, args, a_pread=None) -> dict:
+    """Verified (v2: crc32c checked on every read) vs legacy (v1 mmap, unchecked) reads of the same pages,
+    interleaved runs. a_new reads through SIGBUS-guarded maps (where available), a_pread (optional) through
+    pread only (POLYMEM_NO_MMAP=1: the fallback path)."""
     singles = rng.integers(0, P, size=args.single).tolist()
     batches = [rng.integers(0, P, size=1024) for _ in range(args.batches)]
     hashes = rng.integers(0, 2**63, size=(1024, 3), dtype=np.uint64)
@@ -157,23 +159,28 @@ def verify_cost(a_new, a_old, P: int, rng, args) -> dict:
         "1024-page batch, read_pages (float32)": (batch, lambda a, i: a.read_pages(i), len(batches) * 1024),
         "lookup, 1024 tokens x 3 orders (24,576 rows)": (None, None, hashes.size),
     }
-    for a in (a_new, a_old):  # warm: open shards / map them, page cache
+    arms = [a_new, a_old] + ([a_pread] if a_pread is not None else [])
+    for a in arms:  # warm: open shards / map them, page cache
         a.read_stored(np.arange(P))
-        assert np.array_equal(a_new.read_stored(batches[0]), a_old.read_stored(batches[0]))
+        assert np.array_equal(a.read_stored(batches[0]), a_old.read_stored(batches[0]))
+        assert np.array_equal(a.lookup(hashes), a_old.lookup(hashes))
     out = {}
     for name, (mk, fn, n) in cases.items():
         if mk is None:
-            f_new, f_old = (lambda: a_new.lookup(hashes)), (lambda: a_old.lookup(hashes))
+            fs = [(lambda a=a: a.lookup(hashes)) for a in arms]
             reps = args.repeat * 5
         else:
-            f_new, f_old = mk(a_new, fn), mk(a_old, fn)
+            fs = [mk(a, fn) for a in arms]
             reps = args.repeat
-        t_new, t_old = [], []
-        for _ in range(reps):  # interleaved, so load changes hit both
-            t_old.append(timed(f_old, 1))
-            t_new.append(timed(f_new, 1))
-        new, old = statistics.median(t_new), statistics.median(t_old)
-        out[name] = {"units": n, "legacy_us": old / n * 1e6, "verified_us": new / n * 1e6, "ratio_of_rates": old / new}
+        ts = [[] for _ in arms]
+        for _ in range(reps):  # interleaved, so load changes hit every arm
+            for f, t in zip(fs, ts):
+                t.append(timed(f, 1))
+        med = [statistics.median(t) for t in ts]
+        out[name] = {"units": n, "legacy_us": med[1] / n * 1e6, "verified_us": med[0] / n * 1e6,
+                     "ratio_of_rates": med[1] / med[0]}
+        if a_pread is not None:
+            out[name].update(verified_pread_us=med[2] / n * 1e6, ratio_of_rates_pread=med[1] / med[2])
     return out
 
 
@@ -246,12 +253,23 @@ def main() -> None:
                                dtype=args.dtype, orders=(1, 2, 3), provenance=None, overwrite=False,
                                chunks_per_shard=None, format_version=1)
         del table
-        vc = verify_cost(MemoryAsset.open(scratch / "t"), legacy_asset(scratch / "v1"), P, rng, args)
+        from polymem.asset import _shards, _sigbus
+
+        a_new = MemoryAsset.open(scratch / "t")
+        os.environ["POLYMEM_NO_MMAP"] = "1"
+        a_pread = MemoryAsset.open(scratch / "t")
+        del os.environ["POLYMEM_NO_MMAP"]
+        vc = verify_cost(a_new, legacy_asset(scratch / "v1"), P, rng, args, a_pread)
         r["verify_cost"] = vc
-        print("\nverified reads (format v2: pread + crc32c per page) vs the legacy fast path (v1: mmap, unchecked)")
+        r["verify_reader"] = {"guarded_maps": _sigbus.available() and any(a_new._reader._maps),
+                              "crc_single_page": "crc32c-rs" if _shards._crc_buffer is not None else "google-crc32c",
+                              "crc_kernels": "google-crc32c (libcrc32c via ctypes)"}
+        print(f"\nverified reads (format v2: crc32c checked on every read; {r['verify_reader']}) vs the legacy "
+              "fast path (v1: mmap, unchecked)")
         for name, v in vc.items():
-            print(f"  {name:48s} legacy {v['legacy_us']:8.2f} us  verified {v['verified_us']:8.2f} us  "
-                  f"rate ratio {v['ratio_of_rates']:.2f}")
+            print(f"  {name:46s} legacy {v['legacy_us']:7.2f} us  verified {v['verified_us']:7.2f} us  "
+                  f"ratio {v['ratio_of_rates']:.2f}  | pread-only {v['verified_pread_us']:7.2f} us  "
+                  f"ratio {v['ratio_of_rates_pread']:.2f}")
         shutil.rmtree(scratch / "v1")
         if args.verify_only:
             if args.json:

@@ -352,6 +352,8 @@ def test_subset_serves_every_corpus_lookup_and_stores_only_kept_chunks(tmp_path,
     arr = zarr.open_array(str(tmp_path / "sub.pmem" / "pages"), mode="r")
     if dtype == "float32":
         np.testing.assert_array_equal(np.asarray(arr[:]), sub.read_stored(np.arange(g.pages)))
+        for p in np.linspace(0, g.pages - 1, 64).astype(int).tolist():  # the single-page path too
+            np.testing.assert_array_equal(sub.read_stored([p])[0], np.asarray(arr[p]))
         dropped = np.setdiff1d(np.arange(g.pages), np.flatnonzero(np.abs(sub.to_numpy()).reshape(g.pages, -1).max(1) > 0))
         assert dropped.size and (np.asarray(arr[dropped]) == 0).all()
     back = MemoryAsset.open(tmp_path / "sub.pmem", backend="zarr")

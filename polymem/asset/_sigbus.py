@@ -186,14 +186,14 @@ class GuardedMap:
         return self._g.faults(self.slot)
 
     def __del__(self) -> None:
-        slot = getattr(self, "slot", -1)
-        if slot >= 0:
-            self._g.unregister(slot)  # unguard before unmapping: nothing reads it any more
-            self.slot = -1
-        mm = getattr(self, "mm", None)
-        if mm is not None:
-            try:
+        try:
+            slot = getattr(self, "slot", -1)
+            if slot >= 0:
+                self._g.unregister(slot)  # unguard before unmapping: nothing reads it any more
+                self.slot = -1
+            mm = getattr(self, "mm", None)
+            if mm is not None:
                 self.mv.release()
                 mm.close()
-            except BufferError:  # pragma: no cover - a view still exported: the mmap unmaps itself when freed
-                pass
+        except Exception:  # noqa: BLE001 - interpreter shutdown, or a view still exported: freed with it
+            pass
