@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,7 @@ def _kernels() -> Any:
         cpread.argtypes, cpread.restype = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int64], ctypes.c_ssize_t
 
         @njit(nogil=True)
-        def read_rows(fds, bases, rows, out, KS, ppc, page_bytes, cps, stride, crc):  # pragma: no cover - compiled
+        def read_rows(fds, bases, loc, rows, out, KS, ppc, page_bytes, cps, stride, crc):  # pragma: no cover
             """Stored rows: out[k] = row rows[k] (rb = out.shape[1] bytes), each read out of a verified copy of its
             chunk (chunk ‖ crc32c copied from the map or pread into a scratch buffer, crc residue checked; a run of
             rows in one chunk — the K heads of an n-gram — copies and checks it once). -1, or the first failing k."""
@@ -129,10 +130,10 @@ def _kernels() -> Any:
                 if c != last:
                     sh = c // cps
                     off = (c - sh * cps) * stride
-                    src = bases[sh]
+                    src = bases[loc[sh]]
                     if src != 0:
                         memcpy(sp, src + off, stride)
-                    elif cpread(fds[sh], sp, stride, off) != stride:
+                    elif cpread(fds[loc[sh]], sp, stride, off) != stride:
                         return k
                     if crc and cval(sp, stride) != CRC_RESIDUE:
                         return k
@@ -301,7 +302,7 @@ class FastReader:
         self._cps, self._stride, self._cb, self._crc = geom.chunks_per_shard, geom.stride, geom.chunk_bytes, geom.crc
         # memory maps: only where every read is checked (v2); None = not mapped (yet), False = never for this shard
         self._maps: list[Any] = [None] * geom.num_shards
-        self._bases = np.zeros(geom.num_shards, np.int64)  # map addresses for the batch kernel (0 = use pread)
+        self._lock = threading.Lock()
         self._reads = 0
         self._map_ok = geom.crc and self._mappable and os.environ.get("POLYMEM_NO_MMAP", "") in ("", "0")
 
@@ -342,16 +343,15 @@ class FastReader:
         except OSError:  # out of map slots / address space: this shard stays on pread
             self._maps[s] = False
             return None
-        self._maps[s] = m
-        self._bases[s] = m.addr
-        self._fds[s] = -1  # the map holds its own descriptor; pread (error path) reopens
-        os.close(fd)
+        with self._lock:  # another thread may have mapped it meanwhile: keep one (ours is unmapped when dropped)
+            cur = self._maps[s]
+            if cur:
+                return cur
+            self._maps[s] = m
         return m
 
     def _unmap(self, s: int) -> None:
-        if self._maps[s]:
-            self._bases[s] = 0
-        self._maps[s] = None
+        self._maps[s] = None  # readers holding the map keep it mapped until they let go
 
     def _check(self, s: int, i: int, b: bytes) -> None:
         """Raise the FormatError for chunk i of shard s whose stored bytes ``b`` failed."""
@@ -377,7 +377,7 @@ class FastReader:
         m = self._maps[s] or self._map(s)
         if m:
             a = i * self._stride
-            b = m.mm[a : a + self._stride]
+            b = m.mv[a : a + self._stride].tobytes()
             if _crc_bytes(b) == CRC_RESIDUE:
                 return b
             if m.faults():  # the file shrank under the map (those pages now read as zeros): drop it
@@ -422,24 +422,28 @@ class FastReader:
             m = maps[s]
             if m:
                 a = i * st
-                b = m.mm[a : a + st]
+                b = m.mv[a : a + st].tobytes()
                 if crc(b) == res:
                     return nd(shape, dt, bytearray(b))
             return nd(shape, dt, bytearray(stored(s, i)))
 
         return read_page
 
-    def _prepare(self, shards: "list[int]", n: int) -> list[Any]:
-        """Map (once past MAP_AFTER reads) or open the shards a batch of n chunk reads touches; returns the maps,
-        which the caller holds until its kernel returns (they stay mapped while it copies from them)."""
+    def _prepare(self, shards: "list[int]", n: int) -> tuple[list[Any], np.ndarray, np.ndarray]:
+        """Map (once past MAP_AFTER reads) or open the shards a batch of n chunk reads touches. Returns (the maps,
+        which the caller holds until its kernel returns — they stay mapped while it copies from them —, and per
+        shard in ``shards`` order its descriptor and map address, 0 = read by pread)."""
         keep = []
         self._reads += n
-        for s in shards:
+        fds = np.empty(len(shards), np.int64)
+        bases = np.zeros(len(shards), np.int64)
+        for j, s in enumerate(shards):
             m = self._maps[s] or self._map(s)
-            if not m and self._fds[s] < 0:
-                self._open(s)
+            fds[j] = self._fds[s] if self._fds[s] >= 0 else self._open(s)
+            if m:
+                bases[j] = m.addr
             keep.append(m)
-        return keep
+        return keep, fds, bases
 
     def read_chunks_into(self, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Verified raw bytes of chunks ``ids`` (int64 [n], in range) into ``out`` (uint8 [n, chunk_bytes],
@@ -456,11 +460,11 @@ class FastReader:
             for k, (s, i) in enumerate(zip(shard.tolist(), (ids - shard * cps).tolist())):
                 out[k] = np.frombuffer(self._stored(s, i), np.uint8, self._cb)
             return out
-        keep = self._prepare(np.unique(shard).tolist(), n)
-        fds = np.asarray(self._fds, dtype=np.int64)
+        shards, local = np.unique(shard, return_inverse=True)
+        keep, fds, bases = self._prepare(shards.tolist(), n)
         offs = (ids - shard * cps) * self._stride
         crcs = np.empty(n, np.uint32)
-        bad = kern[0](fds, self._bases, shard, offs, out, crcs, self._crc)
+        bad = kern[0](fds, bases, local.astype(np.int64, copy=False), offs, out, crcs, self._crc)
         del keep
         if bad >= 0:  # re-read the failing chunk in Python for the precise error (or a transient short read)
             for k in range(bad, n):  # it read fine the second time: finish in Python
@@ -486,11 +490,12 @@ class FastReader:
         if kern is None:
             return self._read_rows_by_page(rows)
         KS, ppc, cps = g.rows_per_page, g.pages_per_chunk, self._cps
-        shards = np.flatnonzero(np.bincount(rows // (KS * ppc * cps), minlength=g.num_shards)).tolist()
-        keep = self._prepare(shards, n)
+        touched = np.flatnonzero(np.bincount(rows // (KS * ppc * cps), minlength=g.num_shards))  # no sort
+        loc = np.empty(g.num_shards, np.int64)
+        loc[touched] = np.arange(touched.shape[0])
+        keep, fds, bases = self._prepare(touched.tolist(), n)
         out = np.empty((n, g.page_bytes // KS), np.uint8)
-        bad = kern[2](np.asarray(self._fds, dtype=np.int64), self._bases, rows, out, KS, ppc, g.page_bytes, cps,
-                      self._stride, self._crc)
+        bad = kern[2](fds, bases, loc, rows, out, KS, ppc, g.page_bytes, cps, self._stride, self._crc)
         del keep
         if bad >= 0:  # the precise error (raised here), or it read fine this time: redo page by page
             s, i = divmod(int(rows[bad]) // KS // ppc, cps)

@@ -33,7 +33,9 @@ import numpy as np
 _SIGBUS = 7  # Linux x86_64 / aarch64
 _SA_SIGINFO, _SA_ONSTACK = 0x4, 0x08000000
 _SA_SIZE, _SA_FLAGS = 152, 136  # glibc struct sigaction: handler @0, mask @8 (128 B), flags @136, restorer @144
-_PROT_READ, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x1, 0x02, 0x10, 0x20
+_PROT_READ, _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x1, 0x01, 0x02, 0x10, 0x20
+_MADV_RANDOM = 1
+_MAP_FAILED = (1 << 64) - 1
 SLOTS = 1 << 16  # mapped shards at once (vm.max_map_count is ~65k by default anyway)
 
 _lock = threading.RLock()
@@ -59,6 +61,11 @@ class _Guard:
         c_raise = libc.raise_ if hasattr(libc, "raise_") else getattr(libc, "raise")
         c_raise.argtypes, c_raise.restype = [ctypes.c_int], ctypes.c_int
         self._sigaction = c_sigaction
+        self.mmap = libc.mmap  # the same function object the handler calls (argtypes above)
+        self.munmap = libc.munmap
+        self.munmap.argtypes, self.munmap.restype = [ctypes.c_size_t, ctypes.c_size_t], ctypes.c_int
+        self.madvise = libc.madvise
+        self.madvise.argtypes, self.madvise.restype = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
         REG = int(self.reg.ctypes.data)
         OLD = ctypes.addressof(self.old)
         PS = mmap.PAGESIZE
@@ -157,43 +164,41 @@ def available() -> bool:
 
 
 class GuardedMap:
-    """A read-only shared map of one shard file, guarded by the SIGBUS handler while it lives.
+    """A read-only shared map of one shard file (``mmap(2)`` through libc: no duplicated descriptor), guarded by
+    the SIGBUS handler while it lives.
 
-    ``mm`` (a ``mmap.mmap``; slicing it copies under the GIL), ``mv`` (a memoryview of it) and ``addr`` (its
-    first byte, for numba kernels)
-    stay valid until the object is collected: the guard slot is released first, then the map is unmapped.
+    ``mv`` (a memoryview of the mapped bytes; slicing + ``bytearray``/``bytes`` copies under the GIL) and ``addr``
+    (its first byte, for numba kernels) stay valid until the object is collected: the guard slot is released
+    first, then the range is unmapped. Users hold the object itself (not ``mv``) while they read through it.
     """
 
-    __slots__ = ("mm", "mv", "addr", "size", "slot", "_g", "__weakref__")
+    __slots__ = ("mv", "addr", "size", "slot", "_g", "__weakref__")
 
     def __init__(self, g: _Guard, fd: int, size: int) -> None:
-        mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-        if hasattr(mmap, "MADV_RANDOM"):
-            mm.madvise(mmap.MADV_RANDOM)
-        view = np.frombuffer(mm, np.uint8)
-        self.addr = int(view.ctypes.data)
-        del view
-        self.size = size
-        self._g = g
-        self.slot = g.register(self.addr, size)
+        self._g, self.size, self.slot, self.addr = g, size, -1, 0
+        addr = g.mmap(0, size, _PROT_READ, _MAP_SHARED, fd, 0)
+        if addr == _MAP_FAILED:
+            raise OSError(ctypes.get_errno(), f"mmap of {size} bytes failed")
+        self.addr = addr
+        g.madvise(addr, size, _MADV_RANDOM)
+        self.slot = g.register(addr, size)
         if self.slot < 0:
-            mm.close()
             raise OSError("no free SIGBUS guard slot")
-        self.mm = mm
-        self.mv = memoryview(mm)
+        self.mv = memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
 
     def faults(self) -> int:
         return self._g.faults(self.slot)
 
     def __del__(self) -> None:
         try:
-            slot = getattr(self, "slot", -1)
-            if slot >= 0:
-                self._g.unregister(slot)  # unguard before unmapping: nothing reads it any more
+            if self.slot >= 0:
+                self._g.unregister(self.slot)  # unguard before unmapping: nothing reads it any more
                 self.slot = -1
-            mm = getattr(self, "mm", None)
-            if mm is not None:
-                self.mv.release()
-                mm.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown, or a view still exported: freed with it
+            if self.addr:
+                mv = getattr(self, "mv", None)
+                if mv is not None:
+                    mv.release()
+                self._g.munmap(self.addr, self.size)
+                self.addr = 0
+        except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
