@@ -550,6 +550,10 @@ class FilePartition:
         what = ", ".join(f"{p.file.url}[{p.start}:{'' if p.stop is None else p.stop}]" for p in self.pieces[:3])
         return f"FilePartition({what}{', ...' if len(self.pieces) > 3 else ''})"
 
+    def est_bytes(self) -> float:
+        """About how many bytes of text the partition holds (compressed files: estimated)."""
+        return sum(p.est_bytes() for p in self.pieces)
+
     def read(self, skipped: list[Skipped]) -> Iterator[Document]:
         reader = Corpus(["-"], text_field=self.text_field, invalid_utf8=self.invalid_utf8,
                         storage_options=self.storage_options)

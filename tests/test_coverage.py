@@ -299,10 +299,39 @@ def test_a_lossy_tokenizer_is_reported_not_faithful(wordpiece_json_path: Path, c
 
 def test_partitions_give_identical_results(mistral_v1: Tokenizer, cl100k: Tokenizer, real_docs: list[str],
                                            real_report: CoverageReport) -> None:
-    # the corpus spread over ~10 partitions: the occurrence pass is settled by key bucket across them
-    r = polymem.coverage(mistral_v1, cl100k, real_docs, max_n=7, partition_mb=len("".join(real_docs)) / 10e6)
-    close(real_report, r, nd=12)
-    assert r.fidelity == real_report.fidelity and r.occurrence_weighted == real_report.occurrence_weighted
+    # the corpus spread over ~10 and ~3 partitions: the occurrence pass is settled by key bucket across them, and
+    # every sum is exact (shares in integers of 2^-40), so every number is the same, bit for bit
+    size = len("".join(real_docs))
+    want = {k: v for k, v in real_report.to_dict().items() if k not in ("elapsed_s", "timing")}
+    for parts in (10, 3):
+        r = polymem.coverage(mistral_v1, cl100k, real_docs, max_n=7, partition_mb=size / parts / 1e6)
+        assert {k: v for k, v in r.to_dict().items() if k not in ("elapsed_s", "timing")} == want
+
+
+def test_share_sums_are_exact_in_any_grouping() -> None:
+    from polymem.analysis.coverage.counter import Tally
+
+    rng = np.random.default_rng(3)
+    docs = [(rng.integers(0, 50, 4), rng.integers(0, 7, (4, 4)), rng.integers(0, 9, 4), rng.integers(0, 3, 4))
+            for _ in range(200)]
+    docs = [(u + h.sum(axis=1), h, xu + xh, xh) for u, h, xu, xh in docs]  # hits <= uniq
+    one = Tally(4)
+    for d in docs:
+        one.add_doc(*d)
+    grouped = Tally(4)
+    for lo in range(0, 200, 37):  # partitions of 37 documents, merged in reverse
+        part = Tally(4)
+        for d in docs[lo:lo + 37][::-1]:
+            part.add_doc(*d)
+        part += Tally(4)
+        grouped += part
+    for name in ("share", "share_by_ref", "xor_share"):
+        assert getattr(one, name).tolist() == getattr(grouped, name).tolist()
+    # and they are the float sums of the per-document shares, to ~1e-12 per document
+    assert np.allclose(one.share, sum(np.where(u > 0, h.sum(axis=1) / np.maximum(u, 1), 0) for u, h, _, _ in docs),
+                       rtol=0, atol=1e-9)
+    assert np.allclose(one.xor_share, sum(np.where(xu > 0, xh / np.maximum(xu, 1), 0) for _, _, xu, xh in docs),
+                       rtol=0, atol=1e-9)
 
 
 def test_occurrences_are_resolved_across_partitions() -> None:

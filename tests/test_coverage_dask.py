@@ -123,6 +123,24 @@ def test_workers_load_their_tokenizers_once_across_runs(client: Any, docs: list[
     assert sum(again[w] - after[w] for w in again) >= 1 and r.hash_spec == other.spec_id
 
 
+def test_a_corpus_with_few_partitions_is_cut_finer_on_dask(client: Any, tmp_path: Path, docs: list[str]) -> None:
+    """A corpus of files that gives fewer partitions than 4 per worker is cut finer on Dask (every worker busy to
+    the end); the numbers equal the one-process run's with its one big partition, bit for bit (exact sums)."""
+    import gzip
+
+    from polymem.corpus import Corpus
+
+    path = tmp_path / "c.jsonl.gz"
+    path.write_bytes(gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in docs).encode(), mtime=0))
+    mb = path.stat().st_size * 4.5 / 1e6  # one partition in one process (compressed sizes count 4x)
+    one = polymem.coverage("mistral-v1", "cl100k_base", Corpus([path]), max_n=4, partition_mb=mb)
+    parts: list[int] = []
+    r = polymem.coverage("mistral-v1", "cl100k_base", Corpus([path]), max_n=4, partition_mb=mb, client=client,
+                         progress=lambda n, b: parts.append(n))
+    assert len(Corpus([path]).partitions(mb)) == 1 and len(parts) >= 8
+    assert numbers(r) == numbers(one)
+
+
 def test_a_failing_task_raises_its_error(client: Any) -> None:
     with pytest.raises(ValueError, match="not in the toy vocabulary"):
         polymem.coverage(TA, TB, ["aabb", "abc"], max_n=2, client=client)

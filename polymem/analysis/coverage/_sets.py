@@ -3,8 +3,10 @@ a partitioned set for the corpus-wide reference n-grams, and the byte-fidelity c
 
 Tables are power-of-two arrays of uint64 keys with linear probing; key 0 means "empty", so a real key of 0
 is stored as ``ZERO_KEY`` (a byte hash is 0 with probability 2^-64; the substitution is applied the same way
-to every key, so it can only ever merge two n-grams that the 64-bit hash already collides). Slots are
-``fmix64(key) & mask`` (XOR mixes of small token ids have structured low bits). All arithmetic is uint64 with
+to every key, so it can only ever merge two n-grams that the 64-bit hash already collides). Slots: the
+per-document byte-hash tables start at the key's top bits (a polynomial byte hash mixes upwards: its top bits
+are uniform, its low bits are not); the XOR tables and the bucketed sets at ``fmix64(key) & mask`` (XOR mixes
+of small token ids have structured bits; a bucket's keys share their top bits). All arithmetic is uint64 with
 np.uint64 constants (mixing uint64 and int64 in numba gives float64).
 """
 
@@ -58,13 +60,33 @@ def _probe(tt, h, mask):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _probe_high(rt, hi, mask):  # pragma: no cover - compiled
+def _probe_high(rt, hi, mask, shift):  # pragma: no cover - compiled
     """Linear probing in the reference table, comparing the top 59 bits: the slot whose entry has the high bits
-    ``hi``, or the empty slot where it would go."""
-    s = _fmix64(hi) & mask
+    ``hi``, or the empty slot where it would go. The first slot is the key's top bits (``shift`` = 64 - log2 of
+    the table size): the top bits of a polynomial byte hash are already well mixed (its low bits are not), so
+    no fmix64 is needed here."""
+    s = hi >> shift
     while rt[s] != _U0 and (rt[s] & _HIGH) != hi:
         s = (s + _U1) & mask
     return s
+
+
+@njit(cache=True, inline="always")
+def _probe_top(tt, h, mask, shift):  # pragma: no cover - compiled
+    """:func:`_probe` for byte-hash keys: the first slot is the key's top bits (see :func:`_probe_high`)."""
+    s = h >> shift
+    while tt[s, 0] != _U0 and tt[s, 0] != h:
+        s = (s + _U1) & mask
+    return s
+
+
+@njit(cache=True, inline="always")
+def _log2(n):  # pragma: no cover - compiled
+    """log2 of a power of two."""
+    k = 0
+    while (1 << k) < n:
+        k += 1
+    return k
 
 
 @njit(cache=True)
@@ -86,6 +108,7 @@ def doc_scan(
     N = tH.shape[1]
     rt[:] = 0
     rmask = np.uint64(rt.shape[0] - 1)
+    rshift = np.uint64(64 - _log2(rt.shape[0]))
     n_ref = 0
     for i in range(rH.shape[0]):
         for m in range(N):
@@ -93,7 +116,7 @@ def doc_scan(
                 break  # validity is monotone in the order: a longer n-gram reaches further back
             h = rH[i, m]
             hi = _key(h & _HIGH)
-            s = _probe_high(rt, hi, rmask)
+            s = _probe_high(rt, hi, rmask, rshift)
             if rt[s] == _U0:
                 rt[s] = hi | np.uint64(m)
                 if record:
@@ -106,6 +129,7 @@ def doc_scan(
     Tt = tH.shape[0]
     cap_t = _pow2(3 * Tt // 2 + 1)
     tmask = np.uint64(cap_t - 1)
+    tshift = np.uint64(64 - _log2(cap_t))
     for n in range(N):
         tt[:cap_t, 0] = 0
         n_list = 0
@@ -114,11 +138,11 @@ def doc_scan(
                 continue
             h = _key(tH[i, n])
             positions[n] += 1
-            s = _probe(tt, h, tmask)
+            s = _probe_top(tt, h, tmask, tshift)
             if tt[s, 0] == _U0:
                 # a new unique target n-gram: look it up among the reference's n-grams of every order
                 hi = _key(h & _HIGH)
-                r = _probe_high(rt, hi, rmask)
+                r = _probe_high(rt, hi, rmask, rshift)
                 f = np.int64(rt[r] & _LOW) + 1 if rt[r] != _U0 else 0
                 tt[s, 0] = h
                 tt[s, 1] = (_U1 << np.uint64(16)) | (np.uint64(f) << np.uint64(8))

@@ -32,9 +32,24 @@ from polymem.hash.xor import xor_multipliers
 
 
 
+SHARE_BITS = 40  # per-document shares are summed as integers of 2^-40: exact, so in any order and grouping
+_SHARE_ONE = float(1 << SHARE_BITS)
+_FOLD_DOCS = 1 << 22  # int64 partial sums of at most 2^22 shares of at most 2^40 each cannot overflow
+_SHARES = ("share", "share_by_ref", "xor_share")
+
+
+def _fixed(x: np.ndarray) -> np.ndarray:
+    """Shares in [0, 1] as integers of 2^-SHARE_BITS (each rounded once, to nearest)."""
+    return np.rint(x * _SHARE_ONE).astype(np.int64)
+
+
 @dataclass
 class Tally:
-    """Sums over documents, per target order n (index n-1) and reference order m (index m-1)."""
+    """Sums over documents, per target order n (index n-1) and reference order m (index m-1).
+
+    Every sum is exact, so tallies add up to the same numbers in any order and grouping (one process or any
+    partitioning of the corpus over Dask workers): counts are integers, and the per-document shares are summed
+    as integers of 2^-40 (``*_fx``: Python ints; each document's share rounded once, to 1e-12)."""
 
     max_n: int
     docs: int = 0
@@ -42,24 +57,28 @@ class Tally:
     tokens_reference: int = 0
     uniq: np.ndarray = field(init=False)  # int64 [N]     Σ_d |U_n(d)|
     hits: np.ndarray = field(init=False)  # int64 [N, N]  Σ_d hits of order n first found at reference order m
-    share: np.ndarray = field(init=False)  # float64 [N]  Σ_d hits_n(d) / |U_n(d)| over docs with |U_n(d)| > 0
-    share_by_ref: np.ndarray = field(init=False)  # float64 [N, N]
+    share_fx: np.ndarray = field(init=False)  # object [N] Σ_d round(2^40 hits_n(d) / |U_n(d)|), |U_n(d)| > 0
+    share_by_ref_fx: np.ndarray = field(init=False)  # object [N, N]
     docs_with: np.ndarray = field(init=False)  # int64 [N] docs with |U_n(d)| > 0
     positions: np.ndarray = field(init=False)  # int64 [N] valid target n-gram positions
     pos_hits: np.ndarray = field(init=False)  # int64 [N] positions whose n-gram the corpus's reference has
     xor_uniq: np.ndarray = field(init=False)  # int64 [N]
     xor_hits: np.ndarray = field(init=False)  # int64 [N]
-    xor_share: np.ndarray = field(init=False)  # float64 [N]
+    xor_share_fx: np.ndarray = field(init=False)  # object [N]
     xor_docs_with: np.ndarray = field(init=False)  # int64 [N]
+    _part: dict[str, np.ndarray] = field(init=False, repr=False)  # int64 share sums not yet folded into *_fx
+    _unfolded: int = field(init=False, repr=False, default=0)
 
     def __post_init__(self) -> None:
         N = self.max_n
         for name in ("uniq", "docs_with", "positions", "pos_hits", "xor_uniq", "xor_hits", "xor_docs_with"):
             setattr(self, name, np.zeros(N, dtype=np.int64))
         self.hits = np.zeros((N, N), dtype=np.int64)
-        self.share = np.zeros(N, dtype=np.float64)
-        self.xor_share = np.zeros(N, dtype=np.float64)
-        self.share_by_ref = np.zeros((N, N), dtype=np.float64)
+        shapes = {"share": (N,), "share_by_ref": (N, N), "xor_share": (N,)}
+        for name, shape in shapes.items():
+            setattr(self, name + "_fx", np.zeros(shape, dtype=np.int64).astype(object))
+        self._part = {name: np.zeros(shape, dtype=np.int64) for name, shape in shapes.items()}
+        self._unfolded = 0
 
     def add_doc(self, uniq: np.ndarray, hits: np.ndarray, xor_uniq: np.ndarray, xor_hits: np.ndarray) -> None:
         """One document's unique-set counts: uniq [N], hits [N, N], xor_uniq [N], xor_hits [N]."""
@@ -69,20 +88,55 @@ class Tally:
         self.uniq += uniq
         self.hits += hits
         self.docs_with += has
-        self.share += np.where(has, hits.sum(axis=1) / denom, 0.0)
-        self.share_by_ref += np.where(has[:, None], hits / denom[:, None], 0.0)
+        part = self._part
+        part["share"] += _fixed(np.where(has, hits.sum(axis=1) / denom, 0.0))
+        part["share_by_ref"] += _fixed(np.where(has[:, None], hits / denom[:, None], 0.0))
         xhas = xor_uniq > 0
         self.xor_uniq += xor_uniq
         self.xor_hits += xor_hits
         self.xor_docs_with += xhas
-        self.xor_share += np.where(xhas, xor_hits / np.where(xhas, xor_uniq, 1), 0.0)
+        part["xor_share"] += _fixed(np.where(xhas, xor_hits / np.where(xhas, xor_uniq, 1), 0.0))
+        self._unfolded += 1
+        if self._unfolded >= _FOLD_DOCS:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Move the int64 partial share sums into the exact (Python int) ones."""
+        for name in _SHARES:
+            setattr(self, name + "_fx", getattr(self, name + "_fx") + self._part[name].astype(object))
+            self._part[name][...] = 0
+        self._unfolded = 0
+
+    def _share(self, name: str) -> np.ndarray:
+        self._fold()
+        exact = getattr(self, name + "_fx")
+        return np.array([float(v) for v in exact.ravel()], dtype=np.float64).reshape(exact.shape) / _SHARE_ONE
+
+    @property
+    def share(self) -> np.ndarray:
+        """float64 [N]: Σ_d hits_n(d) / |U_n(d)| over documents with |U_n(d)| > 0 (from the exact sum)."""
+        return self._share("share")
+
+    @property
+    def share_by_ref(self) -> np.ndarray:
+        """float64 [N, N]: the same, split by the smallest reference order."""
+        return self._share("share_by_ref")
+
+    @property
+    def xor_share(self) -> np.ndarray:
+        """float64 [N]: Σ_d of the XOR baseline's per-document shares."""
+        return self._share("xor_share")
 
     def __iadd__(self, other: "Tally") -> "Tally":
         for name in ("docs", "tokens_target", "tokens_reference"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("uniq", "hits", "share", "share_by_ref", "docs_with", "positions", "pos_hits", "xor_uniq",
-                     "xor_hits", "xor_share", "xor_docs_with"):
+        for name in ("uniq", "hits", "docs_with", "positions", "pos_hits", "xor_uniq", "xor_hits",
+                     "xor_docs_with"):
             getattr(self, name)[...] += getattr(other, name)
+        self._fold()
+        other._fold()
+        for name in _SHARES:
+            setattr(self, name + "_fx", getattr(self, name + "_fx") + getattr(other, name + "_fx"))
         return self
 
 

@@ -41,6 +41,8 @@ from polymem.hash.spec import check_max_n as _check_max_n
 
 ProgressFn = Callable[[int, int], None]  # (documents done, UTF-8 bytes done), cumulative
 PARTITION_MB = 4.0  # default partition size: MB of UTF-8 text per task
+PARTS_PER_WORKER = 4  # on Dask, a corpus of files is cut finer when it would give fewer partitions than this...
+FINEST = 16  # ...per worker, but not below partition_mb / FINEST (0.25 MB by default)
 
 
 def check_max_n(max_n: Any) -> int:
@@ -309,6 +311,22 @@ def _partitions(texts: Iterable[str | Document] | Corpus, partition_mb: float) -
         yield dist.DocsPartition(tuple(batch))
 
 
+def _dask_partitions(texts: Iterable[str | Document] | Corpus, partition_mb: float, nworkers: int) -> Iterator[Any]:
+    """:func:`_partitions` for a cluster: a corpus of files that would give fewer than PARTS_PER_WORKER
+    partitions per worker is cut finer (down to partition_mb / FINEST), so that every worker stays busy to the end
+    and the last partition to finish is a small one. The numbers do not change: every sum in a tally is exact
+    (:class:`~polymem.analysis.coverage.counter.Tally`), so any partitioning adds up to the same report."""
+    if isinstance(texts, Corpus) and texts.can_partition:
+        parts = texts.partitions(partition_mb)
+        want = PARTS_PER_WORKER * nworkers
+        if len(parts) < want:
+            finer = max(partition_mb / FINEST, sum(p.est_bytes() for p in parts) / want / 1e6)
+            if finer < partition_mb:
+                parts = texts.partitions(finer)
+        return iter(parts)
+    return _partitions(texts, partition_mb)
+
+
 def _timed(it: Iterator[Any], clock: list[float]) -> Iterator[Any]:
     while True:
         t0 = time.perf_counter()
@@ -374,7 +392,7 @@ def _run_dask(client: Any, plan: dist.Plan, texts: Any, partition_mb: float,
         results[r["index"]] = r
         prog.add(r["tally"].docs, r["bytes"])
 
-    for i, part in enumerate(_timed(_partitions(texts, partition_mb), read_s)):
+    for i, part in enumerate(_timed(_dask_partitions(texts, partition_mb, nworkers), read_s)):
         pending.add(client.submit(dist.count_partition, plan, i, part, key=f"polymem-count-{plan.token}-{i}",
                                   pure=False))
         inflight += 1
