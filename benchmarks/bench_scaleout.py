@@ -5,11 +5,17 @@
         all=../shared/corpus/
 
 For each corpus, back to back, each in a fresh subprocess (so its peak RSS is its own):
-  tokenize   read the corpus and encode every document with both tokenizers (nothing else)
+  tokenize   read the corpus and encode every document with both tokenizers (nothing else; one document at a
+             time with `encode`, which runs on one thread: the baseline of the one-process target)
+  tokenize2  the same split over 2 processes at once (even / odd documents): what 2 processes can gain on this
+             machine for the same work (the ceiling for the 2-worker target)
   inline     polymem.coverage(..., workers=1): the same partitions and tasks, one after the other
   dask       polymem.coverage(..., client=LocalCluster(2 processes x 1 thread)): the cluster is started before the
-             clock (its start is timed apart); peak RSS of the driver and of each worker (ru_maxrss, asked from
-             the workers after the run)
+             clock (its start is timed apart); the first run (cold workers: they import polymem and load the
+             tokenizers) and a second run on the same cluster (warm workers); peak RSS of the driver and of each
+             worker (ru_maxrss, asked from the workers after the runs)
+Every mode also reports the CPU seconds (user+sys) its timed region used: of the process, or for dask of the
+driver (with the scheduler) + nannies + workers.
   fork       (--fork-tree PATH, first corpus only) the whole CLI, `polymem coverage --workers 2` and `--workers 1`,
              with the old hand-written fork pool (a checkout of the code before it was removed) and with Dask
 Results (same-run ratios) as JSON; the page-read part: --s3-pages (a moto S3 server on 127.0.0.1).
@@ -43,7 +49,22 @@ def run_child(args: list[str], env: dict[str, str] | None = None) -> dict[str, A
     return res
 
 
-def one(mode: str, paths: list[str], partition_mb: float, max_n: int) -> dict[str, Any]:
+def _cpu_tree() -> float:
+    """CPU seconds (user+sys) of this process and all its live descendants."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def one(mode: str, paths: list[str], partition_mb: float, max_n: int, share: str = "") -> dict[str, Any]:
     """Runs inside the child process."""
     import warnings
 
@@ -57,20 +78,22 @@ def one(mode: str, paths: list[str], partition_mb: float, max_n: int) -> dict[st
     corpus = Corpus(paths)
     out: dict[str, Any] = {"mode": mode}
     if mode == "tokenize":
-        t0 = time.perf_counter()
+        k, of = (int(x) for x in share.split("/")) if share else (0, 1)  # this process's share of the documents
+        t0, c0 = time.perf_counter(), time.process_time()
         n = b = 0
-        for doc in corpus:
+        for i, doc in enumerate(corpus):
+            if i % of != k:
+                continue
             tok_t.encode(doc.text)
             tok_r.encode(doc.text)
             n += 1
             b += len(doc.text.encode())
-        out.update(time_s=time.perf_counter() - t0, docs=n, bytes=b)
+        out.update(time_s=time.perf_counter() - t0, cpu_s_timed=time.process_time() - c0, docs=n, bytes=b)
     elif mode == "inline":
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         r = polymem.coverage(tok_t, tok_r, corpus, max_n=max_n, partition_mb=partition_mb)
-        out.update(time_s=time.perf_counter() - t0, docs=r.docs, bytes=r.bytes,
-                   partitions=len(corpus.partitions(partition_mb)), occurrence=r.occurrence_weighted,
-                   per_doc_mean=r.per_doc_mean)
+        out.update(time_s=time.perf_counter() - t0, cpu_s_timed=time.process_time() - c0, docs=r.docs,
+                   bytes=r.bytes, partitions=len(corpus.partitions(partition_mb)), report=_numbers(r))
     elif mode == "dask":
         import logging
 
@@ -80,15 +103,27 @@ def one(mode: str, paths: list[str], partition_mb: float, max_n: int) -> dict[st
         with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                           silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
             t_start = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            r = polymem.coverage("mistral-v1", "cl100k_base", corpus, max_n=max_n, partition_mb=partition_mb,
-                                 client=client)
-            t = time.perf_counter() - t0
+            runs = []
+            for _ in range(2):  # cold workers, then warm ones (tokenizers and kernels already loaded)
+                t0, c0 = time.perf_counter(), _cpu_tree()
+                parts: list[int] = []
+                r = polymem.coverage("mistral-v1", "cl100k_base", corpus, max_n=max_n, partition_mb=partition_mb,
+                                     client=client, progress=lambda n, b: parts.append(n))
+                runs.append((time.perf_counter() - t0, _cpu_tree() - c0, len(parts), _numbers(r)))
             peaks = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-        out.update(time_s=t, cluster_start_s=t_start, docs=r.docs, bytes=r.bytes,
-                   partitions=len(corpus.partitions(partition_mb)), worker_peak_rss_mb=sorted(peaks.values()),
-                   occurrence=r.occurrence_weighted, per_doc_mean=r.per_doc_mean)
+        assert runs[0][3] == runs[1][3], "a warm run changed the result"
+        out.update(time_s=runs[0][0], cpu_s_timed=runs[0][1], warm_time_s=runs[1][0], warm_cpu_s_timed=runs[1][1],
+                   cluster_start_s=t_start, docs=r.docs, bytes=r.bytes, partitions=runs[0][2],
+                   worker_peak_rss_mb=sorted(peaks.values()), report=runs[0][3])
     return out
+
+
+def _numbers(r: Any) -> dict[str, Any]:
+    """The report's numbers (what was measured, not how the run went)."""
+    d = r.to_dict()
+    for k in ("elapsed_s", "workers", "timing"):
+        d.pop(k)
+    return d
 
 
 def s3_pages(n_pages: int, threads: int) -> dict[str, Any]:
@@ -146,14 +181,15 @@ def main() -> None:
     ap.add_argument("corpora", nargs="*", help="NAME=PATH[,PATH...]")
     ap.add_argument("--partition-mb", type=float, default=4.0)
     ap.add_argument("--max-n", type=int, default=7)
-    ap.add_argument("--modes", default="tokenize,inline,dask")
+    ap.add_argument("--modes", default="tokenize,tokenize2,inline,dask")
     ap.add_argument("--fork-tree", help="a checkout with the old fork pool (measured on the first corpus)")
     ap.add_argument("--s3-pages", type=int, default=0, help="also time this many page reads from a moto S3 server")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--one", nargs=2, metavar=("MODE", "PATHS"), help=argparse.SUPPRESS)
+    ap.add_argument("--share", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one[0], args.one[1].split(","), args.partition_mb, args.max_n)))
+        print(json.dumps(one(args.one[0], args.one[1].split(","), args.partition_mb, args.max_n, args.share)))
         return
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     flags = next((ln.split(":", 1)[1].split() for ln in lscpu.splitlines() if ln.startswith("Flags")), [])
@@ -167,15 +203,34 @@ def main() -> None:
         name, paths = spec.split("=", 1)
         res: dict[str, Any] = {}
         for mode in args.modes.split(","):
-            res[mode] = run_child([sys.executable, __file__, "--one", mode, paths, "--partition-mb",
-                                   str(args.partition_mb), "--max-n", str(args.max_n)])
-            print(name, mode, json.dumps({k: v for k, v in res[mode].items() if k not in ("occurrence", "per_doc_mean")}),
-                  flush=True)
+            child = [sys.executable, __file__, "--one", mode, paths, "--partition-mb", str(args.partition_mb),
+                     "--max-n", str(args.max_n)]
+            if mode == "tokenize2":  # two children at once, each with half of the documents
+                t0 = time.perf_counter()
+                procs = [subprocess.Popen(child[:3] + ["tokenize"] + child[4:] + ["--share", f"{k}/2"],
+                                          stdout=subprocess.PIPE, text=True) for k in range(2)]
+                halves = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+                if any(p.returncode for p in procs):
+                    raise RuntimeError("tokenize2 failed")
+                res[mode] = {"mode": mode, "time_s": max(h["time_s"] for h in halves),
+                             "cpu_s_timed": sum(h["cpu_s_timed"] for h in halves), "docs": sum(h["docs"] for h in halves),
+                             "wall_s": time.perf_counter() - t0}
+            else:
+                res[mode] = run_child(child)
+            print(name, mode, json.dumps({k: v for k, v in res[mode].items() if k != "report"}), flush=True)
         if "inline" in res and "dask" in res:
-            assert res["inline"]["occurrence"] == res["dask"]["occurrence"], "dask changed the result"
+            assert res["inline"].pop("report") == res["dask"].pop("report"), "dask changed the result"
             res["dask_speedup"] = res["inline"]["time_s"] / res["dask"]["time_s"]
+            res["dask_warm_speedup"] = res["inline"]["time_s"] / res["dask"]["warm_time_s"]
+            res["dask_cpu_over_inline"] = res["dask"]["cpu_s_timed"] / res["inline"]["cpu_s_timed"]
         if "inline" in res and "tokenize" in res:
             res["inline_over_tokenize"] = res["inline"]["time_s"] / res["tokenize"]["time_s"]
+            res["inline_over_tokenize_cpu"] = res["inline"]["cpu_s_timed"] / res["tokenize"]["cpu_s_timed"]
+        if "tokenize" in res and "tokenize2" in res:
+            res["two_process_ceiling"] = res["tokenize"]["time_s"] / res["tokenize2"]["time_s"]
+        for r in res.values():
+            if isinstance(r, dict):
+                r.pop("report", None)
         if args.fork_tree and not report.get("fork"):
             fork = {}
             for tree, label in ((args.fork_tree, "fork"), (str(HERE.parent), "dask")):

@@ -380,6 +380,41 @@ def resolve_range(ref, ref_off, ph, pn, pc, pend_off, hits):  # pragma: no cover
 
 
 @njit(cache=True)
+def ids_in_range(ids, vocab):  # pragma: no cover - compiled
+    """True if every id of the 1-D int64 ``ids`` is in [0, vocab)."""
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= vocab:
+            return False
+    return True
+
+
+@njit(cache=True)
+def tally_doc(uniq, hits, xuniq, xhits, t_uniq, t_hits, t_docs_with, p_share, p_share_by_ref, t_xuniq, t_xhits,
+              t_xdocs_with, p_xshare, one):  # pragma: no cover - compiled
+    """One document's counts into a Tally (:meth:`polymem.analysis.coverage.counter.Tally.add_doc`): the integer
+    sums, and each share (hits / |U_n(d)|, in float64) as rint(share * one) into the int64 partial sums."""
+    N = uniq.shape[0]
+    for n in range(N):
+        t_uniq[n] += uniq[n]
+        tot = 0
+        for m in range(N):
+            t_hits[n, m] += hits[n, m]
+            tot += hits[n, m]
+        if uniq[n] > 0:
+            t_docs_with[n] += 1
+            d = np.float64(uniq[n])
+            p_share[n] += np.int64(np.rint(tot / d * one))
+            for m in range(N):
+                p_share_by_ref[n, m] += np.int64(np.rint(hits[n, m] / d * one))
+        t_xuniq[n] += xuniq[n]
+        t_xhits[n] += xhits[n]
+        if xuniq[n] > 0:
+            t_xdocs_with[n] += 1
+            p_xshare[n] += np.int64(np.rint(xhits[n] / np.float64(xuniq[n]) * one))
+    return 0
+
+
+@njit(cache=True)
 def compare_token_bytes(ids, buf, offsets, text):  # pragma: no cover - compiled
     """Compare the concatenated token bytes of ``ids`` (token t = buf[offsets[t]:offsets[t+1]]) with ``text``.
 

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from polymem.hash.token_hashes import TokenHashes
 from polymem.analysis.coverage import _sets as _kernels
+from polymem.hash import _numba as _hash_kernels
 from polymem.hash.reference import ngram_bytes
 from polymem.hash.xor import xor_multipliers
 
@@ -36,11 +38,6 @@ SHARE_BITS = 40  # per-document shares are summed as integers of 2^-40: exact, s
 _SHARE_ONE = float(1 << SHARE_BITS)
 _FOLD_DOCS = 1 << 22  # int64 partial sums of at most 2^22 shares of at most 2^40 each cannot overflow
 _SHARES = ("share", "share_by_ref", "xor_share")
-
-
-def _fixed(x: np.ndarray) -> np.ndarray:
-    """Shares in [0, 1] as integers of 2^-SHARE_BITS (each rounded once, to nearest)."""
-    return np.rint(x * _SHARE_ONE).astype(np.int64)
 
 
 @dataclass
@@ -83,19 +80,11 @@ class Tally:
     def add_doc(self, uniq: np.ndarray, hits: np.ndarray, xor_uniq: np.ndarray, xor_hits: np.ndarray) -> None:
         """One document's unique-set counts: uniq [N], hits [N, N], xor_uniq [N], xor_hits [N]."""
         self.docs += 1
-        has = uniq > 0
-        denom = np.where(has, uniq, 1).astype(np.float64)
-        self.uniq += uniq
-        self.hits += hits
-        self.docs_with += has
         part = self._part
-        part["share"] += _fixed(np.where(has, hits.sum(axis=1) / denom, 0.0))
-        part["share_by_ref"] += _fixed(np.where(has[:, None], hits / denom[:, None], 0.0))
-        xhas = xor_uniq > 0
-        self.xor_uniq += xor_uniq
-        self.xor_hits += xor_hits
-        self.xor_docs_with += xhas
-        part["xor_share"] += _fixed(np.where(xhas, xor_hits / np.where(xhas, xor_uniq, 1), 0.0))
+        _kernels.tally_doc(np.asarray(uniq, np.int64), np.asarray(hits, np.int64), np.asarray(xor_uniq, np.int64),
+                           np.asarray(xor_hits, np.int64), self.uniq, self.hits, self.docs_with, part["share"],
+                           part["share_by_ref"], self.xor_uniq, self.xor_hits, self.xor_docs_with,
+                           part["xor_share"], _SHARE_ONE)
         self._unfolded += 1
         if self._unfolded >= _FOLD_DOCS:
             self._fold()
@@ -229,8 +218,8 @@ class HashCounter:
     def add(self, target_ids: np.ndarray, reference_ids: np.ndarray) -> None:
         """Count one document, given its ids under the target and the reference tokenizer."""
         N, t = self.max_n, self.tally
-        tH, tV = self.target.ngram_hashes(target_ids, N)  # [Tt, N]
-        rH, rV = self.reference.ngram_hashes(reference_ids, N)  # [Tr, N]
+        tH, tV = _ngram_hashes(self.target, target_ids, N)  # [Tt, N]
+        rH, rV = _ngram_hashes(self.reference, reference_ids, N)  # [Tr, N]
         Tt, Tr = tH.shape[0], rH.shape[0]
         t.tokens_target += Tt
         t.tokens_reference += Tr
@@ -294,6 +283,16 @@ _EMPTY_I64 = np.empty(0, dtype=np.int64)
 _NO_BUFFERS = (_EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64)
 # occurrence buffers finished counters left for the next ones in this process (a partition's each, at most 2)
 _SPARE: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+
+def _ngram_hashes(cache: TokenHashes, ids: Any, N: int) -> tuple[np.ndarray, np.ndarray]:
+    """``cache.ngram_hashes(ids, N)``; a tokenizer's own ids (int64 [T], in range) go straight to the kernel,
+    without the general checks (they cost more than the hashing for a short document)."""
+    if (isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1
+            and _kernels.ids_in_range(ids, cache.C.shape[0])):
+        h, v = _hash_kernels.ngram_hashes(ids.reshape(1, -1), cache.C, cache.P, cache.special, N)
+        return h[0], v[0]
+    return cache.ngram_hashes(ids, N)
 
 
 def _take_buffers() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
