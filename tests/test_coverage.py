@@ -494,7 +494,7 @@ _key_values = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2**63,
        bits=st.sampled_from([1, 4, 10]), dup=st.integers(1, 3))
 def test_bucket_kernels_equal_python_sets(ref: list[int], pend: list[tuple[int, int, int]], bits: int,
                                           dup: int) -> None:
-    """bucket_unique == set(), bucket_resolve == membership in it, resolve_range (the reduce) == both, for keys
+    """bucket_unique == set(), bucket_unique_resolve == membership in it, resolve_range (the reduce) == both, for keys
     that include 0 (stored as ZERO_KEY, as the per-document tables store it) and ZERO_KEY itself."""
     from polymem.analysis.coverage import _sets
 
@@ -509,7 +509,11 @@ def test_bucket_kernels_equal_python_sets(ref: list[int], pend: list[tuple[int, 
     pn = np.array([n for _, n, _ in pend], dtype=np.int8)
     pc = np.array([c for _, _, c in pend], dtype=np.int64)
     found = np.zeros(7, dtype=np.int64)
-    rh, rn, rc, roff = _sets.bucket_resolve(uniq, off, ph, pn, pc, ph.shape[0], bits, found)
+    uniq2, off2, rh, rn, rc, roff = _sets.bucket_unique_resolve(keys, keys.shape[0], ph, pn, pc, ph.shape[0], bits,
+                                                                found)
+    assert sorted(uniq2.tolist()) == sorted(uniq.tolist()) and off2.tolist() == off.tolist()
+    for b in range(1 << bits):
+        assert all(int(k) >> (64 - bits) == b for k in rh[roff[b]:roff[b + 1]])
     refset = {stored(k) for k in ref}
     want = np.zeros(7, dtype=np.int64)
     for h, n, c in pend:

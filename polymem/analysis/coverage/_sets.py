@@ -307,12 +307,9 @@ def bucket_unique(keys, n, bits):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def bucket_resolve(ref, ref_off, ph, pn, pc, n, bits, hits):  # pragma: no cover - compiled
-    """Group the pending target entries (stored keys ph, order-1 pn, counts pc; first n) by bucket, and count
-    those whose key is among the distinct reference keys ``ref`` (grouped as :func:`bucket_unique` returns
-    them): hits[pn] += pc. Returns the rest, grouped by bucket: (keys, orders, counts, offsets [2^bits + 1])."""
+def _group(ph, pn, pc, n, bits):  # pragma: no cover - compiled
+    """Counting sort of (stored key, order, count) entries by bucket: (keys, orders, counts, offsets)."""
     shift = np.uint64(64 - bits)
-    nb = 1 << bits
     off = _bucket_counts(ph, n, bits)
     fill = off[:-1].copy()
     gh = np.empty(n, dtype=np.uint64)
@@ -324,25 +321,51 @@ def bucket_resolve(ref, ref_off, ph, pn, pc, n, bits, hits):  # pragma: no cover
         j = fill[b]
         gh[j], gn[j], gc[j] = k, pn[i], pc[i]
         fill[b] = j + 1
-    table = _table_for(ref_off)
+    return gh, gn, gc, off
+
+
+@njit(cache=True)
+def bucket_unique_resolve(keys, n, ph, pn, pc, n_pend, bits, hits):  # pragma: no cover - compiled
+    """:func:`bucket_unique` of keys[:n], and in the same pass the pending target entries (stored keys ph,
+    order-1 pn, counts pc; first n_pend) grouped by bucket and looked up in their bucket's distinct keys while
+    its table is built: hits[pn] += pc for those found. Returns (distinct keys, their offsets, the pending
+    entries not found: keys, orders, counts, offsets), all grouped by bucket (offsets int64 [2^bits + 1])."""
+    shift = np.uint64(64 - bits)
+    nb = 1 << bits
+    off = _bucket_counts(keys, n, bits)
+    fill = off[:-1].copy()
+    grouped = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        k = _key(keys[i])
+        b = np.int64(k >> shift)
+        grouped[fill[b]] = k
+        fill[b] += 1
+    gh, gn, gc, poff = _group(ph, pn, pc, n_pend, bits)
+    table = _table_for(off)
     out_off = np.zeros(nb + 1, dtype=np.int64)
+    pend_off = np.zeros(nb + 1, dtype=np.int64)
     w = 0
+    wp = 0
     for b in range(nb):
-        rlo, rhi = ref_off[b], ref_off[b + 1]
-        cap = _pow2(2 * (rhi - rlo) + 1)
+        lo, hi = off[b], off[b + 1]
+        cap = _pow2(2 * (hi - lo) + 1)
         mask = np.uint64(cap - 1)
-        if rhi > rlo and off[b + 1] > off[b]:
+        if hi > lo:
             table[:cap] = 0
-            for j in range(rlo, rhi):
-                _insert(table, mask, ref[j])
-        for j in range(off[b], off[b + 1]):
-            if rhi > rlo and _member(table, mask, gh[j]):
+            for j in range(lo, hi):
+                k = grouped[j]
+                if _insert(table, mask, k):
+                    grouped[w] = k  # w <= j: compaction in place
+                    w += 1
+        for j in range(poff[b], poff[b + 1]):
+            if hi > lo and _member(table, mask, gh[j]):
                 hits[gn[j]] += gc[j]
             else:
-                gh[w], gn[w], gc[w] = gh[j], gn[j], gc[j]
-                w += 1
+                gh[wp], gn[wp], gc[wp] = gh[j], gn[j], gc[j]
+                wp += 1
         out_off[b + 1] = w
-    return gh[:w].copy(), gn[:w].copy(), gc[:w].copy(), out_off
+        pend_off[b + 1] = wp
+    return grouped[:w].copy(), out_off, gh[:wp].copy(), gn[:wp].copy(), gc[:wp].copy(), pend_off
 
 
 @njit(cache=True)

@@ -253,10 +253,9 @@ class HashCounter:
         """Group the buffered keys by bucket, deduplicate the reference keys, count the pending target entries
         that they hold (into ``tally.pos_hits``) and hand back the rest; the buffers are emptied. What a
         corpus partition gives the bucketed occurrence pass (:mod:`polymem.analysis.coverage.dist`)."""
-        ref, ref_off = _kernels.bucket_unique(self._ref, self._nref, BUCKET_BITS)
         found = np.zeros(self.max_n, dtype=np.int64)
-        ph, pn, pc, pend_off = _kernels.bucket_resolve(ref, ref_off, self._ph, self._pn, self._pc, self._npend,
-                                                       BUCKET_BITS, found)
+        ref, ref_off, ph, pn, pc, pend_off = _kernels.bucket_unique_resolve(
+            self._ref, self._nref, self._ph, self._pn, self._pc, self._npend, BUCKET_BITS, found)
         if self._ref.shape[0]:  # the next counter in this process reuses the buffers (no regrowth, no page faults)
             if len(_SPARE) < 2:
                 _SPARE.append((self._ref, self._ph, self._pn, self._pc))
