@@ -8,9 +8,11 @@ detach and on garbage collection; remote (fsspec) assets are served the same way
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
+from pathlib import Path
 
 import fsspec
 import numpy as np
@@ -19,7 +21,8 @@ import torch
 
 import polymem
 from polymem import FormatError, HashSpec, Layout, MemoryAsset, PolymemError, TokenHashes
-from polymem.asset.pages import THREAD_PREFIX
+import polymem.asset.pages as pages_mod
+from polymem.asset.pages import THREAD_PREFIX, PageService
 from polymem.samples import sample_text
 from polymem.torch import AssetTable, TrainableTable, attach
 
@@ -58,6 +61,24 @@ def llama(seed: int = 0):
     return LlamaForCausalLM(cfg).eval()
 
 
+# how prefetched reads are made: "nowait" = the consumer's thread reads what the OS page cache holds (RWF_NOWAIT)
+# and hands the rest to the pool (the default); "pool" = every missing chunk goes to the reader threads (what a
+# page not in the OS cache gets); "python" = the pool path without the numba read kernel (the fallback)
+READ_MODES = ["nowait", "pool", "python"]
+
+
+@contextlib.contextmanager
+def read_mode(svc, mode: str):
+    saved = svc.reader.nowait, pages_mod._KERNEL
+    svc.reader.nowait = svc.reader.nowait and mode == "nowait"
+    if mode == "python":
+        pages_mod._KERNEL = ()
+    try:
+        yield svc
+    finally:
+        svc.reader.nowait, pages_mod._KERNEL = saved
+
+
 def pages_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
 
@@ -78,9 +99,10 @@ def run_generate(model, h, prompt):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "nf4"])
-@pytest.mark.parametrize("prefetch", [True, False])
-def test_served_outputs_are_bit_identical_to_in_memory(byte_cache, ids, assets, dtype, prefetch):
+@pytest.mark.parametrize("mode", ["sync"] + READ_MODES)
+def test_served_outputs_are_bit_identical_to_in_memory(byte_cache, ids, assets, dtype, mode):
     asset = assets[dtype]
+    prefetch = mode != "sync"
     model = llama()
     prompt = ids[:, :12]
     h = attach(model, asset, byte_cache, layers=[0, 2], in_memory=True, value_init="orthogonal")
@@ -91,16 +113,19 @@ def test_served_outputs_are_bit_identical_to_in_memory(byte_cache, ids, assets, 
     h = attach(model, asset, byte_cache, layers=[0, 2], in_memory=False, prefetch=prefetch, cache_mb=1,
                value_init="orthogonal")
     assert isinstance(h.table, AssetTable)
-    got = run_generate(model, h, prompt)
-    for a, b in zip(ref, got):
-        assert torch.equal(a, b)
-    with torch.no_grad():
-        assert torch.equal(model(input_ids=ids).logits, full_ref)
+    with read_mode(h.table.service, "pool" if mode == "sync" else mode):
+        got = run_generate(model, h, prompt)
+        for a, b in zip(ref, got):
+            assert torch.equal(a, b)
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=ids).logits, full_ref)
     with h.disabled(), torch.no_grad():  # the memory matters: without it the logits differ
         assert not torch.equal(model(input_ids=ids).logits, full_ref)
     st = h.stats()
     assert st["prefetch"] is prefetch and st["misses"] > 0 and st["hits"] > 0 and st["bytes_read"] > 0
     assert st["reads"] == st["misses"] and st["errors"] == 0
+    if mode != "nowait":
+        assert st["nowait_reads"] == 0
     h.detach()
 
 
@@ -204,20 +229,24 @@ def test_tables_on_one_asset_share_one_cache(byte_cache, ids, assets):
         m2(input_ids=ids)  # same rows: everything is in the shared cache
     assert h2.stats()["reads"] == reads and h2.stats()["hits"] >= reads
     h1.detach()
-    assert pages_threads()  # h2 still serves
+    assert h2.stats()["cache_chunks"] > 0  # h2 still serves: the cache is kept
+    with torch.no_grad():
+        m2(input_ids=ids)
+    assert h2.stats()["reads"] == reads
     h2.detach()
-    assert wait_no_threads() == []
+    assert wait_no_threads() == [] and h2.table.service.stats()["cache_chunks"] == 0
 
 
-@pytest.mark.parametrize("prefetch", [True, False])
-def test_truncated_or_missing_shard_is_a_clear_error_in_the_forward(byte_cache, ids, assets, tmp_path, prefetch):
+@pytest.mark.parametrize("mode", ["sync"] + READ_MODES)
+def test_truncated_or_missing_shard_is_a_clear_error_in_the_forward(byte_cache, ids, assets, tmp_path, mode):
     src = assets["float16"]
+    prefetch = mode != "sync"
     asset = MemoryAsset.from_array(tmp_path / "t", src.to_numpy(), HashSpec(), LAYOUT, orders=(1, 2, 3),
                                    dtype="float16", chunks_per_shard=128)
     model = llama()
     h = attach(model, asset, byte_cache, layers=[1], in_memory=False, prefetch=prefetch, cache_mb=0)
     shard = tmp_path / "t" / asset.geometry.shard_key(2)
-    with torch.no_grad():
+    with read_mode(h.table.service, mode), torch.no_grad():
         model(input_ids=ids)  # healthy
         os.truncate(shard, 1000)
         with pytest.raises(FormatError, match=r"shard 'pages/c/2/0/0' ended after .* truncated"):
@@ -225,7 +254,8 @@ def test_truncated_or_missing_shard_is_a_clear_error_in_the_forward(byte_cache, 
     h.detach()
     os.unlink(shard)
     h = attach(model, asset, byte_cache, layers=[1], in_memory=False, prefetch=prefetch, cache_mb=0)
-    with torch.no_grad(), pytest.raises(PolymemError, match=r"shard 'pages/c/2/0/0' is missing"):
+    with read_mode(h.table.service, mode), torch.no_grad(), \
+            pytest.raises(PolymemError, match=r"shard 'pages/c/2/0/0' is missing"):
         model(input_ids=ids)
     assert h.stats()["errors"] >= 1
     h.detach()
@@ -249,12 +279,13 @@ def test_corrupt_chunk_is_a_clear_error_in_the_forward(byte_cache, ids, assets, 
         f.seek(i * g.stride + 7)
         f.write(bytes([b[0] ^ 0x10]))
     model = llama()
-    for prefetch in (False, True):
-        h = attach(model, asset, byte_cache, layers=[1], in_memory=False, prefetch=prefetch, cache_mb=1)
-        with torch.no_grad(), pytest.raises(FormatError, match=rf"page {victim} fails its crc32c check"):
+    for mode in ["sync"] + READ_MODES:
+        h = attach(model, asset, byte_cache, layers=[1], in_memory=False, prefetch=mode != "sync", cache_mb=1)
+        with read_mode(h.table.service, mode), torch.no_grad(), \
+                pytest.raises(FormatError, match=rf"page {victim} fails its crc32c check"):
             model(input_ids=ids)
         assert h.stats()["errors"] >= 1
-        assert victim not in h.table.service._cache
+        assert not h.table.service.cached(victim)
         h.detach()
 
 
@@ -262,13 +293,13 @@ def test_workers_stop_on_detach_and_on_garbage_collection(byte_cache, ids, asset
     assert wait_no_threads() == []
     model = llama()
     h = attach(model, assets["nf4"], byte_cache, layers=[1], in_memory=False, read_workers=3)
-    with torch.no_grad():
+    with read_mode(h.table.service, "pool"), torch.no_grad():
         model(input_ids=ids)
     assert 1 <= len(pages_threads()) <= 3
     h.detach()
     assert pages_threads() == []  # detach waits for the workers
     h = attach(model, assets["nf4"], byte_cache, layers=[1], in_memory=False, read_workers=3)
-    with torch.no_grad():
+    with read_mode(h.table.service, "pool"), torch.no_grad():
         model(input_ids=ids)
     assert pages_threads()
     del h, model
@@ -377,3 +408,130 @@ def test_pull_cli_errors_exit_2_with_one_line(assets, tmp_path):
     r = subprocess.run([sys.executable, "-c", "from polymem.cli.app import main; main()", "pull",
                         str(tmp_path / "nothing"), str(tmp_path / "x")], capture_output=True, text=True)
     assert r.returncode == 2 and "no asset directory here" in r.stderr and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------------------------ the page service
+def _direct(asset: MemoryAsset, chunks) -> np.ndarray:
+    """Stored chunk bytes read without the service (the asset's own verified reader)."""
+    from polymem.asset._shards import FastReader
+
+    ids = np.asarray(chunks, dtype=np.int64)
+    out = np.empty((ids.size, asset.geometry.chunk_bytes), np.uint8)
+    return FastReader(Path(asset.path), asset.geometry).read_chunks_into(ids, out)
+
+
+def test_pages_in_the_os_cache_are_read_in_the_callers_thread(byte_cache, ids, assets):
+    """Prefetch with every page in the OS page cache (the asset was just written): the pre-hook reads them
+    itself (RWF_NOWAIT), no reader thread starts; where the file system refuses RWF_NOWAIT the pool reads."""
+    asset = assets["nf4"]
+    model = llama()
+    assert wait_no_threads() == []
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=False, cache_mb=1)
+    with torch.no_grad():
+        model(input_ids=ids)
+    st = h.stats()
+    assert st["reads"] == st["misses"] == len(_chunks_of(ids, asset, byte_cache))
+    if h.table.service.reader.nowait:
+        assert st["nowait_reads"] == st["reads"] and pages_threads() == []
+    else:
+        assert st["nowait_reads"] == 0 and pages_threads()
+    h.detach()
+
+
+def test_pages_not_in_the_os_cache_go_to_the_reader_threads(byte_cache, ids, assets, tmp_path):
+    """Pages the OS has to fetch from the disk are not read in the caller's thread: they go to the pool, all
+    the forward's reads at once, and the site waits for them; the result is the same."""
+    src = assets["nf4"]
+    asset = MemoryAsset.from_array(tmp_path / "e", src.to_numpy(), HashSpec(), LAYOUT, orders=(1, 2, 3),
+                                   dtype="nf4", chunks_per_shard=128)
+    g = asset.geometry
+    shards = [tmp_path / "e" / g.shard_key(s) for s in range(g.num_shards)]
+    for p in shards:  # write back, then drop the shards from the OS page cache
+        fd = os.open(p, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    fd = os.open(shards[0], os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(16)], 0, os.RWF_NOWAIT)
+        pytest.skip("this file system keeps the pages cached after POSIX_FADV_DONTNEED (tmpfs?)")
+    except BlockingIOError:
+        pass
+    except OSError:
+        pytest.skip("RWF_NOWAIT is not supported here")
+    finally:
+        os.close(fd)
+    model = llama()
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=True, value_init="orthogonal")
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    h.detach()
+    for p in shards:
+        fd = os.open(p, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=False, cache_mb=1, value_init="orthogonal")
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, ref)
+    st = h.stats()
+    assert st["reads"] == len(_chunks_of(ids, asset, byte_cache)) and st["nowait_reads"] < st["reads"]
+    assert pages_threads()
+    h.detach()
+    assert wait_no_threads() == []
+
+
+def test_cache_evicts_the_least_recently_used_chunks(assets):
+    asset = assets["float16"]
+    cb = asset.geometry.chunk_bytes
+    svc = PageService(asset, cache_mb=10 * cb / 2**20, workers=1)  # ten chunks
+    out = np.empty((10, cb), np.uint8)
+    A, B, C = np.arange(0, 5), np.arange(5, 10), np.arange(10, 15)
+    for chunks in (A, B, A, C):  # A is used again after B: C replaces B
+        assert svc.fetch_into(chunks, out, background=False) is None
+        assert np.array_equal(out[:5], _direct(asset, chunks))
+    assert [svc.cached(c) for c in range(15)] == [True] * 5 + [False] * 5 + [True] * 5
+    st = svc.stats()
+    assert st["hits"] == 5 and st["reads"] == st["misses"] == 15 and st["evictions"] == 5
+    assert st["cache_bytes"] == st["capacity_bytes"] == 10 * cb == st["cache_peak_bytes"]
+    svc.close()
+
+
+def test_a_chunk_in_flight_is_joined_not_read_twice(assets):
+    """Two consumers asking for the same chunks while their read is still queued: one read, both served."""
+    asset = assets["nf4"]
+    cb = asset.geometry.chunk_bytes
+    svc = PageService(asset, cache_mb=1, workers=1)
+    svc.reader.nowait = False  # the reads go to the (single, busy) worker
+    gate = threading.Event()
+    busy = svc.pool().submit(gate.wait)
+    chunks = np.array([3, 7, 11], dtype=np.int64)
+    a, b = np.zeros((3, cb), np.uint8), np.zeros((3, cb), np.uint8)
+    pa = svc.fetch_into(chunks, a, background=True)
+    pb = svc.fetch_into(chunks, b, background=True)
+    assert pa is not None and pb is not None and not pa.done()
+    gate.set()
+    busy.result()
+    pa.wait()
+    pb.wait()
+    want = _direct(asset, chunks)
+    assert np.array_equal(a, want) and np.array_equal(b, want)
+    st = svc.stats()
+    assert st["reads"] == st["misses"] == 3 and st["joined"] == 3 and st["read_calls"] == 1
+    svc.close()
+    assert wait_no_threads() == []
+
+
+def test_a_larger_request_grows_the_shared_cache_and_keeps_its_chunks(assets):
+    asset = assets["float16"]
+    cb = asset.geometry.chunk_bytes
+    svc = pages_mod.service_for(asset, cache_mb=4 * cb / 2**20)
+    svc.acquire()
+    out = np.empty((4, cb), np.uint8)
+    svc.fetch_into(np.arange(4), out, background=False)
+    assert pages_mod.service_for(asset, cache_mb=8 * cb / 2**20) is svc
+    assert svc.stats()["capacity_bytes"] == 8 * cb and all(svc.cached(c) for c in range(4))
+    big = np.empty((8, cb), np.uint8)
+    svc.fetch_into(np.arange(8), big, background=False)
+    assert np.array_equal(big, _direct(asset, np.arange(8))) and svc.stats()["evictions"] == 0
+    svc.release()
+    assert svc.stats()["cache_chunks"] == 0

@@ -1,31 +1,42 @@
-"""The page service: a bounded RAM cache of an asset's stored chunks, filled by background reads.
+"""The page service: a bounded RAM cache of an asset's stored chunks, filled by reads that overlap compute.
 
 A *chunk* is the unit an asset stores and reads (docs/asset-format.md §4): one page for float assets, one
 4 KiB block of whole pages for NF4. :class:`PageService` reads chunks straight from the shard files —
-``os.pread`` on local assets (no mmap: resident memory stays what the cache holds, and the GIL is released
-while the disk works), parallel range requests through fsspec for URLs (``s3://…``, ``memory://…``) — on a
-pool of worker threads. Each chunk a request needs is either in the cache (a hit), already being read for an
-earlier request (joined, read once), or read now (a miss). The cache is an LRU bounded in bytes
-(``cache_mb``); every consumer of one asset shares it (:func:`service_for`).
+``preadv`` on local assets (no mmap: resident memory stays what the cache holds, and the GIL is released
+while the disk works), parallel range requests through fsspec for URLs (``s3://…``, ``memory://…``).
+
+A consumer asks for the distinct chunks of one forward at once (:meth:`PageService.fetch_into`) and gets
+them copied into its own buffer (one row per chunk). Each chunk is either in the cache (a hit: copied under
+the lock), already being read for another consumer (joined: read once), or read now (a miss). With
+``background=True`` (prefetch) the misses of a local asset are first read in the calling thread with
+``RWF_NOWAIT``, which returns at once for chunks in the OS page cache and refuses the others (~5 µs per
+chunk: cheaper than handing them to a thread); only chunks that really have to come from storage go to the
+pool of reader threads, all of the forward's reads submitted together, and :meth:`Pending.wait` (at the
+first site) waits only for those. The cache is one preallocated slab of ``cache_mb`` (slots of one chunk,
+LRU by a per-slot stamp, committed by the OS only when touched), shared by every consumer of one asset
+(:func:`service_for`).
 
     svc = service_for(asset, cache_mb=256)
-    entries = svc.fetch(np.array([3, 17]), background=True)   # returns at once
-    chunks = [svc.resolve(e) for e in entries]                 # uint8 [chunk_bytes] each; waits if needed
-    svc.stats()     # hits, misses, joined, reads, bytes_read, wait_s, cache_bytes, cache_peak_bytes, ...
+    out = np.empty((2, svc.geom.chunk_bytes), np.uint8)
+    pending = svc.fetch_into(np.array([3, 17]), out, background=True)  # returns at once
+    if pending is not None:
+        pending.wait()                                                # reads done, rows copied into out
+    svc.stats()     # hits, misses, joined, reads, nowait_reads, bytes_read, wait_s, cache_bytes, ...
 
-Every chunk read is checked before it is used or cached (its length, and ``asset.check_chunk_bytes``); a
+Every chunk read is checked before it is used or cached (its length, and its crc32c from format v2); a
 missing or short shard, a missing object or a failed check raises :class:`FormatError` naming the asset,
-the shard and the chunk. The service assumes the asset does not change while it is served (a frozen table).
+the shard and the chunk — for prefetched reads in :meth:`Pending.wait`, i.e. in the forward that needed
+the chunk. The service assumes the asset does not change while it is served (a frozen table).
 Not here: decoding into torch tensors (:mod:`polymem.torch.pages`), the asset format (:mod:`.core`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -34,10 +45,60 @@ import numpy as np
 from polymem.errors import FormatError, PolymemError
 
 THREAD_PREFIX = "polymem-pages"
+READS_PER_TASK = 8  # background reads of one forward are split into tasks of at least this many chunks
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+# ------------------------------------------------------------------------------------------ read kernel
+_KERNEL: Any = None
+
+
+def _kernel() -> Any:
+    """``read_rows`` compiled on first use (numba, libc ``preadv2``, libcrc32c), or None where one lacks."""
+    global _KERNEL
+    if _KERNEL is not None:
+        return _KERNEL or None
+    try:
+        from google_crc32c import _crc32c
+        from numba import njit
+
+        lib = ctypes.CDLL(_crc32c.__file__)
+        cval = lib.crc32c_value
+        cval.argtypes, cval.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_uint32
+        libc = ctypes.CDLL(None, use_errno=True)
+        preadv2 = libc.preadv2
+        preadv2.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int]
+        preadv2.restype = ctypes.c_ssize_t
+
+        @njit(nogil=True)
+        def read_rows(fds, off, out, rows, crc, flags, ok):  # pragma: no cover - compiled
+            """Read chunk i (file fds[i], byte offset off[i]) into out[rows[i]] and check its crc32c;
+            ok[i] = it read whole and intact. Returns how many did."""
+            cb = out.shape[1]
+            iov = np.empty(4, np.uint64)
+            stored = np.empty(1, np.uint32)
+            base = out.ctypes.data
+            want = cb + 4 if crc else cb
+            good = 0
+            for i in range(fds.shape[0]):
+                dst = base + rows[i] * cb
+                iov[0] = dst
+                iov[1] = cb
+                iov[2] = stored.ctypes.data
+                iov[3] = 4
+                got = preadv2(fds[i], iov.ctypes.data, 2 if crc else 1, off[i], flags)
+                ok[i] = got == want and (not crc or cval(dst, cb) == stored[0])
+                good += ok[i]
+            return good
+
+        _KERNEL = (read_rows,)
+    except Exception:  # noqa: BLE001 - any missing piece: the Python loop does the same work
+        _KERNEL = ()
+    return _KERNEL or None
 
 
 class ChunkReader:
-    """Stored chunks of one asset as uint8 arrays: ``os.pread`` (local) or fsspec range requests (URLs)."""
+    """Stored chunks of one asset: ``preadv`` on local shard files, fsspec range requests for URLs."""
 
     def __init__(self, asset: Any) -> None:
         self.asset = asset
@@ -46,11 +107,16 @@ class ChunkReader:
         self.where = str(asset.path)
         self.local = raw.local
         self._raw = raw
-        self._fds: dict[int, int] = {}
+        self._fdtab = np.full(self.geom.num_shards, -1, dtype=np.int64)
         self._lock = threading.Lock()
         self._check = getattr(asset, "check_chunk_bytes", None)
         # a sparse subset (docs/asset-format.md §12): rank of each stored chunk in its shard, -1 = absent (zeros)
         self._ranks = asset.sparse_ranks() if getattr(asset, "sparse", False) else None
+        # the fast path: a local dense asset, read by chunk offset straight into the caller's buffer
+        self.direct = self.local is not None and self._ranks is None
+        self.nowait = self.direct and bool(_NOWAIT)  # may be switched off by the first probe (see read_nowait)
+        self._probed = False
+        self._crcbuf = bytearray(4)
 
     def _extent(self, c: int) -> tuple[int, int]:
         cps = self.geom.chunks_per_shard
@@ -66,6 +132,82 @@ class ChunkReader:
         rank = self._ranks[s]
         return rank is None or int(rank[i]) < 0
 
+    # ---- the fast path (local, dense): straight into rows of the caller's buffer
+    def read_into(self, chunks: np.ndarray, out: np.ndarray, rows: np.ndarray, *, nowait: bool = False) -> np.ndarray:
+        """Read chunks (int64 [n]) into ``out[rows]`` (out: uint8 [N, chunk_bytes], C-contiguous), each checked.
+
+        nowait=False: every chunk is read (blocking) or FormatError names the one that could not be.
+        nowait=True: only chunks the OS can hand over without waiting for storage (RWF_NOWAIT); a chunk that
+        would block, or fails in any way, is left for a blocking read, which reports the precise error.
+        Returns bool [n]: which chunks are now in ``out``."""
+        n = chunks.shape[0]
+        ok = np.zeros(n, dtype=bool)
+        if n == 0:
+            return ok
+        cps, st = self.geom.chunks_per_shard, self.geom.stride
+        shard = chunks // cps
+        try:
+            fds = self._fds_of(shard)
+        except FormatError:
+            if nowait:
+                return ok
+            raise
+        offs = (chunks - shard * cps) * st
+        flags = _NOWAIT if nowait else 0
+        kern = _kernel()
+        if kern is not None:
+            kern[0](fds, offs, out, rows.astype(np.int64, copy=False), self.geom.crc, flags, ok)
+        else:
+            self._read_py(fds, offs, out, rows, flags, ok)
+        if nowait and not self._probed:
+            self._probe(chunks, fds, offs, out, rows, ok)
+        if not nowait and not ok.all():
+            for j in np.flatnonzero(~ok).tolist():  # again in Python: the precise error, or a transient failure
+                out[rows[j]] = self._read_stored([int(chunks[j])])[0]
+                ok[j] = True
+        return ok
+
+    def _read_py(self, fds, offs, out, rows, flags, ok) -> None:
+        cb, crc = self.geom.chunk_bytes, self.geom.crc
+        want = cb + 4 if crc else cb
+        from polymem.asset._shards import crc32c
+
+        cbuf = self._crcbuf
+        for i, (fd, off, r) in enumerate(zip(fds.tolist(), offs.tolist(), rows.tolist())):
+            dst = memoryview(out[r])
+            try:
+                got = os.preadv(fd, [dst, cbuf] if crc else [dst], off, flags)
+            except OSError:  # EAGAIN (would block), EOPNOTSUPP, EIO: left to the blocking read
+                continue
+            ok[i] = got == want and (not crc or crc32c(dst) == int.from_bytes(cbuf, "little"))
+
+    def _probe(self, chunks, fds, offs, out, rows, ok) -> None:
+        """The first non-blocking read: if the file system refuses RWF_NOWAIT even for a chunk just read
+        (in the OS page cache for sure), stop trying it."""
+        self._probed = True
+        if ok.any():
+            return
+        j = np.arange(1)
+        self.read_into(chunks[:1], out, rows[:1])  # blocking; the chunk is in the page cache now
+        again = np.zeros(1, dtype=bool)
+        kern = _kernel()
+        if kern is not None:
+            kern[0](fds[:1], offs[:1], out, rows[j].astype(np.int64), self.geom.crc, _NOWAIT, again)
+        else:
+            self._read_py(fds[:1], offs[:1], out, rows[:1], _NOWAIT, again)
+        self.nowait = bool(again[0])
+        ok[0] = True
+
+    def _fds_of(self, shard: np.ndarray) -> np.ndarray:
+        tab = self._fdtab
+        fds = tab[shard]
+        if (fds < 0).any():
+            for s in np.unique(shard[fds < 0]).tolist():
+                self._fd(s)
+            fds = tab[shard]
+        return fds
+
+    # ---- the general path: one uint8 array per chunk
     def read(self, chunks: "list[int] | np.ndarray") -> list[np.ndarray]:
         """Chunk ids -> one uint8 array [chunk_bytes] each (checked); absent chunks of a sparse asset are zeros."""
         if self._ranks is None:
@@ -77,14 +219,14 @@ class ChunkReader:
         return [got.get(c, zero) for c in chunks]
 
     def _fd(self, s: int) -> int:
-        fd = self._fds.get(s)
-        if fd is None:
+        fd = int(self._fdtab[s])
+        if fd < 0:
             with self._lock:
-                fd = self._fds.get(s)
-                if fd is None:
+                fd = int(self._fdtab[s])
+                if fd < 0:
                     key = self.geom.shard_key(s)
                     try:
-                        fd = os.open(self.local / key, os.O_RDONLY)  # type: ignore[operator]
+                        fd = os.open(self.local / key, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # type: ignore[operator]
                     except FileNotFoundError:
                         raise FormatError(
                             f"{self.where}: shard {key!r} is missing (it was there when the asset was opened); "
@@ -92,7 +234,9 @@ class ChunkReader:
                         ) from None
                     except OSError as e:
                         raise FormatError(f"{self.where}: cannot open shard {key!r}: {e.strerror}; check the file") from None
-                    self._fds[s] = fd
+                    if hasattr(os, "posix_fadvise"):  # single-chunk reads: no readahead of the neighbours
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                    self._fdtab[s] = fd
         return fd
 
     def _short(self, c: int, got: int) -> FormatError:
@@ -140,39 +284,132 @@ class ChunkReader:
                 out.append(np.frombuffer(bytes(b), dtype=np.uint8))
         if self._check is not None:
             self._check(np.asarray(chunks, dtype=np.int64), out)
-        if cb != self.geom.chunk_bytes:  # a copy, so the cache holds (and counts) exactly chunk_bytes per chunk
-            out = [a[: self.geom.chunk_bytes].copy() for a in out]
+        if cb != self.geom.chunk_bytes:
+            out = [a[: self.geom.chunk_bytes] for a in out]
         return out
 
     def close(self) -> None:
         with self._lock:
-            fds, self._fds = self._fds, {}
-        for fd in fds.values():
+            fds = self._fdtab[self._fdtab >= 0].tolist()
+            self._fdtab[:] = -1
+        for fd in fds:
             try:
                 os.close(fd)
             except OSError:
                 pass
 
 
+class Pending:
+    """The chunks of one :meth:`PageService.fetch_into` still being read by the pool (or by another consumer).
+    :meth:`wait` blocks until they are done and copies them into the consumer's buffer (read errors raise)."""
+
+    __slots__ = ("service", "out", "parts")
+
+    def __init__(self, service: "PageService", out: np.ndarray) -> None:
+        self.service, self.out = service, out
+        self.parts: list[tuple[Future, np.ndarray, np.ndarray]] = []  # (future, rows of out, rows of its result)
+
+    def done(self) -> bool:
+        return all(f.done() for f, _, _ in self.parts)
+
+    def wait(self) -> None:
+        t0 = time.perf_counter()
+        waited = not self.done()
+        out = self.out
+        for fut, rows, src in self.parts:
+            out[rows] = fut.result()[src]
+        if waited:
+            self.service.note_wait(time.perf_counter() - t0)
+
+
 class PageService:
-    """Chunk cache + reader pool of one asset. ``fetch`` hands out chunks or futures; ``resolve`` waits."""
+    """Chunk cache + reader pool of one asset. ``fetch_into`` copies chunks into a consumer's buffer."""
 
     def __init__(self, asset: Any, *, cache_mb: float = 256.0, workers: int = 4) -> None:
         _check_args(cache_mb, workers)
         self.asset = asset
         self.geom = asset.geometry
         self.reader = ChunkReader(asset)
-        self.capacity = int(cache_mb * (1 << 20))
         self.workers = workers
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._cache_bytes = 0
         self._inflight: dict[int, tuple[Future, int]] = {}
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._users = 0
         self._finalizer: weakref.finalize | None = None
-        self._stats = dict(hits=0, misses=0, joined=0, reads=0, read_calls=0, bytes_read=0, evictions=0,
-                           wait_s=0.0, cache_peak_bytes=0, errors=0)
+        self._stats = dict(hits=0, misses=0, joined=0, reads=0, nowait_reads=0, read_calls=0, bytes_read=0,
+                           evictions=0, wait_s=0.0, cache_peak_bytes=0, errors=0)
+        self._setup_cache(int(cache_mb * (1 << 20)))
+
+    # ---- the cache: a slab of slots, chunk -> slot, LRU by stamp
+    def _setup_cache(self, capacity: int) -> None:  # under the lock (or in __init__)
+        cb = self.geom.chunk_bytes
+        self.capacity = capacity
+        self._nslots = capacity // cb
+        self._slab = np.empty((self._nslots, cb), dtype=np.uint8)  # the OS commits pages only when written
+        self._slot: dict[int, int] = {}  # chunk -> slot
+        self._chunk_at = np.full(self._nslots, -1, dtype=np.int64)
+        self._stamp = np.zeros(self._nslots, dtype=np.int64)
+        self._top = 0  # slots [0, top) have been used
+        self._free: list[int] = []
+        self._tick = 0
+
+    def cached(self, chunk: int) -> bool:
+        """Whether ``chunk`` is in the cache now."""
+        with self._lock:
+            return int(chunk) in self._slot
+
+    def _cache_bytes(self) -> int:
+        return len(self._slot) * self.geom.chunk_bytes
+
+    def _take_slots(self, k: int) -> np.ndarray:  # under the lock; k <= nslots
+        got: list[int] = []
+        while self._free and len(got) < k:
+            got.append(self._free.pop())
+        fresh = min(k - len(got), self._nslots - self._top)
+        if fresh:
+            got.extend(range(self._top, self._top + fresh))
+            self._top += fresh
+        need = k - len(got)
+        if need:  # evict the least recently used (stamps of this forward's slots are the newest: not chosen)
+            used = self._top
+            # evict a little more than needed when the cache is large, so the O(slots) search runs seldom
+            take = min(used, max(need, self._nslots // 64))
+            st = self._stamp[:used].copy()
+            free_now = np.asarray(self._free + got, dtype=np.int64)
+            if free_now.size:
+                st[free_now] = np.iinfo(np.int64).max
+            victims = np.argpartition(st, take - 1)[:take] if take < used else np.argsort(st)[:take]
+            victims = victims[np.argsort(st[victims], kind="stable")]
+            for v in victims.tolist():
+                c = int(self._chunk_at[v])
+                if c >= 0:
+                    del self._slot[c]
+                    self._chunk_at[v] = -1
+                    self._stats["evictions"] += 1
+            vs = victims.tolist()
+            got.extend(vs[:need])
+            self._free.extend(vs[need:])
+        return np.asarray(got, dtype=np.int64)
+
+    def _insert(self, chunks: np.ndarray, src: np.ndarray, rows: np.ndarray) -> None:  # under the lock
+        """Cache chunks[i] = src[rows[i]] (those not cached yet; at most the cache's slots)."""
+        if self._nslots == 0 or chunks.size == 0:
+            return
+        keep = [i for i, c in enumerate(chunks.tolist()) if c not in self._slot]
+        if len(keep) > self._nslots:
+            keep = keep[-self._nslots:]
+        if not keep:
+            return
+        k = np.asarray(keep, dtype=np.int64)
+        slots = self._take_slots(len(keep))
+        self._slab[slots] = src[rows[k]]
+        ids = chunks[k]
+        self._slot.update(zip(ids.tolist(), slots.tolist()))
+        self._chunk_at[slots] = ids
+        self._stamp[slots] = self._tick
+        nb = self._cache_bytes()
+        if nb > self._stats["cache_peak_bytes"]:
+            self._stats["cache_peak_bytes"] = nb
 
     # ---- lifecycle
     def acquire(self) -> None:
@@ -203,8 +440,7 @@ class PageService:
         with self._lock:
             pool, self._pool = self._pool, None
             fin, self._finalizer = self._finalizer, None
-            self._cache.clear()
-            self._cache_bytes = 0
+            self._setup_cache(self.capacity)
         if fin is not None:
             fin.detach()
         if pool is not None:
@@ -218,115 +454,155 @@ class PageService:
     def restart(self, cache_mb: float) -> None:
         """A service no table uses any more starts over: the new size, counters at zero."""
         with self._lock:
-            self.capacity = int(cache_mb * (1 << 20))
+            self._setup_cache(int(cache_mb * (1 << 20)))
             for k in self._stats:
                 self._stats[k] = 0.0 if k == "wait_s" else 0
 
     def resize(self, cache_mb: float) -> None:
+        """Grow the cache to ``cache_mb`` (never shrinks; cached chunks are kept)."""
         with self._lock:
-            self.capacity = max(self.capacity, int(cache_mb * (1 << 20)))
+            cap = int(cache_mb * (1 << 20))
+            if cap <= self.capacity:
+                return
+            old_slab, old_slot = self._slab, self._slot
+            self._setup_cache(cap)
+            if old_slot:
+                ids = np.fromiter(old_slot.keys(), dtype=np.int64, count=len(old_slot))
+                src = np.fromiter(old_slot.values(), dtype=np.int64, count=len(old_slot))
+                self._insert(ids, old_slab, src)
 
     # ---- reads
-    def _insert(self, c: int, a: np.ndarray) -> None:  # under the lock
-        nb = a.nbytes
-        if nb > self.capacity or c in self._cache:
-            return
-        while self._cache_bytes + nb > self.capacity and self._cache:
-            _, old = self._cache.popitem(last=False)
-            self._cache_bytes -= old.nbytes
-            self._stats["evictions"] += 1
-        self._cache[c] = a
-        self._cache_bytes += nb
-        if self._cache_bytes > self._stats["cache_peak_bytes"]:
-            self._stats["cache_peak_bytes"] = self._cache_bytes
-
-    def _read(self, chunks: list[int]) -> list[np.ndarray]:
+    def _read_task(self, chunks: np.ndarray) -> np.ndarray:
+        """A pool task: read chunks (blocking, checked) into a new buffer, cache them; uint8 [n, chunk_bytes]."""
+        n = chunks.shape[0]
         try:
-            arrs = self.reader.read(chunks)
+            if self.reader.direct:
+                buf = np.empty((n, self.geom.chunk_bytes), dtype=np.uint8)
+                self.reader.read_into(chunks, buf, np.arange(n))
+            else:
+                buf = np.stack(self.reader.read(chunks))
         except BaseException:
             with self._lock:
                 self._stats["errors"] += 1
-                for c in chunks:
+                for c in chunks.tolist():
                     self._inflight.pop(c, None)
             raise
         with self._lock:
-            self._stats["reads"] += len(chunks)
+            self._stats["reads"] += n
             self._stats["read_calls"] += 1
-            self._stats["bytes_read"] += sum(a.nbytes for a in arrs)
-            for c, a in zip(chunks, arrs):
+            self._stats["bytes_read"] += n * self.geom.chunk_bytes
+            for c in chunks.tolist():
                 self._inflight.pop(c, None)
-                self._insert(c, a)
-        return arrs
+            self._insert(chunks, buf, np.arange(n))
+        return buf
 
-    def fetch(self, chunks: np.ndarray, *, background: bool) -> list[Any]:
-        """Distinct chunk ids -> one entry each: the chunk (uint8 array) or a (future, index) of a read.
+    def fetch_into(self, chunks: np.ndarray, out: np.ndarray, *, background: bool) -> Pending | None:
+        """Distinct chunk ids (int64 [n]) -> their bytes in ``out[:n]`` (uint8 [>=n, chunk_bytes], C-contiguous).
 
-        background=True submits the missing chunks to the worker pool and returns at once; False reads them
-        in the calling thread (the synchronous path)."""
-        entries: list[Any] = [None] * len(chunks)
-        missing: list[int] = []
-        where: list[int] = []
-        hits = joined = 0
-        pool = self.pool() if background else None
-        with self._lock:  # one critical section: a chunk is looked up and, if missing, registered as in flight
-            cache, inflight = self._cache, self._inflight
+        background=False reads the missing chunks in the calling thread (blocking) and returns None.
+        background=True reads in the calling thread only what the OS page cache holds (non-blocking) and
+        hands the rest to the worker pool; returns a :class:`Pending` to wait on, or None when nothing is left."""
+        n = chunks.shape[0]
+        cb = self.geom.chunk_bytes
+        with self._lock:  # lookup, copies out of the cache and registration of reads: one critical section
+            self._tick += 1
+            slot, inflight = self._slot, self._inflight
+            hit_rows: list[int] = []
+            hit_slots: list[int] = []
+            joins: list[tuple[int, Future, int]] = []
+            miss: list[int] = []
             for j, c in enumerate(chunks.tolist()):
-                a = cache.get(c)
-                if a is not None:
-                    cache.move_to_end(c)
-                    entries[j] = a
-                    hits += 1
+                s = slot.get(c)
+                if s is not None:
+                    hit_rows.append(j)
+                    hit_slots.append(s)
                     continue
                 f = inflight.get(c)
                 if f is not None:
-                    entries[j] = f
-                    joined += 1
+                    joins.append((j, f[0], f[1]))
                     continue
-                missing.append(c)
-                where.append(j)
-            self._stats["hits"] += hits
-            self._stats["joined"] += joined
-            self._stats["misses"] += len(missing)
-            if missing and pool is not None:
-                n = len(missing)
-                groups = min(self.workers, n)
-                bounds = [n * g // groups for g in range(groups + 1)]
+                miss.append(j)
+            if hit_rows:
+                hs = np.asarray(hit_slots, dtype=np.int64)
+                out[hit_rows] = self._slab[hs]
+                self._stamp[hs] = self._tick
+            st = self._stats
+            st["hits"] += len(hit_rows)
+            st["joined"] += len(joins)
+            st["misses"] += len(miss)
+            if not miss and not joins:
+                return None
+            mrows = np.asarray(miss, dtype=np.int64)
+            mids = chunks[mrows]
+            if background and miss and self.reader.nowait:
+                ok = self.reader.read_into(mids, out, mrows, nowait=True)  # what the OS page cache holds
+                got = int(ok.sum())
+                if got:
+                    st["reads"] += got
+                    st["nowait_reads"] += got
+                    st["read_calls"] += 1
+                    st["bytes_read"] += got * cb
+                    self._insert(mids[ok], out, mrows[ok])
+                    mrows, mids = mrows[~ok], mids[~ok]
+            pending = Pending(self, out) if (joins or (background and mids.size)) else None
+            if pending is not None:
+                for j, f, i in joins:
+                    pending.parts.append((f, np.array([j]), np.array([i])))
+            if background and not mids.size:
+                return pending
+            if background:
+                pool = self._pool or self._start_pool()
+                m = mids.size
+                groups = max(1, min(self.workers, -(-m // READS_PER_TASK)))
+                bounds = [m * g // groups for g in range(groups + 1)]
                 for g in range(groups):
-                    part = missing[bounds[g]: bounds[g + 1]]
-                    fut = pool.submit(self._read, part)
-                    for i, c in enumerate(part):
+                    part = mids[bounds[g]: bounds[g + 1]]
+                    fut = pool.submit(self._read_task, part)
+                    for i, c in enumerate(part.tolist()):
                         inflight[c] = (fut, i)
-                        entries[where[bounds[g] + i]] = (fut, i)
-        if not missing or pool is not None:
-            return entries
-        # the synchronous path: the caller reads, and waits for the whole read
-        t0 = time.perf_counter()
-        arrs = self._read(missing)
-        self.note_wait(time.perf_counter() - t0)
-        for j, a in zip(where, arrs):
-            entries[j] = a
-        return entries
+                    pending.parts.append((fut, mrows[bounds[g]: bounds[g + 1]], np.arange(part.size)))  # type: ignore[union-attr]
+                return pending
+        if mids.size:  # the synchronous path: the caller reads, and waits for the whole read
+            t0 = time.perf_counter()
+            try:
+                if self.reader.direct:
+                    self.reader.read_into(mids, out, mrows)
+                else:
+                    out[mrows] = np.stack(self.reader.read(mids))
+            except BaseException:
+                with self._lock:
+                    self._stats["errors"] += 1
+                raise
+            with self._lock:
+                st = self._stats
+                st["reads"] += mids.size
+                st["read_calls"] += 1
+                st["bytes_read"] += mids.size * cb
+                st["wait_s"] += time.perf_counter() - t0
+                self._insert(mids, out, mrows)
+        if pending is not None:
+            pending.wait()
+        return None
 
-    def resolve(self, entry: Any) -> np.ndarray:
-        """An entry of :meth:`fetch` -> the chunk, waiting for its read if needed (read errors raise here)."""
-        if isinstance(entry, np.ndarray):
-            return entry
-        fut, i = entry
-        return fut.result()[i]
+    def _start_pool(self) -> ThreadPoolExecutor:  # under the lock
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=THREAD_PREFIX)
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool, self.reader)
+        return self._pool
 
     def note_wait(self, seconds: float) -> None:
-        """Add time a consumer spent waiting for this service (reads and decoding) to ``wait_s``."""
+        """Add time a consumer spent waiting for this service's reads to ``wait_s``."""
         with self._lock:
             self._stats["wait_s"] += seconds
 
     def stats(self) -> dict[str, Any]:
         """Counters since the service started: hits / misses / joined (chunks found in the cache, read, or
-        shared with a read in flight), reads and bytes_read (chunks and bytes read from storage), read_calls,
-        evictions, errors, wait_s (seconds consumers waited for reads), cache_bytes / cache_peak_bytes /
-        capacity_bytes, chunk_bytes, workers."""
+        shared with a read in flight), reads and bytes_read (chunks and bytes read from storage; nowait_reads
+        of them read in the consumer's thread from the OS page cache), read_calls, evictions, errors, wait_s
+        (seconds consumers waited for reads), cache_bytes / cache_peak_bytes / capacity_bytes, chunk_bytes,
+        workers."""
         with self._lock:
             out = dict(self._stats)
-            out.update(cache_bytes=self._cache_bytes, cache_chunks=len(self._cache), capacity_bytes=self.capacity,
+            out.update(cache_bytes=self._cache_bytes(), cache_chunks=len(self._slot), capacity_bytes=self.capacity,
                        chunk_bytes=self.geom.chunk_bytes, workers=self.workers,
                        source="pread" if self.reader.local is not None else "fsspec")
         return out
@@ -366,4 +642,4 @@ def service_for(asset: Any, *, cache_mb: float = 256.0, workers: int = 4) -> Pag
     return svc
 
 
-__all__ = ["ChunkReader", "PageService", "THREAD_PREFIX", "service_for"]
+__all__ = ["ChunkReader", "PageService", "Pending", "THREAD_PREFIX", "service_for"]

@@ -4,23 +4,26 @@
 
 1. plan (host): the distinct stored chunks the rows live in (a page read once per batch however many
    n-grams hit it), and where each row sits in them;
-2. fetch: :class:`polymem.asset.pages.PageService` hands out cached chunks and starts reads for the others;
-3. finish: the chunks are stacked into one uint8 buffer, moved to the device (CUDA: a pinned host staging
-   buffer and a non-blocking copy on a side stream) and decoded there, vectorised — float16/bfloat16 rows
-   are widened, NF4 codes are looked up and scaled (the same float32 products as :func:`polymem.asset.nf4.dequantize`,
-   so results are bit-identical to the in-memory table made from the same asset).
+2. fetch: :class:`polymem.asset.pages.PageService` copies the cached chunks into a reused host buffer (the
+   stage) and reads the others into it — in the calling thread what the OS page cache holds, on the reader
+   threads what has to come from storage;
+3. finish: only the rows the forward needs are taken out of the chunks (host, one numpy gather), moved to the
+   device (CUDA: a pinned host staging buffer and a non-blocking copy on a side stream) and decoded there,
+   vectorised — float16/bfloat16 rows are widened, NF4 codes are looked up and scaled (the same float32
+   products as :func:`polymem.asset.nf4.dequantize`, so results are bit-identical to the in-memory table
+   made from the same asset).
 
 With prefetch, :meth:`PagedRows.start` (called from the model's forward pre-hook, before block 0) runs steps
-1-2, so the reads overlap the blocks before the first site; :meth:`PagedRows.gather` (called by each site)
-waits only for reads not finished yet, then decodes (cheap, vectorised), and every later site of that forward
-reuses the result. Without prefetch the reads happen inside the first site's gather, in the calling thread.
+1-2, so reads from storage overlap the blocks before the first site; :meth:`PagedRows.gather` (called by each
+site) waits only for reads not finished yet, then decodes, and every later site of that forward reuses the
+result. Without prefetch the reads happen inside the first site's gather, in the calling thread.
 Not here: the cache and reads (:mod:`polymem.asset.pages`), the site maths (:mod:`.site`).
 """
 
 from __future__ import annotations
 
+import math
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +41,7 @@ class _Plan:
     device: torch.device
     chunks: np.ndarray  # int64 [n] distinct chunk ids, sorted
     slot: np.ndarray  # int64 [m] index into chunks of each valid row
-    inner: np.ndarray  # int64 [m] row index inside its chunk
+    inner: np.ndarray  # int64 [m] row index inside its chunk (its pages' rows are consecutive)
     valid: np.ndarray | None  # bool [M] (None = all valid)
 
 
@@ -95,9 +98,12 @@ class PagedRows:
         self.KS, self.r, self.ppc = g.rows_per_page, g.head_dim, g.pages_per_chunk
         self.chunk_bytes, self.page_bytes = g.chunk_bytes, g.page_bytes
         self.row_bytes = g.page_bytes // g.rows_per_page
+        self.rpc = g.rows_per_page * g.pages_per_chunk  # rows per chunk
+        self._rows_view: np.ndarray | None = None
         self._levels: dict[torch.device, torch.Tensor] = {}
         self._stagers: dict[torch.device, _CudaStager] = {}
-        self._ticket: tuple[torch.Tensor, Any] | None = None  # (rows of the forward, future or result)
+        self._ticket: tuple[torch.Tensor, Any] | None = None  # (rows of the forward, pending reads or result)
+        self._buf: np.ndarray | None = None  # the stage, reused forward after forward
 
     # ---- planning (host)
     def plan(self, rows: torch.Tensor) -> _Plan:
@@ -106,62 +112,80 @@ class PagedRows:
         valid = host >= 0
         all_valid = bool(valid.all())
         vr = host if all_valid else host[valid]
-        page = vr // self.KS
-        if self.ppc == 1:
-            chunk, inner = page, vr % self.KS
-        else:
-            chunk = page // self.ppc
-            inner = (page % self.ppc) * self.KS + vr % self.KS
-        chunks, slot = np.unique(chunk, return_inverse=True)
-        return _Plan(tuple(rows.shape), rows.device, chunks.astype(np.int64), slot.reshape(-1).astype(np.int64),
-                     inner.astype(np.int64), None if all_valid else valid)
+        chunk, inner = np.divmod(vr, self.rpc)  # rows of a chunk are consecutive: its pages, K·S rows each
+        srt = np.sort(chunk)  # np.unique(return_inverse=True), without its overhead on small arrays
+        first = np.empty(srt.shape[0], dtype=bool)
+        first[:1] = True
+        np.not_equal(srt[1:], srt[:-1], out=first[1:])
+        chunks = srt[first]
+        slot = np.searchsorted(chunks, chunk)
+        return _Plan(tuple(rows.shape), rows.device, chunks, slot, inner, None if all_valid else valid)
 
-    # ---- decoding (device)
-    def _decode(self, buf: torch.Tensor, n: int, idx: torch.Tensor, inner: torch.Tensor) -> torch.Tensor:
-        """buf uint8 [n*chunk_bytes] on the device; idx/inner int64 [m] -> fp32 [m, r]."""
+    # ---- decoding
+    def _stage(self, n: int) -> np.ndarray:
+        """The reused host buffer the chunks of one forward are copied / read into: uint8 [n, chunk_bytes]."""
+        buf = self._buf
+        if buf is None or buf.shape[0] < n:
+            buf = self._buf = np.empty((max(n, 2 * (0 if buf is None else buf.shape[0]), 16), self.chunk_bytes),
+                                       dtype=np.uint8)
+            # every stored row of every chunk in the buffer: [chunks, rows per chunk, row bytes] (a view)
+            self._rows_view = np.lib.stride_tricks.as_strided(
+                buf, (buf.shape[0], self.rpc, self.row_bytes), (self.chunk_bytes, self.row_bytes, 1), writeable=False)
+        return buf[:n]
+
+    def _row_bytes(self, plan: _Plan) -> np.ndarray:
+        """The stored bytes of the plan's valid rows, uint8 [m, row_bytes] (a copy: the stage is reused)."""
+        return self._rows_view[plan.slot, plan.inner]
+
+    def _decode(self, b: torch.Tensor) -> torch.Tensor:
+        """Stored rows uint8 [m, row_bytes] (on the device) -> fp32 [m, r]: float16/bfloat16 widened, NF4 codes
+        looked up (byte -> level pair) and scaled by the row's float16 scale — the float32 products of
+        :func:`polymem.asset.nf4.dequantize`, so bit-identical to the in-memory table."""
         r = self.r
         if self.dtype != "nf4":
-            table = buf.view(_TORCH_FLOAT[self.dtype]).view(n * self.KS, r)
-            return table.index_select(0, idx * self.KS + inner).float()
-        rb = self.row_bytes
-        rowsv = buf.as_strided((n, self.ppc * self.KS, rb), (self.chunk_bytes, rb, 1))
-        b = rowsv[idx, inner]  # uint8 [m, rb]: r/2 code bytes, then a float16 scale
-        lut = self._levels.get(buf.device)
+            return b.view(_TORCH_FLOAT[self.dtype]).float()
+        lut = self._levels.get(b.device)
         if lut is None:  # byte -> (level of its low nibble, level of its high nibble): one lookup per byte
             pairs = np.stack([NF4_LEVELS[np.arange(256) & 0x0F], NF4_LEVELS[np.arange(256) >> 4]], axis=-1)
-            lut = self._levels[buf.device] = torch.from_numpy(pairs.astype(np.float32)).to(buf.device)  # [256, 2]
-        levels = lut[b[:, : r // 2].to(torch.int32)].view(-1, r)  # [m, r]: code 2i low nibble, 2i+1 high
+            lut = self._levels[b.device] = torch.from_numpy(pairs.astype(np.float32)).to(b.device)  # [256, 2]
+        codes = b[:, : r // 2].reshape(-1).to(torch.int64)
+        levels = lut.index_select(0, codes).view(-1, r)  # [m, r]: code 2i low nibble, 2i+1 high
         scale = b[:, r // 2:].contiguous().view(torch.float16).float()  # [m, 1]
         return levels * scale
 
-    def finish(self, plan: _Plan, entries: list[Any]) -> tuple[torch.Tensor, Any]:
-        """Wait for the chunks of ``plan``, move them to the device and decode -> (fp32 [..., r], event|None)."""
-        svc = self.service
-        arrs = [svc.resolve(e) for e in entries]
-        n, r = len(arrs), self.r
-        M = int(np.prod(plan.shape)) if plan.shape else 1
+    def finish(self, plan: _Plan, stage: np.ndarray) -> tuple[torch.Tensor, Any]:
+        """Decode the rows of ``plan`` from its chunks in ``stage`` on the device -> (fp32 [..., r], event|None).
+        Only the rows the forward needs are taken out of the chunks (on the host) and decoded."""
+        n, r = stage.shape[0], self.r
         dev = plan.device
-        event = None
         if n == 0:
             return torch.zeros(*plan.shape, r, device=dev), None
+        M = math.prod(plan.shape)
+        rb = self._row_bytes(plan)
         if dev.type == "cuda":
             stager = self._stagers.get(dev)
             if stager is None:
                 stager = self._stagers[dev] = _CudaStager(dev)
-            extra = [plan.slot, plan.inner] + ([plan.valid.astype(np.uint8)] if plan.valid is not None else [])
-            tensors, event = stager.upload(arrs, extra)
+            extra = [plan.valid.astype(np.uint8)] if plan.valid is not None else []
+            tensors, event = stager.upload([rb.reshape(-1)], extra)
             with torch.cuda.stream(stager.stream):
-                buf = tensors[0]
-                idx, inner = tensors[1].view(torch.int64), tensors[2].view(torch.int64)
-                dec = self._decode(buf, n, idx, inner)
-                out = self._scatter(dec, tensors[3].bool() if plan.valid is not None else None, M, dev)
+                dec = self._decode(tensors[0].view(-1, self.row_bytes))
+                out = self._scatter(dec, tensors[1].bool() if plan.valid is not None else None, M, dev)
                 event = torch.cuda.Event()
                 event.record(stager.stream)
+            return out.view(*plan.shape, r), event
+        if self.dtype == "nf4":  # host work on the host: codes widened and scales split by numpy
+            lut = self._levels.get(dev)
+            if lut is None:
+                self._decode(torch.zeros(1, self.row_bytes, dtype=torch.uint8))
+                lut = self._levels[dev]
+            h = r // 2
+            levels = lut.index_select(0, torch.from_numpy(rb[:, :h].astype(np.int64).reshape(-1))).view(-1, r)
+            dec = levels * torch.from_numpy(rb[:, h:].copy().view(np.float16)).float()
         else:
-            buf = torch.from_numpy(np.concatenate(arrs) if n > 1 else arrs[0].copy())
-            dec = self._decode(buf, n, torch.from_numpy(plan.slot), torch.from_numpy(plan.inner))
-            out = self._scatter(dec, None if plan.valid is None else torch.from_numpy(plan.valid), M, dev)
-        return out.view(*plan.shape, r), event
+            dec = self._decode(torch.from_numpy(rb))
+        out = self._scatter(dec, None if plan.valid is None else torch.from_numpy(plan.valid), M, dev)
+        return out.view(*plan.shape, r), None
 
     def _scatter(self, dec: torch.Tensor, valid: torch.Tensor | None, M: int, dev: torch.device) -> torch.Tensor:
         if valid is None:
@@ -172,9 +196,15 @@ class PagedRows:
 
     # ---- the two paths
     def start(self, rows: torch.Tensor) -> None:
-        """Prefetch: plan now and start reading the missing chunks on the worker pool (returns at once)."""
+        """Prefetch: plan now, copy cached chunks and read what the OS page cache holds, and start background
+        reads of the rest (returns without waiting for storage)."""
         plan = self.plan(rows)
-        self._ticket = (rows, (plan, self.service.fetch(plan.chunks, background=True)))
+        stage = self._stage(plan.chunks.shape[0])
+        try:
+            pending = self.service.fetch_into(plan.chunks, stage, background=True)
+        except BaseException as e:  # surfaces in the forward's first site, like a background read's error
+            pending = e
+        self._ticket = (rows, (plan, stage, pending))
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
         """fp32 [..., r] rows of the forward in progress: the prefetched chunks when ``rows`` is the tensor
@@ -184,19 +214,21 @@ class PagedRows:
         if t is not None and t[0] is rows:
             if isinstance(t[1], torch.Tensor):
                 return t[1]
-            plan, entries = t[1]
-            pending = [e for e in entries if not isinstance(e, np.ndarray) and not e[0].done()]
-            t0 = time.perf_counter() if pending else 0.0
+            plan, stage, pending = t[1]
             try:
-                out, event = self.finish(plan, entries)
+                if isinstance(pending, BaseException):
+                    raise pending
+                if pending is not None:
+                    pending.wait()
+                out, event = self.finish(plan, stage)
             except BaseException:
                 self._ticket = None
                 raise
-            if pending:
-                self.service.note_wait(time.perf_counter() - t0)
         else:
             plan = self.plan(rows)
-            out, event = self.finish(plan, self.service.fetch(plan.chunks, background=False))
+            stage = self._stage(plan.chunks.shape[0])
+            self.service.fetch_into(plan.chunks, stage, background=False)
+            out, event = self.finish(plan, stage)
         if event is not None:
             torch.cuda.current_stream(out.device).wait_event(event)
             out.record_stream(torch.cuda.current_stream(out.device))
