@@ -362,7 +362,18 @@ def test_subset_serves_every_corpus_lookup_and_stores_only_kept_chunks(tmp_path,
 
     svc = service_for(sub, cache_mb=1)
     ids = np.arange(g.num_chunks)
-    got = np.stack([svc.resolve(e) for e in svc.fetch(ids, background=False)])
+    got = np.zeros((g.num_chunks, g.chunk_bytes), np.uint8)
+    assert svc.fetch_into(ids, got, background=False) is None
+    again = np.zeros_like(got)  # prefetched (reader threads), all hits now
+    pending = svc.fetch_into(ids, again, background=True)
+    assert pending is None and np.array_equal(again, got)
+    from polymem.asset.pages import PageService
+
+    nocache = PageService(sub, cache_mb=0)  # prefetched with nothing cached: the reader threads read them
+    pending = nocache.fetch_into(ids, again, background=True)
+    pending.wait()
+    assert np.array_equal(again, got) and nocache.stats()["reads"] == g.num_chunks
+    nocache.close()
     full_chunks = np.ascontiguousarray(full._reader.read_chunks(ids)).view(np.uint8).reshape(g.num_chunks, -1)
     keep = np.zeros(g.num_chunks, bool)
     keep[np.flatnonzero(np.abs(sub.to_numpy()).reshape(g.pages, -1).max(1) > 0) // g.pages_per_chunk] = True
