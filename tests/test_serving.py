@@ -441,9 +441,10 @@ def test_pages_in_the_os_cache_are_read_in_the_callers_thread(byte_cache, ids, a
 def test_pages_not_in_the_os_cache_go_to_the_reader_threads(byte_cache, ids, assets, tmp_path):
     """Pages the OS has to fetch from the disk are not read in the caller's thread: they go to the pool, all
     the forward's reads at once, and the site waits for them; the result is the same."""
-    src = assets["nf4"]
-    asset = MemoryAsset.from_array(tmp_path / "e", src.to_numpy(), HashSpec(), LAYOUT, orders=(1, 2, 3),
-                                   dtype="nf4", chunks_per_shard=128)
+    big = Layout(pages=16384, heads=4, slots=4, head_dim=8)  # ~390 chunks: the rows' chunks lie far apart
+    w = np.random.default_rng(5).standard_normal((big.num_rows, big.head_dim)).astype(np.float32)
+    asset = MemoryAsset.from_array(tmp_path / "e", w, HashSpec(), big, orders=(1, 2, 3), dtype="nf4",
+                                   chunks_per_shard=256)
     g = asset.geometry
     shards = [tmp_path / "e" / g.shard_key(s) for s in range(g.num_shards)]
     for p in shards:  # write back, then drop the shards from the OS page cache
@@ -462,10 +463,13 @@ def test_pages_not_in_the_os_cache_go_to_the_reader_threads(byte_cache, ids, ass
     finally:
         os.close(fd)
     model = llama()
-    h = attach(model, asset, byte_cache, layers=[1], in_memory=True, value_init="orthogonal")
+    other = MemoryAsset.open(tmp_path / "e")  # its in-memory copy maps the shards: a separate object, dropped
+    h = attach(model, other, byte_cache, layers=[1], in_memory=True, value_init="orthogonal")
     with torch.no_grad():
         ref = model(input_ids=ids).logits
     h.detach()
+    del h, other
+    gc.collect()
     for p in shards:
         fd = os.open(p, os.O_RDONLY)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
