@@ -272,6 +272,22 @@ def corrupt_chunk(geom: Geometry, s: int, i: int, where: str) -> FormatError:
 
 
 # ------------------------------------------------------------------------------------------ reads
+class _ShardFile:
+    """A read-only descriptor, closed when the last holder lets go: a reader thread that took it from the
+    table keeps it open through its pread even if invalidate() drops it meanwhile (no closed or reused fd)."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        try:
+            os.close(self.fd)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
 # chunk reads by pread before a reader memory-maps its shards (the SIGBUS guard compiles once per process, ~0.5 s)
 MAP_AFTER = int(os.environ.get("POLYMEM_MAP_AFTER", "64"))
 
@@ -294,7 +310,7 @@ class FastReader:
         self._root = root
         self._geom = geom
         self._where = where or str(root)
-        self._fds: list[int] = [-1] * geom.num_shards
+        self._files: list[_ShardFile | None] = [None] * geom.num_shards
         self._dtype = np.dtype(geom.data_type).newbyteorder("<")
         self._chunk_shape = geom.chunk_shape[1:]
         self._page_shape = (1,) + geom.chunk_shape[1:] if geom.dtype != "nf4" else (1, geom.page_bytes)
@@ -306,19 +322,20 @@ class FastReader:
         self._reads = 0
         self._map_ok = geom.crc and self._mappable and os.environ.get("POLYMEM_NO_MMAP", "") in ("", "0")
 
-    def _open(self, s: int) -> int:
-        fd = self._fds[s]
-        if fd < 0:
+    def _open(self, s: int) -> "_ShardFile":
+        f = self._files[s]
+        if f is None:
             key = self._geom.shard_key(s)
             try:
-                fd = os.open(self._root / key, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                f = _ShardFile(os.open(self._root / key, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
             except FileNotFoundError:
                 raise FormatError(f"{self._where}: shard {key!r} is missing (removed while the asset was open); "
                                   "reopen or restore the asset") from None
             if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            self._fds[s] = fd
-        return fd
+                os.posix_fadvise(f.fd, 0, 0, os.POSIX_FADV_RANDOM)
+            with self._lock:  # another thread may have opened it meanwhile: keep one
+                f = self._files[s] = self._files[s] or f
+        return f
 
     def _map(self, s: int) -> Any:
         """The guarded map of shard s, made now if maps are in use and the shard is whole; else None."""
@@ -336,10 +353,10 @@ class FastReader:
             return None
         size = self._geom.shard_size(s)
         try:
-            fd = self._open(s)
-            if os.fstat(fd).st_size < size:  # already short: leave it to pread's precise error
+            f = self._open(s)  # held while mapping: not closed under us
+            if os.fstat(f.fd).st_size < size:  # already short: leave it to pread's precise error
                 return None
-            m = _sigbus.GuardedMap(g, fd, size)
+            m = _sigbus.GuardedMap(g, f.fd, size)
         except OSError:  # out of map slots / address space: this shard stays on pread
             self._maps[s] = False
             return None
@@ -367,7 +384,8 @@ class FastReader:
             raise corrupt_chunk(self._geom, s, i, self._where)
 
     def _pread(self, s: int, i: int) -> bytes:
-        b = os.pread(self._fds[s] if self._fds[s] >= 0 else self._open(s), self._stride, i * self._stride)
+        f = self._files[s] or self._open(s)  # held across the call: an invalidate() meanwhile cannot close it
+        b = os.pread(f.fd, self._stride, i * self._stride)
         if len(b) != self._stride or (self._crc and _crc_bytes(b) != CRC_RESIDUE):
             self._check(s, i, b)
         return b
@@ -439,10 +457,11 @@ class FastReader:
         bases = np.zeros(len(shards), np.int64)
         for j, s in enumerate(shards):
             m = self._maps[s] or self._map(s)
-            fds[j] = self._fds[s] if self._fds[s] >= 0 else self._open(s)
+            f = self._files[s] or self._open(s)
+            fds[j] = f.fd
             if m:
                 bases[j] = m.addr
-            keep.append(m)
+            keep.append((m, f))
         return keep, fds, bases
 
     def read_chunks_into(self, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -520,9 +539,7 @@ class FastReader:
         """Close descriptors and drop maps (after shard files were replaced), so the next read opens the new files."""
         for s in range(self._geom.num_shards) if shards is None else shards:
             self._unmap(s)
-            fd, self._fds[s] = self._fds[s], -1
-            if fd >= 0:
-                os.close(fd)
+            self._files[s] = None  # closed once no read in flight holds it (at once, when none does)
 
     def close(self) -> None:
         self.invalidate()
