@@ -420,6 +420,18 @@ class FastReader:
             return self.read_page
         maps, st, cps, stored = self._maps, self._stride, self._cps, self._stored
         crc, res, nd, shape, dt = _crc_bytes, CRC_RESIDUE, np.ndarray, self._page_shape, self._dtype
+        if not self._map_ok:  # pread only (format v1, POLYMEM_NO_MMAP, ...): one pread, check, one copy
+            files, opener, check, pread, want_crc = self._files, self._open, self._check, os.pread, self._crc
+
+            def read_page(p: int) -> np.ndarray:
+                s, i = divmod(p, cps)
+                f = files[s] or opener(s)
+                b = pread(f.fd, st, i * st)
+                if len(b) != st or (want_crc and crc(b) != res):
+                    check(s, i, b)
+                return nd(shape, dt, bytearray(b))
+
+            return read_page
         if _crc_buffer is not None:  # one copy (map -> the result's own buffer), then check that copy
             crcb = _crc_buffer
 
