@@ -15,8 +15,10 @@ one site before block 2, greedy generate(). Arms, each in its own subprocess (pe
 Each arm runs warm (the asset's pages in the OS page cache) and cold (posix_fadvise(DONTNEED) on every shard
 before each measured run; the page service starts empty in both). Per arm: decode ms/token at batch 1 and 8
 (mean over the steps of a --new-tokens sampled generate(), median of --repeat runs), prefill seconds of a 512-token
-prompt (generate(max_new_tokens=1), batch 1), peak RSS, and the service's counters. Rounds interleave the
-arms so machine noise hits all of them alike. torch.set_num_threads(1).
+prompt (generate(max_new_tokens=1), batch 1), peak RSS, the service's counters, and the CPU time the model's
+thread spends in the table's own code per decode step (the pre-hook's prefetch + the site's gather; robust to a
+busy machine, unlike whole-token times). Rounds interleave the arms so machine noise hits all of them alike.
+torch.set_num_threads(1).
 """
 
 from __future__ import annotations
@@ -129,8 +131,37 @@ def run_arm(args) -> dict:
         rows = [ids[offset + 997 * b: offset + 997 * b + length] for b in range(batch)]
         return torch.from_numpy(np.stack(rows))
 
-    def generate(p: torch.Tensor, new: int, cold: bool) -> tuple[float, float, float, dict]:
+    def timed(h) -> list[float]:
+        """CPU seconds the model's thread spends in the table's own code (the pre-hook's prefetch and the site's
+        gather: planning, cache copies, reads made in that thread, decoding) per forward: the part of a token's
+        time the memory arm adds in that thread, measured where it happens, so a busy machine barely moves it
+        (time the site sleeps waiting for reader threads is ``wait_s``; their CPU is in the process CPU time)."""
+        spent: list[float] = []
+        if h is None:
+            return spent
+        t = h.table
+        has_pf = getattr(t, "prefetch", None) is not None  # the pre-hook calls it, then the site calls gather
+        for name in ("prefetch", "gather"):
+            fn = getattr(t, name, None)
+            if fn is None:
+                continue
+
+            def wrap(*a, _fn=fn, _name=name, **k):
+                t0 = time.thread_time()
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    d = time.thread_time() - t0
+                    if _name == "gather" and has_pf and spent:
+                        spent[-1] += d
+                    else:
+                        spent.append(d)
+            setattr(t, name, wrap)
+        return spent
+
+    def generate(p: torch.Tensor, new: int, cold: bool) -> tuple[float, float, float, dict, float]:
         h = attached()  # a fresh page service: its cache starts empty, warm or cold
+        spent = timed(h)
         if cold:
             evict(shards)
         clock = _Clock()
@@ -146,27 +177,33 @@ def run_arm(args) -> dict:
         steps = np.diff(clock.t[1:]) if new > 1 else np.array([])  # new-token to new-token intervals
         cpu = np.diff(clock.cpu[1:]) if new > 1 else np.array([])
         nan = float("nan")
-        return t1 - t0, float(steps.mean()) if steps.size else nan, float(cpu.mean()) if cpu.size else nan, st
+        table = float(np.mean(spent[1:])) if len(spent) > 1 else (0.0 if h is None else nan)  # decode steps
+        return (t1 - t0, float(steps.mean()) if steps.size else nan, float(cpu.mean()) if cpu.size else nan, st,
+                table)
 
     if args.cache == "warm":
         touch(shards)
     out: dict = {"arm": args.arm, "cache": args.cache}
     for batch in (1, 8):
         generate(prompt(batch, 16, 0), 8, False)  # warm-up (allocations, first-call paths)
-        runs, cpus = [], []
+        runs, cpus, tables = [], [], []
         stats = {}
         for r in range(args.repeat):
-            _, per_tok, cpu, stats = generate(prompt(batch, 16, 50 * (r + 1)), args.new_tokens, args.cache == "cold")
+            _, per_tok, cpu, stats, table = generate(prompt(batch, 16, 50 * (r + 1)), args.new_tokens,
+                                                     args.cache == "cold")
             runs.append(per_tok)
             cpus.append(cpu)
+            tables.append(table)
+        out[f"table_ms_b{batch}"] = 1e3 * statistics.median(tables)
         out[f"decode_ms_b{batch}"] = 1e3 * statistics.median(runs)
         out[f"decode_cpu_ms_b{batch}"] = 1e3 * statistics.median(cpus)
         out[f"decode_runs_ms_b{batch}"] = [1e3 * x for x in runs]
         out[f"stats_b{batch}"] = {k: v for k, v in stats.items() if k in (
-            "hits", "misses", "joined", "reads", "bytes_read", "wait_s", "cache_peak_bytes", "capacity_bytes")}
+            "hits", "misses", "joined", "reads", "nowait_reads", "bytes_read", "wait_s", "cache_peak_bytes",
+            "capacity_bytes")}
     pre = []
     for r in range(args.repeat):
-        total, _, _, _ = generate(prompt(1, 512, 3000 + 7 * r), 1, args.cache == "cold")
+        total = generate(prompt(1, 512, 3000 + 7 * r), 1, args.cache == "cold")[0]
         pre.append(total)
     out["prefill_s"] = statistics.median(pre)
     out["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -308,6 +345,7 @@ def summarise(results: dict) -> dict:
         med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
         out[f"{arm}/{cache}"] = {"decode_ms_b1": med("decode_ms_b1"), "decode_ms_b8": med("decode_ms_b8"),
                                  "decode_cpu_ms_b1": med("decode_cpu_ms_b1"), "decode_cpu_ms_b8": med("decode_cpu_ms_b8"),
+                                 "table_ms_b1": med("table_ms_b1"), "table_ms_b8": med("table_ms_b8"),
                                  "prefill_s": med("prefill_s"), "maxrss_mib": max(r["maxrss_mib"] for r in rs),
                                  "stats_b1": rs[-1].get("stats_b1", {}), "stats_b8": rs[-1].get("stats_b8", {})}
     return out
@@ -334,6 +372,22 @@ def markdown(doc: dict) -> str:
             lines.append(f"| {cache} | {arm} | {r['decode_ms_b1']:.2f} | {x1} | {r['decode_ms_b8']:.2f} | {x8} | "
                          f"{r['decode_cpu_ms_b1']:.2f} | {c1} | {r['decode_cpu_ms_b8']:.2f} | {c8} | "
                          f"{r['prefill_s']:.3f} | {r['maxrss_mib']:.0f} | {drss} |")
+    lines += ["", "CPU time of the model's thread in the table's own code per decode step (pre-hook prefetch + site "
+              "gather; median of runs) and what it adds over the in-memory table, relative to the in-memory arm's "
+              "CPU time per token (an estimate that leaves out waits and the reader threads' share of the cores):", "",
+              "| cache | arm | table CPU ms/step b1 | est. × memory b1 | table CPU ms/step b8 | est. × memory b8 |",
+              "|---|---|---:|---:|---:|---:|"]
+    for cache in ("warm", "cold"):
+        base = s.get(f"memory/{cache}")
+        for arm in ARMS:
+            r = s.get(f"{arm}/{cache}")
+            if r is None or "table_ms_b1" not in r or arm == "none":
+                continue
+            est = []
+            for b in (1, 8):
+                est.append(f"{1 + (r[f'table_ms_b{b}'] - base[f'table_ms_b{b}']) / base[f'decode_cpu_ms_b{b}']:.4f}"
+                           if base and "table_ms_b1" in base else "–")
+            lines.append(f"| {cache} | {arm} | {r['table_ms_b1']:.3f} | {est[0]} | {r['table_ms_b8']:.3f} | {est[1]} |")
     lines.append("")
     lines.append(f"Machine: {m['machine']}. Asset: {m['asset']['dtype']}, {m['asset']['params'] / 1e9:.2f}B params, "
                  f"{m['asset']['bytes'] / 2**30:.2f} GiB; in-memory arm: {m['memory_arm_params'] / 1e6:.0f}M-param fp32 "

@@ -47,6 +47,7 @@ from polymem.errors import FormatError, PolymemError
 THREAD_PREFIX = "polymem-pages"
 READS_PER_TASK = 8  # background reads of one forward are split into tasks of at least this many chunks
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+_NOWAIT_BY_DEVICE: dict[Any, bool] = {}  # st_dev -> does the file system honour RWF_NOWAIT (probed once)
 
 
 # ------------------------------------------------------------------------------------------ read kernel
@@ -183,9 +184,18 @@ class ChunkReader:
 
     def _probe(self, chunks, fds, offs, out, rows, ok) -> None:
         """The first non-blocking read: if the file system refuses RWF_NOWAIT even for a chunk just read
-        (in the OS page cache for sure), stop trying it."""
+        (in the OS page cache for sure), stop trying it. Known answers are kept per device."""
         self._probed = True
+        try:
+            dev = os.fstat(int(fds[0])).st_dev
+        except OSError:
+            dev = None
         if ok.any():
+            _NOWAIT_BY_DEVICE[dev] = True
+            return
+        known = _NOWAIT_BY_DEVICE.get(dev)
+        if known is not None:
+            self.nowait = known
             return
         j = np.arange(1)
         self.read_into(chunks[:1], out, rows[:1])  # blocking; the chunk is in the page cache now
@@ -195,7 +205,7 @@ class ChunkReader:
             kern[0](fds[:1], offs[:1], out, rows[j].astype(np.int64), self.geom.crc, _NOWAIT, again)
         else:
             self._read_py(fds[:1], offs[:1], out, rows[:1], _NOWAIT, again)
-        self.nowait = bool(again[0])
+        self.nowait = _NOWAIT_BY_DEVICE[dev] = bool(again[0])
         ok[0] = True
 
     def _fds_of(self, shard: np.ndarray) -> np.ndarray:
