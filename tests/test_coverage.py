@@ -568,3 +568,25 @@ def test_counters_in_one_process_reuse_the_buffers(mistral_v1: Tokenizer, cl100k
     assert h2._ref is first  # the next counter took them over
     counter.release_buffers()
     assert HashCounter(h.target, h.reference, 3)._ref.shape[0] == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(ids=st.lists(st.integers(0, 5), max_size=60), n=st.integers(1, 8))
+def test_kernels_into_reused_scratch_equal_the_fresh_ones(ids: list[int], n: int) -> None:
+    """The per-document hashes and XOR keys written into scratch reused across documents (dirty from the last
+    one) equal TokenHashes.ngram_hashes / xor_keys, invalid entries included (a special token: id 5)."""
+    from polymem.analysis.coverage import _sets
+    from polymem.analysis.coverage.counter import xor_keys
+    from polymem.hash.xor import xor_multipliers
+
+    cache = polymem.TokenHashes.from_token_bytes([b"a", b"bc", b"d", b" e", b"ff", None], name="t", fingerprint="t")
+    arr = np.array(ids, dtype=np.int64)
+    want_h, want_v = cache.ngram_hashes(arr, n)
+    h = np.full((len(ids) + 3, n), 7, dtype=np.uint64)  # dirty, and longer than the document
+    v = np.ones((len(ids) + 3, n), dtype=bool)
+    _sets.ngram_hashes_into(arr, cache.C, cache.P, cache.special, h[:len(ids)], v[:len(ids)])
+    assert np.array_equal(h[:len(ids)], want_h) and np.array_equal(v[:len(ids)], want_v)
+    mults = np.asarray(xor_multipliers(n), dtype=np.uint64)
+    x = np.full((len(ids) + 3, n), 9, dtype=np.uint64)
+    _sets.xor_keys_into(arr, want_v, mults, x[:len(ids)])
+    assert np.array_equal(x[:len(ids)], xor_keys(arr, want_v, xor_multipliers(n)))

@@ -39,6 +39,51 @@ def xor_keys(ids, valid, mults):  # pragma: no cover - compiled
     return out
 
 
+@njit(cache=True)
+def xor_keys_into(ids, valid, mults, out):  # pragma: no cover - compiled
+    """:func:`xor_keys` written into ``out`` (uint64 [>= T, N], reused across documents: no fresh pages)."""
+    T, N = valid.shape
+    for i in range(T):
+        acc = _U0
+        for n in range(N):
+            if not valid[i, n]:
+                for k in range(n, N):
+                    out[i, k] = _U0
+                break
+            acc ^= np.uint64(ids[i - n]) * mults[n]
+            out[i, n] = acc + np.uint64(n + 1) * _GOLDEN
+    return 0
+
+
+@njit(cache=True)
+def ngram_hashes_into(ids, C, P, special, out_h, out_v):  # pragma: no cover - compiled
+    """:func:`polymem.hash._numba.ngram_hashes` of one sequence (ids int64 [T]) written into ``out_h`` (uint64
+    [>= T, N]) and ``out_v`` (bool [>= T, N]), reused across documents; invalid entries are 0 / False."""
+    T = ids.shape[0]
+    N = out_h.shape[1]
+    for i in range(T):
+        h = _U0
+        m = _U1
+        n = 0
+        while n < N:
+            j = i - n
+            if j < 0:
+                break
+            t = ids[j]
+            if special[t]:
+                break
+            h = C[t] * m + h
+            m = m * P[t]
+            out_h[i, n] = h
+            out_v[i, n] = True
+            n += 1
+        while n < N:
+            out_h[i, n] = _U0
+            out_v[i, n] = False
+            n += 1
+    return 0
+
+
 _LOW = np.uint64(0x1F)  # the low 5 bits of a reference-table entry hold the smallest reference order - 1
 _HIGH = ~np.uint64(0x1F)
 

@@ -28,7 +28,6 @@ import numpy as np
 
 from polymem.hash.token_hashes import TokenHashes
 from polymem.analysis.coverage import _sets as _kernels
-from polymem.hash import _numba as _hash_kernels
 from polymem.hash.reference import ngram_bytes
 from polymem.hash.xor import xor_multipliers
 
@@ -172,6 +171,8 @@ class HashCounter:
         self.target, self.reference, self.max_n, self.occurrence = target, reference, max_n, occurrence
         self.tally = Tally(max_n)
         self._mults = xor_multipliers(max_n)
+        self._mults_u64 = np.asarray(self._mults, dtype=np.uint64)
+        self._rowbuf: list[Any] = [None, None]
         self._cap_r = self._cap_t = 0
         self._alive = np.zeros(0, dtype=np.bool_)
         self._compact = int(compact_keys)
@@ -188,6 +189,36 @@ class HashCounter:
             self._cap_t = cap_t
             self._tt = np.zeros((cap_t, 2), dtype=np.uint64)
             self._tlist = np.zeros(cap_t, dtype=np.int64)
+
+    def _rows(self, k: int, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Scratch (hashes, validity, XOR keys) [>= T, N] for side k (0 target, 1 reference), reused across
+        documents: fresh arrays for every document cost more in page faults than the hashing itself."""
+        rows = self._rowbuf[k]
+        if rows is None or rows[0].shape[0] < T:
+            n = _pow2(T)
+            rows = self._rowbuf[k] = (np.empty((n, self.max_n), np.uint64), np.empty((n, self.max_n), np.bool_),
+                                      np.empty((n, self.max_n), np.uint64))
+        return rows
+
+    def _hashes(self, cache: TokenHashes, ids: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``cache.ngram_hashes(ids, N)``; a tokenizer's own ids (int64 [T], in range) go straight to the kernel,
+        into reused scratch, without the general checks (they cost more than the hashing for a short document)."""
+        if (isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1
+                and _kernels.ids_in_range(ids, cache.C.shape[0])):
+            T = ids.shape[0]
+            h, v, _ = self._rows(k, T)
+            _kernels.ngram_hashes_into(ids, cache.C, cache.P, cache.special, h[:T], v[:T])
+            return h[:T], v[:T]
+        return cache.ngram_hashes(ids, self.max_n)
+
+    def _xor(self, ids: Any, valid: np.ndarray, k: int) -> np.ndarray:
+        T = valid.shape[0]
+        if isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1 and self._rowbuf[k] is not None \
+                and self._rowbuf[k][2].shape[0] >= T:
+            out = self._rowbuf[k][2][:T]
+            _kernels.xor_keys_into(ids, np.ascontiguousarray(valid), self._mults_u64, out)
+            return out
+        return xor_keys(ids, valid, self._mults)
 
     def _room(self, n_ref: int, n_pend: int) -> None:
         """Make the occurrence buffers hold n_ref more reference keys and n_pend more pending entries."""
@@ -218,8 +249,8 @@ class HashCounter:
     def add(self, target_ids: np.ndarray, reference_ids: np.ndarray) -> None:
         """Count one document, given its ids under the target and the reference tokenizer."""
         N, t = self.max_n, self.tally
-        tH, tV = _ngram_hashes(self.target, target_ids, N)  # [Tt, N]
-        rH, rV = _ngram_hashes(self.reference, reference_ids, N)  # [Tr, N]
+        tH, tV = self._hashes(self.target, target_ids, 0)  # [Tt, N]
+        rH, rV = self._hashes(self.reference, reference_ids, 1)  # [Tr, N]
         Tt, Tr = tH.shape[0], rH.shape[0]
         t.tokens_target += Tt
         t.tokens_reference += Tr
@@ -242,8 +273,8 @@ class HashCounter:
         self._nref += n_ref
         self._npend += n_pend
         # the XOR baseline: Engram's token-id mix, same multipliers for both tokenizers, order folded into the key
-        tX = xor_keys(target_ids, tV, self._mults)
-        rX = xor_keys(reference_ids, rV, self._mults)
+        tX = self._xor(target_ids, tV, 0)
+        rX = self._xor(reference_ids, rV, 1)
         xuniq = np.zeros(N, dtype=np.int64)
         xhits = np.zeros(N, dtype=np.int64)
         _kernels.xor_scan(tX, tV, rX, rV, tt, tlist, self._alive[:Tr], xuniq, xhits)
@@ -282,16 +313,6 @@ _EMPTY_I64 = np.empty(0, dtype=np.int64)
 _NO_BUFFERS = (_EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64)
 # occurrence buffers finished counters left for the next ones in this process (a partition's each, at most 2)
 _SPARE: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-
-
-def _ngram_hashes(cache: TokenHashes, ids: Any, N: int) -> tuple[np.ndarray, np.ndarray]:
-    """``cache.ngram_hashes(ids, N)``; a tokenizer's own ids (int64 [T], in range) go straight to the kernel,
-    without the general checks (they cost more than the hashing for a short document)."""
-    if (isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1
-            and _kernels.ids_in_range(ids, cache.C.shape[0])):
-        h, v = _hash_kernels.ngram_hashes(ids.reshape(1, -1), cache.C, cache.P, cache.special, N)
-        return h[0], v[0]
-    return cache.ngram_hashes(ids, N)
 
 
 def _take_buffers() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
