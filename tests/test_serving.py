@@ -22,6 +22,7 @@ import torch
 import polymem
 from polymem import FormatError, HashSpec, Layout, MemoryAsset, PolymemError, TokenHashes
 import polymem.asset.pages as pages_mod
+import polymem.torch.pages as torch_pages
 from polymem.asset.pages import THREAD_PREFIX, PageService
 from polymem.samples import sample_text
 from polymem.torch import AssetTable, TrainableTable, attach
@@ -63,20 +64,21 @@ def llama(seed: int = 0):
 
 # how prefetched reads are made: "nowait" = the consumer's thread reads what the OS page cache holds (RWF_NOWAIT)
 # and hands the rest to the pool (the default); "pool" = every missing chunk goes to the reader threads (what a
-# page not in the OS cache gets); "python" = the pool path without the numba read kernel (the fallback)
+# page not in the OS cache gets); "python" = the pool path without any numba kernel (reads, planning, NF4 decode)
 READ_MODES = ["nowait", "pool", "python"]
 
 
 @contextlib.contextmanager
 def read_mode(svc, mode: str):
-    saved = svc.reader.nowait, pages_mod._KERNEL
+    saved = svc.reader.nowait, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS
     svc.reader.nowait = svc.reader.nowait and mode == "nowait"
-    if mode == "python":
+    if mode == "python":  # no numba anywhere: reads in Python, rows planned and decoded by numpy/torch
         pages_mod._KERNEL = ()
+        torch_pages.USE_HOST_KERNELS = False
     try:
         yield svc
     finally:
-        svc.reader.nowait, pages_mod._KERNEL = saved
+        svc.reader.nowait, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS = saved
 
 
 def pages_threads() -> list[threading.Thread]:

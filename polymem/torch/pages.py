@@ -32,6 +32,36 @@ import torch
 
 from polymem.asset.nf4 import NF4_LEVELS
 
+_PAIRS = np.ascontiguousarray(np.stack([NF4_LEVELS[np.arange(256) & 0x0F], NF4_LEVELS[np.arange(256) >> 4]],
+                                        axis=-1).astype(np.float32))  # byte -> (low-nibble level, high-nibble level)
+_HALF: np.ndarray | None = None
+_KERNELS: Any = None
+USE_HOST_KERNELS = True  # False: the numpy/torch path (what runs where numba is missing; tests run both)
+
+
+def _half_table() -> np.ndarray:
+    """float16 bits -> float32 value, all 65,536 (exact: every float16 is a float32)."""
+    global _HALF
+    if _HALF is None:
+        _HALF = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    return _HALF
+
+
+def _host_kernels() -> Any:
+    """polymem.asset._pagekern (numba), or None where numba is missing or the kernels are switched off."""
+    global _KERNELS
+    if not USE_HOST_KERNELS:
+        return None
+    if _KERNELS is None:
+        try:
+            from polymem.asset import _pagekern
+
+            _KERNELS = _pagekern
+        except ImportError:  # pragma: no cover - numba is a dependency; the numpy path stays correct
+            _KERNELS = False
+    return _KERNELS or None
+
+
 _TORCH_FLOAT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -109,6 +139,10 @@ class PagedRows:
     def plan(self, rows: torch.Tensor) -> _Plan:
         flat = rows.detach().reshape(-1)
         host = (flat if flat.device.type == "cpu" else flat.cpu()).numpy()
+        kern = _host_kernels()
+        if kern is not None:
+            chunks, slot, inner, valid, all_valid = kern.plan_rows(host, self.rpc)
+            return _Plan(tuple(rows.shape), rows.device, chunks, slot, inner, None if all_valid else valid)
         valid = host >= 0
         all_valid = bool(valid.all())
         vr = host if all_valid else host[valid]
@@ -161,8 +195,8 @@ class PagedRows:
         if n == 0:
             return torch.zeros(*plan.shape, r, device=dev), None
         M = math.prod(plan.shape)
-        rb = self._row_bytes(plan)
         if dev.type == "cuda":
+            rb = self._row_bytes(plan)
             stager = self._stagers.get(dev)
             if stager is None:
                 stager = self._stagers[dev] = _CudaStager(dev)
@@ -174,7 +208,13 @@ class PagedRows:
                 event = torch.cuda.Event()
                 event.record(stager.stream)
             return out.view(*plan.shape, r), event
-        if self.dtype == "nf4":  # host work on the host: codes widened and scales split by numpy
+        rb = self._row_bytes(plan) if _host_kernels() is None or self.dtype != "nf4" else None
+        kern = _host_kernels() if self.dtype == "nf4" else None
+        if kern is not None:  # CPU: one compiled loop over the needed rows, the same float32 products
+            dec_np = np.empty((plan.slot.shape[0], r), dtype=np.float32)
+            kern.nf4_rows(stage, plan.slot, plan.inner, self.row_bytes, _PAIRS, _half_table(), dec_np)
+            dec = torch.from_numpy(dec_np)
+        elif self.dtype == "nf4":  # host work on the host: codes widened and scales split by numpy
             lut = self._levels.get(dev)
             if lut is None:
                 self._decode(torch.zeros(1, self.row_bytes, dtype=torch.uint8))
