@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from polymem.cli.app import app
 from polymem.errors import PolymemError
-from polymem.torch.curves import analyze, compute_saved, crossover, paired, tokens_to_reach
+from polymem.torch.curves import analyze, compute_saved, crossover, end_of_schedule_saving, paired, tokens_to_reach
 from polymem.torch.train import MemoryConfig, TokenData, TrainConfig, train_donor, train_loop
 
 torch.set_num_threads(1)
@@ -117,6 +117,26 @@ def test_compute_saved_and_crossover_on_hand_made_curves():
     assert crossover(t, scratch, frozen) == pytest.approx(300 + 100 * 0.1 / 0.3)
     assert crossover(t, scratch, [3.5, 3.0, 2.5, 2.0]) == 100.0  # scratch better from the start
     assert crossover(t, scratch, [1.0, 1.0, 1.0, 1.0]) is None
+
+
+
+def test_end_of_schedule_saving_interpolates_between_complete_runs():
+    # scratch runs of 100, 150, 200 tokens (each with its own decay); two seeds
+    runs = [(150, [2.10, 2.00]), (100, [2.20, 2.10]), (200, [2.00, 1.95])]  # order of the runs does not matter
+    r = end_of_schedule_saving([2.15, 1.97], budget=100, scratch_runs=runs)
+    assert r["scratch_run_tokens"] == [100.0, 150.0, 200.0]
+    s0, s1 = r["per_seed"]
+    assert s0["ref_tokens_needed"] == pytest.approx(125.0) and s0["extra_fraction"] == pytest.approx(0.25)
+    assert s1["ref_tokens_needed"] == pytest.approx(180.0) and s1["extra_fraction"] == pytest.approx(0.8)
+    assert r["extra_fraction_mean"] == pytest.approx(0.525)
+    r = end_of_schedule_saving([2.15, 1.90], budget=100, scratch_runs=runs)  # seed 1: longest run still short
+    assert r["per_seed"][1]["ref_tokens_needed"] is None and r["per_seed"][1]["extra_fraction_at_least"] == pytest.approx(1.0)
+    assert r["extra_fraction_mean"] is None
+    assert end_of_schedule_saving([2.5, 2.5], 100, runs)["per_seed"][0]["status"] == "at_or_before"
+    with pytest.raises(PolymemError, match="one final bpb per seed"):
+        end_of_schedule_saving([2.0, 2.0, 2.0], 100, runs)
+    with pytest.raises(PolymemError, match="at least one scratch run"):
+        end_of_schedule_saving([2.0], 100, [])
 
 
 def test_paired_statistics():

@@ -83,6 +83,37 @@ def paired(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
             "min": float(x.min()), "max": float(x.max()), "n": int(x.size), "a_better": int((x < 0).sum())}
 
 
+
+def end_of_schedule_saving(target_bpb: Sequence[float], budget: float,
+                           scratch_runs: Sequence[tuple[float, Sequence[float]]]) -> dict[str, Any]:
+    """Compute saved at one budget, measured against *complete* scratch runs of several lengths.
+
+    ``target_bpb``: an arm's final bpb per seed at ``budget`` tokens (after its learning-rate decay).
+    ``scratch_runs``: ``(tokens, final bpb per seed)`` of scratch runs with the same seeds, each with its own full
+    schedule, so every point is post-decay like the target (unlike the intermediate points of one run). Per seed:
+    the tokens scratch needs to reach the target, interpolated between the run lengths around the crossing
+    (:func:`tokens_to_reach` over the end-of-schedule points), and the extra fraction ``(need - budget) / budget``;
+    ``None`` with ``extra_fraction_at_least`` when even the longest run does not get there."""
+    runs = sorted((float(t), [float(v) for v in b]) for t, b in scratch_runs)
+    if not runs:
+        raise PolymemError("end_of_schedule_saving needs at least one scratch run")
+    n = len(target_bpb)
+    if any(len(b) != n for _, b in runs):
+        raise PolymemError(f"every scratch run needs one final bpb per seed ({n}); got {[len(b) for _, b in runs]}")
+    tokens = [t for t, _ in runs]
+    per_seed = []
+    for i, target in enumerate(target_bpb):
+        need, status = tokens_to_reach(tokens, [b[i] for _, b in runs], float(target))
+        per_seed.append({"target_bpb": float(target), "ref_tokens_needed": need, "status": status,
+                         "extra_fraction": None if need is None else (need - float(budget)) / float(budget),
+                         "extra_fraction_at_least": (tokens[-1] - float(budget)) / float(budget) if need is None else None})
+    extras = [p["extra_fraction"] for p in per_seed]
+    return {"budget": float(budget), "scratch_run_tokens": tokens, "per_seed": per_seed,
+            "extra_fraction_mean": float(np.mean(extras)) if all(e is not None for e in extras) else None,
+            "definition": "tokens a complete scratch run needs to reach the arm's final bpb at the budget, "
+                          "interpolated between scratch runs of several lengths (all post-decay)"}
+
+
 PAIRS = (("donor_finetune", "scratch"), ("donor", "scratch"), ("donor_finetune", "donor"), ("donor", "random"),
          ("random", "none"), ("donor", "none"), ("donor_memory_off", "none"))
 
