@@ -74,8 +74,9 @@ def main(argv=None) -> int:
         print("donor", s["heldout_bpb"], s["heldout_bpb_memory_off"], s["rows_touched"], flush=True)
     full = MemoryAsset.open(asset_path)
     held = write_docs(py_held, work / "py-held.jsonl.gz")
-    res = {"donor": {"asset": str(asset_path), "provenance_corpus": full.provenance.get("corpus"),
-                     "corpus_docs": len(mix), "kerneldocs_docs": a.kernel_docs, "train": asdict(cfg), "memory": asdict(mem),
+    trained_here = {"corpus_docs": len(mix), "kerneldocs_docs": a.kernel_docs, "train": asdict(cfg),
+                    "memory": asdict(mem)} if not a.asset else {"provenance": full.provenance}
+    res = {"donor": {"asset": str(asset_path), "provenance_corpus": full.provenance.get("corpus"), **trained_here,
                      "layout": full.layout.to_dict(),
                      "rows_trained": int((full.row_counts() > 0).sum()) if full.row_counts() is not None else None,
                      "pages_nonzero": full.nonzero_pages()},
