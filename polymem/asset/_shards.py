@@ -67,17 +67,22 @@ def chunk_crcs(chunks: np.ndarray) -> np.ndarray:
 _KERNELS: Any = None
 
 
+def libcrc32c_value() -> Any:
+    """google-crc32c's C ``crc32c_value(buf, len)`` as a ctypes function (callable from numba kernels)."""
+    from google_crc32c import _crc32c
+
+    cval = ctypes.CDLL(_crc32c.__file__).crc32c_value
+    cval.argtypes, cval.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_uint32
+    return cval
+
+
 def _kernels() -> Any:
     """(read_chunks, crc rows, read_rows kernels) compiled on first use, or None where numba/preadv/libcrc32c lack."""
     global _KERNELS
     if _KERNELS is not None:
         return _KERNELS or None
     try:
-        from google_crc32c import _crc32c
-
-        lib = ctypes.CDLL(_crc32c.__file__)
-        cval = lib.crc32c_value
-        cval.argtypes, cval.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_uint32
+        cval = libcrc32c_value()
         libc = ctypes.CDLL(None, use_errno=True)
         preadv = libc.preadv
         preadv.argtypes, preadv.restype = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64], ctypes.c_ssize_t

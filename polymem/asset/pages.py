@@ -60,12 +60,11 @@ def _kernel() -> Any:
     if _KERNEL is not None:
         return _KERNEL or None
     try:
-        from google_crc32c import _crc32c
         from numba import njit
 
-        lib = ctypes.CDLL(_crc32c.__file__)
-        cval = lib.crc32c_value
-        cval.argtypes, cval.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_uint32
+        from polymem.asset._shards import libcrc32c_value
+
+        cval = libcrc32c_value()
         libc = ctypes.CDLL(None, use_errno=True)
         preadv2 = libc.preadv2
         preadv2.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int]

@@ -320,11 +320,9 @@ def _member(table, mask, k):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def bucket_unique(keys, n, bits):  # pragma: no cover - compiled
-    """The distinct stored keys of keys[:n] (raw hashes; 0 is stored as ZERO_KEY) grouped by bucket:
-    (keys uint64 [d], offsets int64 [2^bits + 1]); bucket b = keys[offsets[b]:offsets[b+1]]."""
+def _group_keys(keys, n, bits):  # pragma: no cover - compiled
+    """Counting sort of the stored keys of keys[:n] by bucket (top ``bits`` bits): (grouped keys, offsets)."""
     shift = np.uint64(64 - bits)
-    nb = 1 << bits
     off = _bucket_counts(keys, n, bits)
     fill = off[:-1].copy()
     grouped = np.empty(n, dtype=np.uint64)
@@ -333,6 +331,15 @@ def bucket_unique(keys, n, bits):  # pragma: no cover - compiled
         b = np.int64(k >> shift)
         grouped[fill[b]] = k
         fill[b] += 1
+    return grouped, off
+
+
+@njit(cache=True)
+def bucket_unique(keys, n, bits):  # pragma: no cover - compiled
+    """The distinct stored keys of keys[:n] (raw hashes; 0 is stored as ZERO_KEY) grouped by bucket:
+    (keys uint64 [d], offsets int64 [2^bits + 1]); bucket b = keys[offsets[b]:offsets[b+1]]."""
+    nb = 1 << bits
+    grouped, off = _group_keys(keys, n, bits)
     table = _table_for(off)
     out_off = np.zeros(nb + 1, dtype=np.int64)
     w = 0
@@ -375,16 +382,8 @@ def bucket_unique_resolve(keys, n, ph, pn, pc, n_pend, bits, hits):  # pragma: n
     order-1 pn, counts pc; first n_pend) grouped by bucket and looked up in their bucket's distinct keys while
     its table is built: hits[pn] += pc for those found. Returns (distinct keys, their offsets, the pending
     entries not found: keys, orders, counts, offsets), all grouped by bucket (offsets int64 [2^bits + 1])."""
-    shift = np.uint64(64 - bits)
     nb = 1 << bits
-    off = _bucket_counts(keys, n, bits)
-    fill = off[:-1].copy()
-    grouped = np.empty(n, dtype=np.uint64)
-    for i in range(n):
-        k = _key(keys[i])
-        b = np.int64(k >> shift)
-        grouped[fill[b]] = k
-        fill[b] += 1
+    grouped, off = _group_keys(keys, n, bits)
     gh, gn, gc, poff = _group(ph, pn, pc, n_pend, bits)
     table = _table_for(off)
     out_off = np.zeros(nb + 1, dtype=np.int64)
