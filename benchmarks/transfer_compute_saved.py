@@ -43,7 +43,9 @@ def main(argv=None) -> int:
     for arm in a.arms.split(","):
         out["arms"][arm] = end_of_schedule_saving(res["arms"][arm]["bpb"], res["tokens"], runs)
         s = out["arms"][arm]
-        per = ", ".join("n/a" if x["extra_fraction"] is None else f"{x['extra_fraction']:+.0%}" for x in s["per_seed"])
+        per = ", ".join("n/a" if x["extra_fraction"] is None
+                       else ("<= " if x["status"] == "at_or_before" else "") + f"{x['extra_fraction']:+.0%}"
+                       for x in s["per_seed"])
         print(f"{arm}: scratch needs extra tokens per seed {per}; mean "
               f"{'n/a' if s['extra_fraction_mean'] is None else format(s['extra_fraction_mean'], '+.1%')}")
     out["command"] = "python benchmarks/transfer_compute_saved.py " + " ".join(sys.argv[1:] if argv is None else argv)
