@@ -137,9 +137,11 @@ def release() -> None:
 
 
 # ------------------------------------------------------------------------------------------------- map
-def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None) -> dict[str, Any]:
+def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None, keep: bool = False) -> dict[str, Any]:
     """Count one corpus partition (see the module docstring); returns its small summary.
-    ``on_doc(nbytes)`` is called after each document (in-process progress)."""
+    ``on_doc(nbytes)`` is called after each document (in-process progress). keep: hand back the occurrence
+    output in the summary (``"occ"``) instead of writing it to the scratch directory (the in-process executor,
+    within its memory budget)."""
     from polymem.analysis.coverage.run import _Job
 
     tok_t, tok_r, tcache, rcache, info = _tools(plan)
@@ -166,11 +168,19 @@ def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None) -> di
                            "info": info}
     if occ is not None:
         out["ref_keys"], out["pending"] = int(occ.ref.shape[0]), int(occ.pend_h.shape[0])
-        _write_buckets(plan, index, occ)
+        if keep:
+            out["occ"] = occ
+        else:
+            write_buckets(plan, index, occ)
     return out
 
 
-def _write_buckets(plan: Plan, index: int, occ: OccurrenceOutput) -> None:
+def held_bytes(occ: OccurrenceOutput) -> int:
+    """Memory an occurrence output holds (what the in-process executor counts against its budget)."""
+    return sum(int(a.nbytes) for a in (occ.ref, occ.ref_off, occ.pend_h, occ.pend_n, occ.pend_c, occ.pend_off))
+
+
+def write_buckets(plan: Plan, index: int, occ: OccurrenceOutput) -> None:
     pend = np.empty(occ.pend_h.shape[0], dtype=_PEND_DTYPE)
     pend["h"], pend["n"], pend["c"] = occ.pend_h, occ.pend_n, occ.pend_c
     fs, root = _fs(plan)
@@ -215,35 +225,47 @@ def _read_all(fs: Any, path: str) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------- reduce
-def resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int) -> np.ndarray:
+def resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
+                    held: dict[int, OccurrenceOutput] | None = None) -> np.ndarray:
     """Occurrence hits per order (int64 [max_n]) of the unresolved target entries in key buckets lo:hi,
-    looked up in every listed partition's reference keys of the same buckets."""
-    fs, root = _fs(plan)
-    refs, pends, ref_off, pend_off = [], [], [], []
+    looked up in every listed partition's reference keys of the same buckets: from the scratch files, or for
+    the partitions in ``held`` (the in-process executor) from their outputs in memory."""
+    fs, root = _fs(plan) if any(p not in (held or {}) for p in parts) else (None, "")
+    refs, ph, pn, pc, ref_off, pend_off = [], [], [], [], [], []
     nr = npd = 0
     for p in parts:
-        path = f"{root}/p{p:07d}.off.npy"
-        if not fs.exists(path):
-            raise FileNotFoundError(
-                f"coverage scratch file {plan.scratch}/p{p:07d}.off.npy is missing: the scratch directory must be "
-                "shared by every Dask worker (pass scratch= / --scratch with a shared path or an s3:// URL)")
-        off = _read_all(fs, path)
-        r = _read_slice(fs, f"{root}/p{p:07d}.ref.npy", int(off[0, lo]), int(off[0, hi]))
-        q = _read_slice(fs, f"{root}/p{p:07d}.pend.npy", int(off[1, lo]), int(off[1, hi]))
+        occ = (held or {}).get(p)
+        if occ is not None:
+            rlo, rhi, qlo, qhi = (int(occ.ref_off[lo]), int(occ.ref_off[hi]), int(occ.pend_off[lo]),
+                                  int(occ.pend_off[hi]))
+            r = occ.ref[rlo:rhi]
+            ph.append(occ.pend_h[qlo:qhi])
+            pn.append(occ.pend_n[qlo:qhi])
+            pc.append(occ.pend_c[qlo:qhi])
+            ro, qo = occ.ref_off[lo:hi + 1] - rlo, occ.pend_off[lo:hi + 1] - qlo
+        else:
+            path = f"{root}/p{p:07d}.off.npy"
+            if not fs.exists(path):
+                raise FileNotFoundError(
+                    f"coverage scratch file {plan.scratch}/p{p:07d}.off.npy is missing: the scratch directory must "
+                    "be shared by every Dask worker (pass scratch= / --scratch with a shared path or an s3:// URL)")
+            off = _read_all(fs, path)
+            r = _read_slice(fs, f"{root}/p{p:07d}.ref.npy", int(off[0, lo]), int(off[0, hi]))
+            q = _read_slice(fs, f"{root}/p{p:07d}.pend.npy", int(off[1, lo]), int(off[1, hi]))
+            ph.append(q["h"])
+            pn.append(q["n"])
+            pc.append(q["c"])
+            ro, qo = off[0, lo:hi + 1] - off[0, lo], off[1, lo:hi + 1] - off[1, lo]
         refs.append(r)
-        pends.append(q)
-        ref_off.append(off[0, lo:hi + 1] - off[0, lo] + nr)  # absolute offsets in the concatenation
-        pend_off.append(off[1, lo:hi + 1] - off[1, lo] + npd)
+        ref_off.append(ro + nr)  # absolute offsets in the concatenation
+        pend_off.append(qo + npd)
         nr += r.shape[0]
-        npd += q.shape[0]
+        npd += int(qo[-1])
     hits = np.zeros(plan.max_n, dtype=np.int64)
     if npd == 0:
         return hits
-    ref = np.concatenate(refs)
-    pend = np.concatenate(pends)
-    _kernels.resolve_range(ref, np.stack(ref_off), np.ascontiguousarray(pend["h"]),
-                           np.ascontiguousarray(pend["n"]), np.ascontiguousarray(pend["c"]), np.stack(pend_off),
-                           hits)
+    _kernels.resolve_range(np.concatenate(refs), np.stack(ref_off), np.concatenate(ph), np.concatenate(pn),
+                           np.concatenate(pc), np.stack(pend_off), hits)
     return hits
 
 

@@ -43,6 +43,7 @@ ProgressFn = Callable[[int, int], None]  # (documents done, UTF-8 bytes done), c
 PARTITION_MB = 4.0  # default partition size: MB of UTF-8 text per task
 PARTS_PER_WORKER = 4  # on Dask, a corpus of files is cut finer when it would give fewer partitions than this...
 FINEST = 16  # ...per worker, but not below partition_mb / FINEST (0.25 MB by default)
+KEEP_MB = 256.0  # in one process, partitions' occurrence outputs stay in memory up to this many MB (then: files)
 
 
 def check_max_n(max_n: Any) -> int:
@@ -350,20 +351,34 @@ class _Progress:
             self.fn(self.docs, self.bytes)
 
 
-def _run_inline(plan: dist.Plan, texts: Any, partition_mb: float,
-                progress: ProgressFn | None) -> tuple[list[dict[str, Any]], np.ndarray, int]:
-    """The same tasks as on Dask, one after the other in this process."""
+def _run_inline(plan: dist.Plan, texts: Any, partition_mb: float, progress: ProgressFn | None,
+                keep_mb: float | None = None) -> tuple[list[dict[str, Any]], np.ndarray, int]:
+    """The same tasks as on Dask, one after the other in this process. The partitions' occurrence outputs stay
+    in memory while they add up to at most ``keep_mb`` MB; the partitions after that write theirs to the
+    scratch directory, as on Dask (so memory stays bounded, and a small corpus pays no file writes and reads)."""
     prog = _Progress(progress)
     read_s = [0.0]
     results = []
+    held: dict[int, Any] = {}  # partition -> occurrence output kept in memory (KEEP_MB in all; the rest: files)
+    held_mb = 0.0
+    keep_mb = KEEP_MB if keep_mb is None else keep_mb
     for i, part in enumerate(_timed(_partitions(texts, partition_mb), read_s)):
-        results.append(dist.count_partition(plan, i, part, on_doc=lambda nbytes: prog.add(1, nbytes)))
+        r = dist.count_partition(plan, i, part, on_doc=lambda nbytes: prog.add(1, nbytes), keep=True)
+        occ = r.pop("occ", None)
+        if occ is not None:
+            mb = dist.held_bytes(occ) / 1e6
+            if held_mb + mb <= keep_mb:
+                held[i] = occ
+                held_mb += mb
+            else:
+                dist.write_buckets(plan, i, occ)
+        results.append(r)
     results[0:0] = [_empty_result(read_s[0])] if results else []
     extra = np.zeros(plan.max_n, dtype=np.int64)
     if plan.occurrence and results:
         parts = [r["index"] for r in results if "index" in r]
         for lo, hi in dist.bucket_ranges(sum(r["ref_keys"] for r in results)):
-            extra += dist.resolve_buckets(plan, parts, lo, hi)
+            extra += dist.resolve_buckets(plan, parts, lo, hi, held)
     return results, extra, 1
 
 
