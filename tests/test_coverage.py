@@ -310,22 +310,24 @@ def test_partitions_give_identical_results(mistral_v1: Tokenizer, cl100k: Tokeni
 
 def test_occurrence_outputs_in_memory_in_files_or_both_give_identical_results(
         mistral_v1: Tokenizer, cl100k: Tokenizer, real_docs: list[str], real_report: CoverageReport,
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # one process keeps the partitions' occurrence outputs in memory up to KEEP_MB and writes the rest to the
     # scratch directory: all in memory, none, or the first few only, the numbers are the same
-    from polymem.analysis.coverage import run
+    from polymem.analysis.coverage import dist, run
 
     size = len("".join(real_docs))
     want = {k: v for k, v in real_report.to_dict().items() if k not in ("elapsed_s", "timing")}
-    kept = []
+    written: list[int] = []
+    write = dist.write_buckets
+    monkeypatch.setattr(dist, "write_buckets", lambda plan, i, occ: (written.append(i), write(plan, i, occ)))
+    counts = []
     for keep_mb in (1e9, 0.0, 0.05):
-        scratch = tmp_path / f"keep{keep_mb}"
         monkeypatch.setattr(run, "KEEP_MB", keep_mb)
-        r = polymem.coverage(mistral_v1, cl100k, real_docs, max_n=7, partition_mb=size / 6 / 1e6,
-                             scratch=str(scratch))
+        written.clear()
+        r = polymem.coverage(mistral_v1, cl100k, real_docs, max_n=7, partition_mb=size / 6 / 1e6)
         assert {k: v for k, v in r.to_dict().items() if k not in ("elapsed_s", "timing")} == want
-        kept.append(len(list(scratch.glob("*.off.npy"))) if scratch.exists() else 0)
-    assert kept[0] == 0 and kept[1] >= 6 and 0 < kept[2] < kept[1]  # none, all, some written
+        counts.append(len(written))
+    assert counts[0] == 0 and counts[1] >= 6 and 0 < counts[2] < counts[1]  # none, all, some written
 
 
 def test_share_sums_are_exact_in_any_grouping() -> None:

@@ -232,7 +232,9 @@ def coverage(
                     results, extra, nproc = _run_dask(local, plan, texts, partition_mb, progress)
             else:
                 dist.preload(plan, (tok_t, tok_r, _hashes(tok_t, spec), _hashes(tok_r, spec)))
-                results, extra, nproc = _run_inline(plan, texts, partition_mb, progress)
+                # a scratch the caller named gets the key files; the default one only what KEEP_MB does not hold
+                results, extra, nproc = _run_inline(plan, texts, partition_mb, progress,
+                                                    keep_mb=None if own_scratch else 0.0)
         finally:
             dist.release()
             if own_scratch:
