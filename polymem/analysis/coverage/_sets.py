@@ -136,18 +136,35 @@ def _log2(n):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def doc_scan(
-    tH, tV, rH, rV,  # target / reference keys uint64 [T, N] and validity bool [T, N]
+    tH, tV, tX,  # target: keys uint64 [T, N], validity bool [T, N], XOR keys uint64 [T, N] (see xor_keys)
+    rH, rV, rids,  # reference: keys, validity, ids int64 [Tr]
+    tC, tP, tspecial,  # the target's token hashes: the reference's ids read as target ids (the XOR baseline)
+    mults,  # uint64 [>= N]: the XOR multipliers
     rt,  # scratch uint64 [pow2 >= 1.5*Tr*N]: the reference set, entries (key & ~31) | (smallest order - 1)
-    tt,  # scratch uint64 [>= pow2(1.5*Tt), 2]: one target order's set, rows (key, count << 16 | found << 8)
+    tt,  # scratch uint64 [>= pow2(1.5*Tt), 3]: one target order's set, rows (key, count << 16 | found << 8 |
+    #      XOR hit, XOR key of the first id n-gram with these bytes)
     tlist,  # scratch int64 [same as tt]: slots of the distinct target entries, in insertion order
+    vt,  # scratch uint64 [same as tt, 2]: XOR keys of further id n-grams with the same bytes (rare), hit flag
+    alive, racc, rh, rm,  # scratch bool / uint64 [>= Tr]: the XOR lookups of the reference, by position
     record,  # True: emit distinct reference keys and the not-found target (key, order, count) for the corpus pass
-    uniq, hits, positions, pos_hits,  # out (+=): int64 [N], [N, N], [N], [N]
+    uniq, hits, positions, pos_hits, xuniq, xhits,  # out (+=): int64 [N], [N, N], [N], [N], [N], [N]
     ref_out, pend_h, pend_n, pend_c,  # out buffers: uint64 [>= Tr*N]; uint64/int8/int64 [>= Tt*N]
 ):  # pragma: no cover - compiled
-    """One document: unique-set hits per (target order n, smallest matching reference order m), plus positions.
+    """One document: unique-set hits per (target order n, smallest matching reference order m), positions,
+    and the XOR baseline's unique-set counts (Engram's token-id mix, :func:`xor_keys`).
 
     The reference table compares the top 59 bits of a key (its low 5 bits carry the smallest order), so one
     probe is one 8-byte read; a false match needs two of the document's n-grams to agree on 59 random bits.
+
+    XOR baseline, in the same target tables: an id n-gram determines its bytes, so the distinct target id
+    n-grams of order n are the distinct byte n-grams (the table's entries) plus the further id n-grams that
+    spell bytes an entry already has (``vt``; rare: another segmentation of the same bytes). A reference id
+    n-gram can equal a target one only if its ids, read as target ids, spell bytes the target table has: its
+    target byte hash is built up one order at a time (``rh``, ``rm``) with its XOR key (``racc``), and looked
+    up. A reference n-gram whose (n-1)-suffix matched no target (n-1)-gram cannot match (``alive``): with two
+    unrelated id spaces almost nothing survives order 1. Equal XOR keys are taken as equal ids (64-bit keys of
+    a document's n-grams), as for the table rows of the XOR baseline.
+
     Returns (number of distinct reference keys written to ref_out, number of pending entries written).
     """
     N = tH.shape[1]
@@ -155,7 +172,8 @@ def doc_scan(
     rmask = np.uint64(rt.shape[0] - 1)
     rshift = np.uint64(64 - _log2(rt.shape[0]))
     n_ref = 0
-    for i in range(rH.shape[0]):
+    Tr = rH.shape[0]
+    for i in range(Tr):
         for m in range(N):
             if not rV[i, m]:
                 break  # validity is monotone in the order: a longer n-gram reaches further back
@@ -172,11 +190,16 @@ def doc_scan(
     # the target, one order at a time: the table holds one order's n-grams, so it stays cache-sized
     n_pend = 0
     Tt = tH.shape[0]
+    V = tC.shape[0]
     cap_t = _pow2(3 * Tt // 2 + 1)
     tmask = np.uint64(cap_t - 1)
     tshift = np.uint64(64 - _log2(cap_t))
+    n_var = 1  # clear vt before the first order
     for n in range(N):
         tt[:cap_t, 0] = 0
+        if n_var:
+            vt[:cap_t, 0] = 0
+            n_var = 0
         n_list = 0
         for i in range(n, Tt):
             if not tV[i, n]:
@@ -191,6 +214,7 @@ def doc_scan(
                 f = np.int64(rt[r] & _LOW) + 1 if rt[r] != _U0 else 0
                 tt[s, 0] = h
                 tt[s, 1] = (_U1 << np.uint64(16)) | (np.uint64(f) << np.uint64(8))
+                tt[s, 2] = tX[i, n]
                 uniq[n] += 1
                 if f:
                     hits[n, f - 1] += 1
@@ -201,6 +225,52 @@ def doc_scan(
                 tt[s, 1] += _U1 << np.uint64(16)
                 if (tt[s, 1] >> np.uint64(8)) & np.uint64(0xFF):
                     pos_hits[n] += 1
+                if tt[s, 2] != tX[i, n]:  # the same bytes from other ids: a distinct id n-gram (if new)
+                    x = _key(tX[i, n])
+                    v = _probe(vt, x, tmask)
+                    if vt[v, 0] == _U0:
+                        vt[v, 0] = x
+                        vt[v, 1] = _U0
+                        n_var += 1
+        xuniq[n] += n_list + n_var
+        # the reference's id n-grams of order n whose (n-1)-suffix matched
+        gold = np.uint64(n + 1) * _GOLDEN
+        for j in range(n, Tr):
+            if n > 0 and not alive[j]:
+                continue
+            t = rids[j - n]
+            if not rV[j, n] or t >= V or tspecial[t]:
+                alive[j] = False
+                continue
+            tu = np.uint64(t)
+            if n == 0:
+                h = tC[t]
+                mm = tP[t]
+                acc = tu * mults[0]
+            else:
+                h = tC[t] * rm[j] + rh[j]
+                mm = rm[j] * tP[t]
+                acc = racc[j] ^ (tu * mults[n])
+            rh[j] = h
+            rm[j] = mm
+            racc[j] = acc
+            x = acc + gold
+            s = _probe_top(tt, _key(h), tmask, tshift)
+            found = False
+            if tt[s, 0] != _U0:
+                if tt[s, 2] == x:
+                    found = True
+                    if not tt[s, 1] & _U1:
+                        tt[s, 1] |= _U1
+                        xhits[n] += 1
+                elif n_var:
+                    v = _probe(vt, _key(x), tmask)
+                    if vt[v, 0] != _U0:
+                        found = True
+                        if vt[v, 1] == _U0:
+                            vt[v, 1] = _U1
+                            xhits[n] += 1
+            alive[j] = found
         if record:
             for j in range(n_list):
                 s = tlist[j]
@@ -211,49 +281,6 @@ def doc_scan(
                     pend_c[n_pend] = np.int64(p >> np.uint64(16))
                     n_pend += 1
     return n_ref, n_pend
-
-
-@njit(cache=True)
-def xor_scan(tX, tV, rX, rV, tt, tlist, alive, uniq, hits):  # pragma: no cover - compiled
-    """The XOR baseline's unique-set counts for one document: uniq[n] distinct target keys of order n, hits[n]
-    of them also among the reference's keys of order n (XOR keys carry their order, see xor_keys).
-
-    Target first, one order at a time; then the reference's keys are looked up in it. A reference n-gram whose
-    (n-1)-suffix matched no target (n-1)-gram cannot match a target n-gram (a target n-gram's suffix is a
-    target (n-1)-gram), so ``alive`` (bool [Tr] scratch) skips those lookups: with two unrelated id spaces
-    almost nothing survives order 1, and the reference side costs ~Tr probes instead of Tr*N inserts.
-    """
-    N = tX.shape[1]
-    Tt, Tr = tX.shape[0], rX.shape[0]
-    cap_t = _pow2(3 * Tt // 2 + 1)
-    tmask = np.uint64(cap_t - 1)
-    for n in range(N):
-        tt[:cap_t, 0] = 0
-        n_list = 0
-        for i in range(n, Tt):
-            if not tV[i, n]:
-                continue
-            h = _key(tX[i, n])
-            s = _probe(tt, h, tmask)
-            if tt[s, 0] == _U0:
-                tt[s, 0] = h
-                tt[s, 1] = _U0
-                tlist[n_list] = s
-                n_list += 1
-        uniq[n] += n_list
-        for j in range(Tr):
-            if j < n or (n > 0 and not alive[j]) or not rV[j, n]:
-                alive[j] = False
-                continue
-            s = _probe(tt, _key(rX[j, n]), tmask)
-            found = tt[s, 0] != _U0
-            if found:
-                tt[s, 1] = _U1
-            alive[j] = found
-        for q in range(n_list):
-            if tt[tlist[q], 1] != _U0:
-                hits[n] += 1
-    return 0
 
 
 @njit(cache=True, inline="always")

@@ -175,19 +175,23 @@ class HashCounter:
         self._rowbuf: list[Any] = [None, None]
         self._cap_r = self._cap_t = 0
         self._alive = np.zeros(0, dtype=np.bool_)
+        self._racc = self._rh = self._rm = np.zeros(0, dtype=np.uint64)
         self._compact = int(compact_keys)
         self._ref, self._ph, self._pn, self._pc = _take_buffers() if occurrence else _NO_BUFFERS
         self._nref = self._npend = 0
 
-    def _scratch(self, cap_r: int, cap_t: int) -> None:
+    def _scratch(self, cap_r: int, cap_t: int, Tr: int) -> None:
         if cap_r > self._cap_r:
             self._cap_r = cap_r
             self._rt = np.zeros(cap_r, dtype=np.uint64)
-        if cap_r > self._alive.shape[0]:
-            self._alive = np.zeros(cap_r, dtype=np.bool_)
+        if Tr > self._alive.shape[0]:
+            n = _pow2(Tr)
+            self._alive = np.zeros(n, dtype=np.bool_)
+            self._racc, self._rh, self._rm = (np.zeros(n, dtype=np.uint64) for _ in range(3))
         if cap_t > self._cap_t:
             self._cap_t = cap_t
-            self._tt = np.zeros((cap_t, 2), dtype=np.uint64)
+            self._tt = np.zeros((cap_t, 3), dtype=np.uint64)
+            self._vt = np.zeros((cap_t, 2), dtype=np.uint64)
             self._tlist = np.zeros(cap_t, dtype=np.int64)
 
     def _rows(self, k: int, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -255,10 +259,11 @@ class HashCounter:
         t.tokens_target += Tt
         t.tokens_reference += Tr
         cr, ct = _pow2(3 * Tr * N // 2 + 1), _pow2(3 * Tt // 2 + 1)  # load ≤ 2/3; target: one order at a time
-        self._scratch(cr, ct)
-        rt, tt, tlist = self._rt[:cr], self._tt[:ct], self._tlist[:ct]
+        self._scratch(cr, ct, Tr)
         uniq = np.zeros(N, dtype=np.int64)
         hits = np.zeros((N, N), dtype=np.int64)
+        xuniq = np.zeros(N, dtype=np.int64)
+        xhits = np.zeros(N, dtype=np.int64)
         occ = self.occurrence
         if occ:  # the document's keys go straight into the counter's buffers
             self._room(Tr * N, Tt * N)
@@ -266,18 +271,18 @@ class HashCounter:
             ref_out, pend_h, pend_n, pend_c = self._ref[nr:], self._ph[npd:], self._pn[npd:], self._pc[npd:]
         else:
             ref_out, pend_h, pend_n, pend_c = _EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64
+        # the XOR baseline: Engram's token-id mix, same multipliers for both tokenizers, order folded into the
+        # key; the target's keys here, the reference's built inside doc_scan for the n-grams that can match
+        tX = self._xor(target_ids, tV, 0)
+        rids = np.ascontiguousarray(reference_ids, dtype=np.int64)  # in range: checked by the hashing above
+        tc = self.target
         n_ref, n_pend = _kernels.doc_scan(
-            tH, tV, rH, rV, rt, tt, tlist, occ,
-            uniq, hits, t.positions, t.pos_hits, ref_out, pend_h, pend_n, pend_c,
+            tH, tV, tX, rH, rV, rids, tc.C, tc.P, tc.special, self._mults_u64,
+            self._rt[:cr], self._tt[:ct], self._tlist[:ct], self._vt[:ct], self._alive, self._racc, self._rh,
+            self._rm, occ, uniq, hits, t.positions, t.pos_hits, xuniq, xhits, ref_out, pend_h, pend_n, pend_c,
         )
         self._nref += n_ref
         self._npend += n_pend
-        # the XOR baseline: Engram's token-id mix, same multipliers for both tokenizers, order folded into the key
-        tX = self._xor(target_ids, tV, 0)
-        rX = self._xor(reference_ids, rV, 1)
-        xuniq = np.zeros(N, dtype=np.int64)
-        xhits = np.zeros(N, dtype=np.int64)
-        _kernels.xor_scan(tX, tV, rX, rV, tt, tlist, self._alive[:Tr], xuniq, xhits)
         t.add_doc(uniq, hits, xuniq, xhits)
 
     def occurrence_output(self) -> OccurrenceOutput:
