@@ -58,25 +58,27 @@ def xor_keys_into(ids, valid, mults, out):  # pragma: no cover - compiled
 @njit(cache=True)
 def ngram_hashes_into(ids, C, P, special, out_h, out_v):  # pragma: no cover - compiled
     """:func:`polymem.hash._numba.ngram_hashes` of one sequence (ids int64 [T]) written into ``out_h`` (uint64
-    [>= T, N]) and ``out_v`` (bool [>= T, N]), reused across documents; invalid entries are 0 / False."""
+    [>= T, N]) and ``out_v`` (bool [>= T, N]), reused across documents; invalid entries are 0 / False.
+
+    Row by row: the n-gram ending at i is the (n-1)-gram ending at i-1 followed by token i, and the byte hash of
+    a concatenation is H(s)·base^len(t) + H(t), so h[i, n] = h[i-1, n-1]·P[t] + C[t] (mod 2^64, the same value as
+    the definition's sum): one lookup of C, P, special per token instead of one per token and order."""
     T = ids.shape[0]
     N = out_h.shape[1]
     for i in range(T):
-        h = _U0
-        m = _U1
+        t = ids[i]
         n = 0
-        while n < N:
-            j = i - n
-            if j < 0:
-                break
-            t = ids[j]
-            if special[t]:
-                break
-            h = C[t] * m + h
-            m = m * P[t]
-            out_h[i, n] = h
-            out_v[i, n] = True
-            n += 1
+        if not special[t]:
+            c = C[t]
+            p = P[t]
+            out_h[i, 0] = c
+            out_v[i, 0] = True
+            n = 1
+            if i > 0:
+                while n < N and out_v[i - 1, n - 1]:
+                    out_h[i, n] = out_h[i - 1, n - 1] * p + c
+                    out_v[i, n] = True
+                    n += 1
         while n < N:
             out_h[i, n] = _U0
             out_v[i, n] = False

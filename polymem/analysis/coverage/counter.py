@@ -141,6 +141,7 @@ def xor_keys(ids: np.ndarray, valid: np.ndarray, mults: tuple[int, ...]) -> np.n
 
 
 _COMPACT_KEYS = 1 << 23  # buffered reference keys (64 MiB) before they are deduplicated in place
+_RESERVE = 1 << 23  # entries the occurrence buffers start with (address space: 64 MiB of keys)
 BUCKET_BITS = 10  # key buckets of the occurrence pass (the top bits of a stored key; see _sets.bucket_unique)
 
 
@@ -231,12 +232,15 @@ class HashCounter:
                 self._compact_ref()
             need = self._nref + n_ref
             if need > self._ref.shape[0]:
-                new = np.empty(_pow2(max(need, 2 * self._ref.shape[0])), dtype=np.uint64)
+                # the first buffer is reserved big (np.empty: address space, its pages come as they are written),
+                # so a partition rarely pays the copies of growing it
+                new = np.empty(_pow2(max(need, 2 * self._ref.shape[0], min(self._compact, _RESERVE))),
+                               dtype=np.uint64)
                 new[:self._nref] = self._ref[:self._nref]
                 self._ref = new
         need = self._npend + n_pend
         if need > self._ph.shape[0]:
-            k = _pow2(max(need, 2 * self._ph.shape[0]))
+            k = _pow2(max(need, 2 * self._ph.shape[0], _RESERVE // 2))
             for name, dt in (("_ph", np.uint64), ("_pn", np.int8), ("_pc", np.int64)):
                 new = np.empty(k, dtype=dt)
                 new[:self._npend] = getattr(self, name)[:self._npend]
