@@ -11,6 +11,9 @@ one site before block 2, greedy generate(). Arms, each in its own subprocess (pe
             (a 2B fp32 table is 8 GB, more than this shared machine can hold next to the others)
   sync      the NF4 asset served with prefetch=False: pages read inside the site's forward
   prefetch  the NF4 asset served with prefetch=True: reads start in the model's pre-hook, before block 0
+            (pages in the OS page cache read there, the others by the asset's I/O thread)
+  pool      the same, with the pages that must come from storage read by the pool of reader threads instead
+            of the I/O thread (the previous design, kept for URLs and hosts without numba)
 
 Each arm runs warm (the asset's pages in the OS page cache) and cold (posix_fadvise(DONTNEED) on every shard
 before each measured run; the page service starts empty in both). Per arm: decode ms/token at batch 1 and 8
@@ -38,7 +41,7 @@ import numpy as np
 
 from bench_asset import evict  # posix_fadvise(DONTNEED) on each file; benchmarks/ is on sys.path
 
-ARMS = ("none", "memory", "sync", "prefetch")
+ARMS = ("none", "memory", "sync", "prefetch", "pool")
 HERE = Path(__file__).resolve()
 
 
@@ -124,8 +127,11 @@ def run_arm(args) -> dict:
         if args.arm == "none":
             return None
         table = memory_table if args.arm == "memory" else asset
-        return attach(model, table, cache, layers=[2], in_memory=False, prefetch=args.arm == "prefetch",
-                      cache_mb=args.cache_mb, value_init="orthogonal")
+        h = attach(model, table, cache, layers=[2], in_memory=False, prefetch=args.arm in ("prefetch", "pool"),
+                   cache_mb=args.cache_mb, value_init="orthogonal")
+        if args.arm == "pool":
+            h.table.service.io_thread = False
+        return h
 
     def prompt(batch: int, length: int, offset: int) -> torch.Tensor:
         rows = [ids[offset + 997 * b: offset + 997 * b + length] for b in range(batch)]

@@ -63,22 +63,25 @@ def llama(seed: int = 0):
 
 
 # how prefetched reads are made: "nowait" = the consumer's thread reads what the OS page cache holds (RWF_NOWAIT)
-# and hands the rest to the pool (the default); "pool" = every missing chunk goes to the reader threads (what a
-# page not in the OS cache gets); "python" = the pool path without any numba kernel (reads, planning, NF4 decode)
-READ_MODES = ["nowait", "pool", "python"]
+# and hands the rest to the service's I/O thread (the default); "io" = every missing chunk goes to the I/O thread
+# (what chunks that must come from storage get); "pool" = every missing chunk goes to the pool of reader threads
+# (the path without the compiled reader, and of URLs); "python" = the pool path without any numba kernel (reads,
+# planning, NF4 decode)
+READ_MODES = ["nowait", "io", "pool", "python"]
 
 
 @contextlib.contextmanager
 def read_mode(svc, mode: str):
-    saved = svc.reader.nowait, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS
+    saved = svc.reader.nowait, svc.io_thread, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS
     svc.reader.nowait = svc.reader.nowait and mode == "nowait"
+    svc.io_thread = svc.io_thread and mode in ("nowait", "io")
     if mode == "python":  # no numba anywhere: reads in Python, rows planned and decoded by numpy/torch
         pages_mod._KERNEL = ()
         torch_pages.USE_HOST_KERNELS = False
     try:
         yield svc
     finally:
-        svc.reader.nowait, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS = saved
+        svc.reader.nowait, svc.io_thread, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS = saved
 
 
 def pages_threads() -> list[threading.Thread]:
@@ -291,17 +294,18 @@ def test_corrupt_chunk_is_a_clear_error_in_the_forward(byte_cache, ids, assets, 
         h.detach()
 
 
-def test_workers_stop_on_detach_and_on_garbage_collection(byte_cache, ids, assets):
+@pytest.mark.parametrize("mode", ["pool", "io"])
+def test_workers_stop_on_detach_and_on_garbage_collection(byte_cache, ids, assets, mode):
     assert wait_no_threads() == []
     model = llama()
     h = attach(model, assets["nf4"], byte_cache, layers=[1], in_memory=False, read_workers=3)
-    with read_mode(h.table.service, "pool"), torch.no_grad():
+    with read_mode(h.table.service, mode), torch.no_grad():
         model(input_ids=ids)
-    assert 1 <= len(pages_threads()) <= 3
+    assert 1 <= len(pages_threads()) <= (3 if mode == "pool" else 1)
     h.detach()
     assert pages_threads() == []  # detach waits for the workers
     h = attach(model, assets["nf4"], byte_cache, layers=[1], in_memory=False, read_workers=3)
-    with read_mode(h.table.service, "pool"), torch.no_grad():
+    with read_mode(h.table.service, mode), torch.no_grad():
         model(input_ids=ids)
     assert pages_threads()
     del h, model
@@ -440,9 +444,12 @@ def test_pages_in_the_os_cache_are_read_in_the_callers_thread(byte_cache, ids, a
     h.detach()
 
 
-def test_pages_not_in_the_os_cache_go_to_the_reader_threads(byte_cache, ids, assets, tmp_path):
-    """Pages the OS has to fetch from the disk are not read in the caller's thread: they go to the pool, all
-    the forward's reads at once, and the site waits for them; the result is the same."""
+@pytest.mark.parametrize("reader", ["io", "pool"])
+def test_pages_not_in_the_os_cache_go_to_the_reader_threads(byte_cache, ids, assets, tmp_path, reader):
+    """Pages the OS has to fetch from the disk are not read in the caller's thread: they go to the service's
+    I/O thread (or, without it, to the pool), all the forward's reads at once, and the site waits for them;
+    the result is the same. A forward that found most chunks missing makes the next ones skip the
+    non-blocking attempt (which would start each read in the caller's thread)."""
     big = Layout(pages=16384, heads=4, slots=4, head_dim=8)  # ~390 chunks: the rows' chunks lie far apart
     w = np.random.default_rng(5).standard_normal((big.num_rows, big.head_dim)).astype(np.float32)
     asset = MemoryAsset.from_array(tmp_path / "e", w, HashSpec(), big, orders=(1, 2, 3), dtype="nf4",
@@ -476,12 +483,18 @@ def test_pages_not_in_the_os_cache_go_to_the_reader_threads(byte_cache, ids, ass
         fd = os.open(p, os.O_RDONLY)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
+    assert wait_no_threads() == []
     h = attach(model, asset, byte_cache, layers=[1], in_memory=False, cache_mb=1, value_init="orthogonal")
+    svc = h.table.service
+    svc.io_thread = svc.io_thread and reader == "io"
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, ref)
     st = h.stats()
     assert st["reads"] == len(_chunks_of(ids, asset, byte_cache)) and st["nowait_reads"] < st["reads"]
-    assert pages_threads()
+    names = {t.name for t in pages_threads()}
+    assert names == ({THREAD_PREFIX + "-io"} if svc.io_thread else names - {THREAD_PREFIX + "-io"}) and names
+    if svc.io_thread and svc.reader.nowait and 2 * st["nowait_reads"] < st["reads"]:
+        assert svc._nowait_skip == pages_mod.NOWAIT_BACKOFF
     h.detach()
     assert wait_no_threads() == []
 
@@ -507,7 +520,8 @@ def test_a_chunk_in_flight_is_joined_not_read_twice(assets):
     asset = assets["nf4"]
     cb = asset.geometry.chunk_bytes
     svc = PageService(asset, cache_mb=1, workers=1)
-    svc.reader.nowait = False  # the reads go to the (single, busy) worker
+    svc.reader.nowait = False  # the reads go to the (single, busy) pool worker
+    svc.io_thread = False
     gate = threading.Event()
     busy = svc.pool().submit(gate.wait)
     chunks = np.array([3, 7, 11], dtype=np.int64)
@@ -523,6 +537,33 @@ def test_a_chunk_in_flight_is_joined_not_read_twice(assets):
     assert np.array_equal(a, want) and np.array_equal(b, want)
     st = svc.stats()
     assert st["reads"] == st["misses"] == 3 and st["joined"] == 3 and st["read_calls"] == 1
+    svc.close()
+    assert wait_no_threads() == []
+
+
+def test_a_chunk_read_by_the_io_thread_is_joined_and_read_once(assets):
+    """Two consumers asking for the same chunks before either has waited: the second joins the first's read
+    on the I/O thread; whoever waits first counts and caches them, the other copies them."""
+    asset = assets["nf4"]
+    cb = asset.geometry.chunk_bytes
+    svc = PageService(asset, cache_mb=1, workers=1)
+    if not svc.io_thread:
+        pytest.skip("no compiled reader here")
+    svc.reader.nowait = False  # as if the chunks had to come from storage
+    chunks = np.array([3, 7, 11], dtype=np.int64)
+    a, b = np.zeros((3, cb), np.uint8), np.zeros((3, cb), np.uint8)
+    pa = svc.fetch_into(chunks, a, background=True)
+    pb = svc.fetch_into(chunks[::-1].copy(), b, background=True)
+    assert pa is not None and pb is not None
+    pb.wait()
+    pa.wait()
+    want = _direct(asset, chunks)
+    assert np.array_equal(a, want) and np.array_equal(b, want[::-1])
+    st = svc.stats()
+    assert st["reads"] == st["misses"] == 3 and st["joined"] == 3 and st["read_calls"] == 1 and st["errors"] == 0
+    assert all(svc.cached(c) for c in chunks.tolist())
+    assert {t.name for t in pages_threads()} == {THREAD_PREFIX + "-io"}
+    assert svc.fetch_into(chunks, a, background=True) is None and svc.stats()["hits"] == 3  # cached now
     svc.close()
     assert wait_no_threads() == []
 

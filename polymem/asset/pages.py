@@ -10,9 +10,14 @@ them copied into its own buffer (one row per chunk). Each chunk is either in the
 the lock), already being read for another consumer (joined: read once), or read now (a miss). With
 ``background=True`` (prefetch) the misses of a local asset are first read in the calling thread with
 ``RWF_NOWAIT``, which returns at once for chunks in the OS page cache and refuses the others (~5 µs per
-chunk: cheaper than handing them to a thread); only chunks that really have to come from storage go to the
-pool of reader threads, all of the forward's reads submitted together, and :meth:`Pending.wait` (at the
-first site) waits only for those. The cache is one preallocated slab of ``cache_mb`` (slots of one chunk,
+chunk: cheaper than handing them to a thread); only chunks that really have to come from storage are handed
+on, all of the forward's reads together, and :meth:`Pending.wait` (at the first site) waits only for those.
+They go to the service's one I/O thread (local assets: one compiled ``preadv2`` loop per forward with the
+GIL released; the thread holds the GIL only to take a job and to signal it done, and the consumer that
+waits does the bookkeeping) or, for URLs and without numba, to a pool of ``workers`` reader threads. A
+refused ``RWF_NOWAIT`` read has already cost the caller the kernel's work of starting that read, so after a
+forward whose chunks were mostly not in the OS cache the next ``NOWAIT_BACKOFF`` forwards hand every miss
+to the I/O thread directly. The cache is one preallocated slab of ``cache_mb`` (slots of one chunk,
 LRU by a per-slot stamp, committed by the OS only when touched), shared by every consumer of one asset
 (:func:`service_for`).
 
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import queue
 import threading
 import time
 import weakref
@@ -46,6 +52,7 @@ from polymem.errors import FormatError, PolymemError
 
 THREAD_PREFIX = "polymem-pages"
 READS_PER_TASK = 8  # background reads of one forward are split into tasks of at least this many chunks
+NOWAIT_BACKOFF = 8  # forwards that skip the non-blocking attempt after one that found less than half
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 _NOWAIT_BY_DEVICE: dict[Any, bool] = {}  # st_dev -> does the file system honour RWF_NOWAIT (probed once)
 
@@ -166,6 +173,12 @@ class ChunkReader:
                 out[rows[j]] = self._read_stored([int(chunks[j])])[0]
                 ok[j] = True
         return ok
+
+    def locate(self, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(file descriptor, byte offset) of each chunk (int64 [n]) of a local dense asset."""
+        cps = self.geom.chunks_per_shard
+        shard = chunks // cps
+        return self._fds_of(shard), (chunks - shard * cps) * self.geom.stride
 
     def _read_py(self, fds, offs, out, rows, flags, ok) -> None:
         cb, crc = self.geom.chunk_bytes, self.geom.crc
@@ -331,6 +344,64 @@ class Pending:
             self.service.note_wait(time.perf_counter() - t0)
 
 
+class IORead:
+    """Chunks handed to the service's I/O thread: done / result like the Future of a pool read (so reads are
+    joined alike). The thread only reads (one compiled call, GIL released); the first consumer that waits
+    re-reads any chunk that failed (the precise error), counts and caches them."""
+
+    __slots__ = ("service", "chunks", "buf", "ok", "io", "_res", "_exc", "_lock")
+
+    def __init__(self, service: "PageService", chunks: np.ndarray) -> None:
+        self.service, self.chunks = service, chunks
+        self.buf = np.empty((chunks.shape[0], service.geom.chunk_bytes), dtype=np.uint8)
+        self.ok = np.zeros(chunks.shape[0], dtype=bool)
+        self.io = threading.Lock()  # held until the I/O thread has read the chunks
+        self.io.acquire()
+        self._res: np.ndarray | None = None
+        self._exc: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        return not self.io.locked()
+
+    def result(self) -> np.ndarray:
+        with self._lock:
+            if self._res is None and self._exc is None:
+                self.io.acquire()
+                self.io.release()
+                try:
+                    self._res = self.service._finish_read(self.chunks, self.buf, self.ok)
+                except BaseException as e:
+                    self._exc = e
+            if self._exc is not None:
+                raise self._exc
+            return self._res  # type: ignore[return-value]
+
+
+def _io_loop(q: "queue.SimpleQueue[Any]", read_rows: Any, crc: bool) -> None:
+    """The I/O thread of a service: blocking reads of whole jobs, each one compiled call with the GIL released
+    (the thread holds the GIL only to take a job and to signal it done, so the model's thread barely notices)."""
+    while True:
+        job = q.get()
+        if job is None:
+            return
+        fds, offs, buf, ok, done = job
+        job = None  # hold nothing between jobs: the service must stay collectable
+        try:
+            read_rows(fds, offs, buf, np.arange(fds.shape[0]), crc, 0, ok)
+        except BaseException:  # noqa: BLE001 - ok stays False: the consumer re-reads for the precise error
+            pass
+        finally:
+            done.release()
+            fds = offs = buf = ok = done = None
+
+
+def _stop_io(q: "queue.SimpleQueue[Any]", t: threading.Thread) -> None:
+    q.put(None)
+    if t is not threading.current_thread():
+        t.join()
+
+
 class PageService:
     """Chunk cache + reader pool of one asset. ``fetch_into`` copies chunks into a consumer's buffer."""
 
@@ -343,6 +414,12 @@ class PageService:
         self._inflight: dict[int, tuple[Future, int]] = {}
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        # local dense assets with the compiled reader: one I/O thread takes the chunks that must come from
+        # storage (else, and for URLs, the pool of ``workers`` threads)
+        self.io_thread = self.reader.direct and _kernel() is not None
+        self._io: tuple[Any, threading.Thread] | None = None
+        self._io_fin: weakref.finalize | None = None
+        self._nowait_skip = 0  # forwards left that skip the non-blocking attempt (it found little lately)
         self._users = 0
         self._finalizer: weakref.finalize | None = None
         self._stats = dict(hits=0, misses=0, joined=0, reads=0, nowait_reads=0, read_calls=0, bytes_read=0,
@@ -449,9 +526,15 @@ class PageService:
         with self._lock:
             pool, self._pool = self._pool, None
             fin, self._finalizer = self._finalizer, None
+            io, self._io = self._io, None
+            iofin, self._io_fin = self._io_fin, None
             self._setup_cache(self.capacity)
         if fin is not None:
             fin.detach()
+        if iofin is not None:
+            iofin.detach()
+        if io is not None:
+            _stop_io(*io)
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=False)
         self.reader.close()
@@ -481,6 +564,48 @@ class PageService:
                 self._insert(ids, old_slab, src)
 
     # ---- reads
+    def _finish_read(self, chunks: np.ndarray, buf: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """After the I/O thread: chunks it could not read whole and intact are read again (the precise error),
+        then all are counted and cached."""
+        n = chunks.shape[0]
+        try:
+            if not ok.all():
+                bad = np.flatnonzero(~ok)
+                self.reader.read_into(chunks[bad], buf, bad)
+        except BaseException:
+            with self._lock:
+                self._stats["errors"] += 1
+                for c in chunks.tolist():
+                    self._inflight.pop(c, None)
+            raise
+        with self._lock:
+            self._count_read(chunks, buf)
+        return buf
+
+    def _count_read(self, chunks: np.ndarray, buf: np.ndarray) -> None:  # under the lock
+        n = chunks.shape[0]
+        st = self._stats
+        st["reads"] += n
+        st["read_calls"] += 1
+        st["bytes_read"] += n * self.geom.chunk_bytes
+        inflight = self._inflight
+        for c in chunks.tolist():
+            inflight.pop(c, None)
+        self._insert(chunks, buf, np.arange(n))
+
+    def _io_submit(self, chunks: np.ndarray) -> IORead:  # under the lock
+        fds, offs = self.reader.locate(chunks)  # FormatError (a shard gone) before anything is queued
+        if self._io is None:
+            q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+            t = threading.Thread(target=_io_loop, args=(q, _kernel()[0], self.geom.crc), name=THREAD_PREFIX + "-io",
+                                 daemon=True)
+            t.start()
+            self._io = (q, t)
+            self._io_fin = weakref.finalize(self, _stop_io, q, t)  # stops when the service is collected
+        rd = IORead(self, chunks)
+        self._io[0].put((fds, offs, rd.buf, rd.ok, rd.io))
+        return rd
+
     def _read_task(self, chunks: np.ndarray) -> np.ndarray:
         """A pool task: read chunks (blocking, checked) into a new buffer, cache them; uint8 [n, chunk_bytes]."""
         n = chunks.shape[0]
@@ -497,12 +622,7 @@ class PageService:
                     self._inflight.pop(c, None)
             raise
         with self._lock:
-            self._stats["reads"] += n
-            self._stats["read_calls"] += 1
-            self._stats["bytes_read"] += n * self.geom.chunk_bytes
-            for c in chunks.tolist():
-                self._inflight.pop(c, None)
-            self._insert(chunks, buf, np.arange(n))
+            self._count_read(chunks, buf)
         return buf
 
     def fetch_into(self, chunks: np.ndarray, out: np.ndarray, *, background: bool) -> Pending | None:
@@ -543,9 +663,14 @@ class PageService:
                 return None
             mrows = np.asarray(miss, dtype=np.int64)
             mids = chunks[mrows]
-            if background and miss and self.reader.nowait:
+            if background and miss and self.reader.nowait and self._try_nowait():
                 ok = self.reader.read_into(mids, out, mrows, nowait=True)  # what the OS page cache holds
                 got = int(ok.sum())
+                if self.io_thread and 2 * got < len(miss):
+                    # a miss costs the caller the kernel's work to start its read (RWF_NOWAIT starts it before
+                    # refusing): when most chunks come from storage, skip the attempt for a while and let the
+                    # I/O thread start and wait for them all
+                    self._nowait_skip = NOWAIT_BACKOFF
                 if got:
                     st["reads"] += got
                     st["nowait_reads"] += got
@@ -558,6 +683,17 @@ class PageService:
                 for j, f, i in joins:
                     pending.parts.append((f, np.array([j]), np.array([i])))
             if background and not mids.size:
+                return pending
+            if background and self.io_thread:
+                try:
+                    rd = self._io_submit(mids)
+                    for i, c in enumerate(mids.tolist()):
+                        inflight[c] = (rd, i)
+                except FormatError as e:  # raised by the consumer's wait, in the forward that needs it
+                    rd = Future()  # type: ignore[assignment]
+                    rd.set_exception(e)  # type: ignore[attr-defined]
+                    st["errors"] += 1
+                pending.parts.append((rd, mrows, np.arange(mids.size)))  # type: ignore[union-attr]
                 return pending
             if background:
                 pool = self._pool or self._start_pool()
@@ -593,6 +729,12 @@ class PageService:
             pending.wait()
         return None
 
+    def _try_nowait(self) -> bool:  # under the lock
+        if self._nowait_skip:
+            self._nowait_skip -= 1
+            return False
+        return True
+
     def _start_pool(self) -> ThreadPoolExecutor:  # under the lock
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=THREAD_PREFIX)
         self._finalizer = weakref.finalize(self, _shutdown, self._pool, self.reader)
@@ -608,11 +750,11 @@ class PageService:
         shared with a read in flight), reads and bytes_read (chunks and bytes read from storage; nowait_reads
         of them read in the consumer's thread from the OS page cache), read_calls, evictions, errors, wait_s
         (seconds consumers waited for reads), cache_bytes / cache_peak_bytes / capacity_bytes, chunk_bytes,
-        workers."""
+        workers, io_thread (whether background reads go to the I/O thread rather than the pool)."""
         with self._lock:
             out = dict(self._stats)
             out.update(cache_bytes=self._cache_bytes(), cache_chunks=len(self._slot), capacity_bytes=self.capacity,
-                       chunk_bytes=self.geom.chunk_bytes, workers=self.workers,
+                       chunk_bytes=self.geom.chunk_bytes, workers=self.workers, io_thread=self.io_thread,
                        source="pread" if self.reader.local is not None else "fsspec")
         return out
 
@@ -651,4 +793,4 @@ def service_for(asset: Any, *, cache_mb: float = 256.0, workers: int = 4) -> Pag
     return svc
 
 
-__all__ = ["ChunkReader", "PageService", "Pending", "THREAD_PREFIX", "service_for"]
+__all__ = ["ChunkReader", "IORead", "PageService", "Pending", "THREAD_PREFIX", "service_for"]

@@ -417,8 +417,9 @@ def attach(
     trainable whatever ``train`` says (a recipient trained from scratch next to a frozen donor table). max_n: orders 1..max_n read (default: the table's
     largest order). in_memory=False serves a frozen asset page by page instead of loading it (tables bigger
     than memory): the rows of each forward are read through a RAM page cache of ``cache_mb`` MiB (shared by
-    every table on the same opened asset) by ``read_workers`` threads, started from the model's pre-hook
-    before block 0 when ``prefetch`` (else inside the first site), and decoded (NF4 too) in torch on the
+    every table on the same opened asset), started from the model's pre-hook before block 0 when ``prefetch``
+    (else inside the first site): chunks in the OS page cache are read there, the others by one I/O thread
+    (local assets) or ``read_workers`` threads (URLs), and decoded (NF4 too) in torch on the
     model's device; results are bit-identical to in_memory=True. ``handle.stats()`` has the cache counters.
     strict=False skips layers that cannot be matched (they are listed in ``handle.report``).
     The tokenizer must be the model's: a tokenizer with more ids than the model's vocabulary, or with far fewer

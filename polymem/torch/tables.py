@@ -122,7 +122,8 @@ class AssetTable(MemoryTable):
 
     cache_mb: RAM for cached chunks, shared by every table reading the same opened asset. prefetch: reads
     start in :meth:`prefetch` (the model's forward pre-hook calls it) and overlap the blocks before the first
-    site; False reads inside the first site's forward (synchronous). read_workers: reader threads.
+    site; False reads inside the first site's forward (synchronous). read_workers: reader threads for URLs
+    (a local asset is read by one I/O thread).
     """
 
     def __init__(self, asset: Any, *, cache_mb: float = 256.0, prefetch: bool = True, read_workers: int = 4) -> None:
