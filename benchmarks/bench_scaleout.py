@@ -19,6 +19,9 @@ driver (with the scheduler) + nannies + workers.
   fork       (--fork-tree PATH, first corpus only) the whole CLI, `polymem coverage --workers 2` and `--workers 1`,
              with the old hand-written fork pool (a checkout of the code before it was removed) and with Dask
 Results (same-run ratios) as JSON; the page-read part: --s3-pages (a moto S3 server on 127.0.0.1).
+--repeat K runs all the modes K times, interleaved round by round (this VM's speed drifts by ±10 % between runs of
+the same work): each mode reports its median run and every round's times, each ratio the ratio of the medians
+and the same-round ratios (``*_rounds``).
 """
 
 from __future__ import annotations
@@ -129,6 +132,21 @@ def _numbers(r: Any) -> dict[str, Any]:
     return d
 
 
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median time_s (the lower middle one for an even count), with every run's times."""
+    out = dict(sorted(runs, key=lambda r: r["time_s"])[(len(runs) - 1) // 2])
+    if len(runs) > 1:
+        for k in ("time_s", "cpu_s_timed", "warm_time_s", "warm_cpu_s_timed"):
+            if k in out:
+                out[k + "_runs"] = [r[k] for r in runs]
+    return out
+
+
+def _ratios(a: list[dict[str, Any]], b: list[dict[str, Any]], ka: str, kb: str) -> list[float]:
+    """a[ka] / b[kb] round by round (the same round: measured back to back)."""
+    return [x[ka] / y[kb] for x, y in zip(a, b)]
+
+
 def s3_pages(n_pages: int, threads: int) -> dict[str, Any]:
     """pages/s reading an asset from a local moto S3 server: one read_pages call (parallel range requests) vs
     one page at a time."""
@@ -185,6 +203,8 @@ def main() -> None:
     ap.add_argument("--partition-mb", type=float, default=4.0)
     ap.add_argument("--max-n", type=int, default=7)
     ap.add_argument("--modes", default="tokenize,tokenize2,inline,dask")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of all modes, interleaved; each mode's median "
+                    "run is reported, with every round's times and same-round ratios")
     ap.add_argument("--fork-tree", help="a checkout with the old fork pool (measured on the first corpus)")
     ap.add_argument("--s3-pages", type=int, default=0, help="also time this many page reads from a moto S3 server")
     ap.add_argument("--json", type=Path)
@@ -201,36 +221,48 @@ def main() -> None:
                                           "cores": os.cpu_count(),
                                           "simd": [f for f in flags if f.startswith(("avx", "sse4", "fma"))],
                                           "loadavg_start": os.getloadavg()},
-                              "partition_mb": args.partition_mb, "max_n": args.max_n, "corpora": {}}
+                              "partition_mb": args.partition_mb, "max_n": args.max_n, "repeat": args.repeat,
+                              "corpora": {}}
     for spec in args.corpora:
         name, paths = spec.split("=", 1)
-        res: dict[str, Any] = {}
-        for mode in args.modes.split(","):
-            child = [sys.executable, __file__, "--one", mode, paths, "--partition-mb", str(args.partition_mb),
-                     "--max-n", str(args.max_n)]
-            if mode == "tokenize2":  # two children at once, each with half of the documents
-                t0 = time.perf_counter()
-                procs = [subprocess.Popen(child[:3] + ["tokenize"] + child[4:] + ["--share", f"{k}/2"],
-                                          stdout=subprocess.PIPE, text=True) for k in range(2)]
-                halves = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
-                if any(p.returncode for p in procs):
-                    raise RuntimeError("tokenize2 failed")
-                res[mode] = {"mode": mode, "time_s": max(h["time_s"] for h in halves),
-                             "cpu_s_timed": sum(h["cpu_s_timed"] for h in halves), "docs": sum(h["docs"] for h in halves),
-                             "wall_s": time.perf_counter() - t0}
-            else:
-                res[mode] = run_child(child)
-            print(name, mode, json.dumps({k: v for k, v in res[mode].items() if k != "report"}), flush=True)
-        if "inline" in res and "dask" in res:
-            assert res["inline"].pop("report") == res["dask"].pop("report"), "dask changed the result"
+        rounds: dict[str, list[dict[str, Any]]] = {}
+        for rnd in range(args.repeat):  # the modes interleaved, round after round (the VM's speed drifts)
+            for mode in args.modes.split(","):
+                child = [sys.executable, __file__, "--one", mode, paths, "--partition-mb", str(args.partition_mb),
+                         "--max-n", str(args.max_n)]
+                if mode == "tokenize2":  # two children at once, each with half of the documents
+                    t0 = time.perf_counter()
+                    procs = [subprocess.Popen(child[:3] + ["tokenize"] + child[4:] + ["--share", f"{k}/2"],
+                                              stdout=subprocess.PIPE, text=True) for k in range(2)]
+                    halves = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+                    if any(p.returncode for p in procs):
+                        raise RuntimeError("tokenize2 failed")
+                    got = {"mode": mode, "time_s": max(h["time_s"] for h in halves),
+                           "cpu_s_timed": sum(h["cpu_s_timed"] for h in halves),
+                           "docs": sum(h["docs"] for h in halves), "wall_s": time.perf_counter() - t0}
+                else:
+                    got = run_child(child)
+                got["round"] = rnd
+                rounds.setdefault(mode, []).append(got)
+                print(name, mode, json.dumps({k: v for k, v in got.items() if k != "report"}), flush=True)
+        res: dict[str, Any] = {mode: _median_run(runs) for mode, runs in rounds.items()}
+        if "inline" in rounds and "dask" in rounds:
+            want = rounds["inline"][0]["report"]
+            assert all(r.pop("report") == want for r in rounds["inline"] + rounds["dask"]), "dask changed the result"
             res["dask_speedup"] = res["inline"]["time_s"] / res["dask"]["time_s"]
             res["dask_warm_speedup"] = res["inline"]["time_s"] / res["dask"]["warm_time_s"]
             res["dask_cpu_over_inline"] = res["dask"]["cpu_s_timed"] / res["inline"]["cpu_s_timed"]
-        if "inline" in res and "tokenize" in res:
+            res["dask_speedup_rounds"] = _ratios(rounds["inline"], rounds["dask"], "time_s", "time_s")
+            res["dask_warm_speedup_rounds"] = _ratios(rounds["inline"], rounds["dask"], "time_s", "warm_time_s")
+        if "inline" in rounds and "tokenize" in rounds:
             res["inline_over_tokenize"] = res["inline"]["time_s"] / res["tokenize"]["time_s"]
             res["inline_over_tokenize_cpu"] = res["inline"]["cpu_s_timed"] / res["tokenize"]["cpu_s_timed"]
-        if "tokenize" in res and "tokenize2" in res:
+            res["inline_over_tokenize_rounds"] = _ratios(rounds["inline"], rounds["tokenize"], "time_s", "time_s")
+            res["inline_over_tokenize_cpu_rounds"] = _ratios(rounds["inline"], rounds["tokenize"], "cpu_s_timed",
+                                                             "cpu_s_timed")
+        if "tokenize" in rounds and "tokenize2" in rounds:
             res["two_process_ceiling"] = res["tokenize"]["time_s"] / res["tokenize2"]["time_s"]
+            res["two_process_ceiling_rounds"] = _ratios(rounds["tokenize"], rounds["tokenize2"], "time_s", "time_s")
         for r in res.values():
             if isinstance(r, dict):
                 r.pop("report", None)
