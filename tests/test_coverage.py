@@ -615,6 +615,34 @@ def test_counters_in_one_process_reuse_the_buffers(mistral_v1: Tokenizer, cl100k
     assert HashCounter(h.target, h.reference, 3)._ref.shape[0] == 0
 
 
+def test_occurrence_output_views_of_reused_scratch_equal_the_copies(mistral_v1: Tokenizer, cl100k: Tokenizer,
+                                                                   real_docs: list[str]) -> None:
+    # the grouping runs in scratch reused across partitions: views of it (released after use, as when they are
+    # written out) hold the same as the copies, and the next partition's grouping reuses the released scratch
+    from polymem.analysis.coverage import counter
+    from polymem.analysis.coverage.run import _hashes
+
+    spec = polymem.HashSpec()
+    tc, rc = _hashes(mistral_v1, spec), _hashes(cl100k, spec)
+    ids = [(mistral_v1.encode(d), cl100k.encode(d)) for d in real_docs[:12]]
+    counter.release_buffers()
+    outs = []
+    for views in (False, True, True, False):
+        h = HashCounter(tc, rc, 4)
+        for a, b in ids:
+            h.add(a, b)
+        occ = h.occurrence_output(views=views)
+        outs.append(([x.copy() for x in (occ.ref, occ.ref_off, occ.pend_h, occ.pend_n, occ.pend_c, occ.pend_off)],
+                     h.tally.pos_hits.tolist(), occ.scratch is not None, occ.ref.base))
+        occ.release()
+    for arrays, hits, _, _ in outs[1:]:
+        assert all(np.array_equal(x, y) for x, y in zip(arrays, outs[0][0])) and hits == outs[0][1]
+    assert [o[2] for o in outs] == [False, True, True, False]
+    assert outs[1][3] is outs[2][3]  # the second view is of the same (released, reused) scratch
+    assert outs[0][0][0].shape[0] > 0 and outs[0][0][2].shape[0] > 0
+    counter.release_buffers()
+
+
 @settings(max_examples=30, deadline=None)
 @given(ids=st.lists(st.integers(0, 5), max_size=60), n=st.integers(1, 8))
 def test_kernels_into_reused_scratch_equal_the_fresh_ones(ids: list[int], n: int) -> None:

@@ -351,16 +351,22 @@ def _member(table, mask, k):  # pragma: no cover - compiled
 @njit(cache=True)
 def _group_keys(keys, n, bits):  # pragma: no cover - compiled
     """Counting sort of the stored keys of keys[:n] by bucket (top ``bits`` bits): (grouped keys, offsets)."""
+    grouped = np.empty(n, dtype=np.uint64)
+    return grouped, _group_keys_into(keys, n, bits, grouped)
+
+
+@njit(cache=True)
+def _group_keys_into(keys, n, bits, grouped):  # pragma: no cover - compiled
+    """:func:`_group_keys` into ``grouped`` (uint64 [>= n], reused scratch); returns the offsets."""
     shift = np.uint64(64 - bits)
     off = _bucket_counts(keys, n, bits)
     fill = off[:-1].copy()
-    grouped = np.empty(n, dtype=np.uint64)
     for i in range(n):
         k = _key(keys[i])
         b = np.int64(k >> shift)
         grouped[fill[b]] = k
         fill[b] += 1
-    return grouped, off
+    return off
 
 
 @njit(cache=True)
@@ -388,21 +394,19 @@ def bucket_unique(keys, n, bits):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _group(ph, pn, pc, n, bits):  # pragma: no cover - compiled
-    """Counting sort of (stored key, order, count) entries by bucket: (keys, orders, counts, offsets)."""
+def _group_into(ph, pn, pc, n, bits, gh, gn, gc):  # pragma: no cover - compiled
+    """Counting sort of (stored key, order, count) entries by bucket into gh, gn, gc (scratch, >= n each);
+    returns the offsets."""
     shift = np.uint64(64 - bits)
     off = _bucket_counts(ph, n, bits)
     fill = off[:-1].copy()
-    gh = np.empty(n, dtype=np.uint64)
-    gn = np.empty(n, dtype=np.int8)
-    gc = np.empty(n, dtype=np.int64)
     for i in range(n):
         k = _key(ph[i])
         b = np.int64(k >> shift)
         j = fill[b]
         gh[j], gn[j], gc[j] = k, pn[i], pc[i]
         fill[b] = j + 1
-    return gh, gn, gc, off
+    return off
 
 
 @njit(cache=True)
@@ -411,9 +415,23 @@ def bucket_unique_resolve(keys, n, ph, pn, pc, n_pend, bits, hits):  # pragma: n
     order-1 pn, counts pc; first n_pend) grouped by bucket and looked up in their bucket's distinct keys while
     its table is built: hits[pn] += pc for those found. Returns (distinct keys, their offsets, the pending
     entries not found: keys, orders, counts, offsets), all grouped by bucket (offsets int64 [2^bits + 1])."""
+    grouped = np.empty(n, dtype=np.uint64)
+    gh = np.empty(n_pend, dtype=np.uint64)
+    gn = np.empty(n_pend, dtype=np.int8)
+    gc = np.empty(n_pend, dtype=np.int64)
+    w, out_off, wp, pend_off = bucket_unique_resolve_into(keys, n, ph, pn, pc, n_pend, bits, hits, grouped, gh, gn,
+                                                          gc)
+    return grouped[:w].copy(), out_off, gh[:wp].copy(), gn[:wp].copy(), gc[:wp].copy(), pend_off
+
+
+@njit(cache=True)
+def bucket_unique_resolve_into(keys, n, ph, pn, pc, n_pend, bits, hits, grouped, gh, gn, gc):  # pragma: no cover
+    """:func:`bucket_unique_resolve` into scratch reused across partitions (grouped uint64 [>= n]; gh, gn, gc
+    [>= n_pend]: fresh arrays of this size cost more in page faults than the sort itself). Returns (w, offsets,
+    wp, pending offsets): the distinct keys are grouped[:w], the unresolved entries gh/gn/gc[:wp]."""
     nb = 1 << bits
-    grouped, off = _group_keys(keys, n, bits)
-    gh, gn, gc, poff = _group(ph, pn, pc, n_pend, bits)
+    off = _group_keys_into(keys, n, bits, grouped)
+    poff = _group_into(ph, pn, pc, n_pend, bits, gh, gn, gc)
     table = _table_for(off)
     out_off = np.zeros(nb + 1, dtype=np.int64)
     pend_off = np.zeros(nb + 1, dtype=np.int64)
@@ -438,7 +456,7 @@ def bucket_unique_resolve(keys, n, ph, pn, pc, n_pend, bits, hits):  # pragma: n
                 wp += 1
         out_off[b + 1] = w
         pend_off[b + 1] = wp
-    return grouped[:w].copy(), out_off, gh[:wp].copy(), gn[:wp].copy(), gc[:wp].copy(), pend_off
+    return w, out_off, wp, pend_off
 
 
 @njit(cache=True)

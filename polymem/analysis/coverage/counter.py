@@ -156,6 +156,15 @@ class OccurrenceOutput:
     pend_n: np.ndarray  # int8 their order - 1
     pend_c: np.ndarray  # int64 their number of positions
     pend_off: np.ndarray
+    scratch: Any = field(default=None, repr=False)  # the pooled buffers these arrays are views of, if any
+
+    def release(self) -> None:
+        """Hand the pooled buffers these arrays view back for the next partition in this process (the arrays
+        must not be used afterwards); nothing for an output that owns its arrays."""
+        if self.scratch is not None:
+            if len(_GROUP_SPARE) < 2:
+                _GROUP_SPARE.append(self.scratch)
+            self.scratch = None
 
 
 class HashCounter:
@@ -289,20 +298,31 @@ class HashCounter:
         self._npend += n_pend
         t.add_doc(uniq, hits, xuniq, xhits)
 
-    def occurrence_output(self) -> OccurrenceOutput:
+    def occurrence_output(self, views: bool = False) -> OccurrenceOutput:
         """Group the buffered keys by bucket, deduplicate the reference keys, count the pending target entries
         that they hold (into ``tally.pos_hits``) and hand back the rest; the buffers are emptied. What a
-        corpus partition gives the bucketed occurrence pass (:mod:`polymem.analysis.coverage.dist`)."""
+        corpus partition gives the bucketed occurrence pass (:mod:`polymem.analysis.coverage.dist`).
+
+        The grouping runs in scratch reused across partitions in this process. views: hand back views of that
+        scratch (call ``release()`` on the output when done with it) instead of copies."""
         found = np.zeros(self.max_n, dtype=np.int64)
-        ref, ref_off, ph, pn, pc, pend_off = _kernels.bucket_unique_resolve(
-            self._ref, self._nref, self._ph, self._pn, self._pc, self._npend, BUCKET_BITS, found)
+        g = _take_group_scratch(self._nref, self._npend)
+        w, ref_off, wp, pend_off = _kernels.bucket_unique_resolve_into(
+            self._ref, self._nref, self._ph, self._pn, self._pc, self._npend, BUCKET_BITS, found, *g)
+        grouped, gh, gn, gc = g
+        out = OccurrenceOutput(grouped[:w], ref_off, gh[:wp], gn[:wp], gc[:wp], pend_off, scratch=g)
+        if not views:
+            out = OccurrenceOutput(out.ref.copy(), ref_off, out.pend_h.copy(), out.pend_n.copy(), out.pend_c.copy(),
+                                   pend_off)
+            if len(_GROUP_SPARE) < 2:
+                _GROUP_SPARE.append(g)
         if self._ref.shape[0]:  # the next counter in this process reuses the buffers (no regrowth, no page faults)
             if len(_SPARE) < 2:
                 _SPARE.append((self._ref, self._ph, self._pn, self._pc))
         self._ref, self._ph, self._pn, self._pc = _NO_BUFFERS
         self._nref = self._npend = 0
         self.tally.pos_hits += found
-        return OccurrenceOutput(ref, ref_off, ph, pn, pc, pend_off)
+        return out
 
     def finish_one(self) -> Tally:
         """The tally of everything added, the occurrence-weighted hits settled against this counter's own
@@ -331,9 +351,28 @@ def _take_buffers() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return _NO_BUFFERS
 
 
+# scratch of the bucket grouping (grouped keys; grouped pending keys, orders, counts), reused the same way
+_GROUP_SPARE: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+
+def _take_group_scratch(n: int, n_pend: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    try:
+        g = _GROUP_SPARE.pop()
+    except IndexError:  # none (or another thread took the last one)
+        g = (_EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64)
+    if g[0].shape[0] < n:
+        g = (np.empty(_pow2(n), dtype=np.uint64), *g[1:])
+    if g[1].shape[0] < n_pend:
+        k = _pow2(n_pend)
+        g = (g[0], np.empty(k, dtype=np.uint64), np.empty(k, dtype=np.int8), np.empty(k, dtype=np.int64))
+    return g
+
+
 def release_buffers() -> None:
-    """Drop the occurrence buffers kept for the next counter in this process (the end of a run)."""
+    """Drop the occurrence buffers and grouping scratch kept for the next counter in this process (the end of a
+    run)."""
     _SPARE.clear()
+    _GROUP_SPARE.clear()
 
 
 # ------------------------------------------------------------------------------------------------ exact path

@@ -160,7 +160,8 @@ def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None, keep:
         nbytes = job.run(doc)
         if on_doc is not None:
             on_doc(nbytes)
-    occ = job.counter.occurrence_output() if plan.occurrence else None  # settles what the partition can
+    # settles what the partition can; views of reused scratch when they are only written out
+    occ = job.counter.occurrence_output(views=not keep) if plan.occurrence else None
     out: dict[str, Any] = {"index": index, "tally": job.counter.tally, "fid_t": job.fid_t.state(),
                            "fid_r": job.fid_r.state(), "skipped": skipped + job.skipped, "bytes": job.nbytes,
                            "replaced": part.replaced, "encode_s": job.encode_s, "count_s": job.count_s,
@@ -172,6 +173,7 @@ def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None, keep:
             out["occ"] = occ
         else:
             write_buckets(plan, index, occ)
+            occ.release()
     return out
 
 
