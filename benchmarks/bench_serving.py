@@ -115,7 +115,8 @@ def run_arm(args) -> dict:
     asset = MemoryAsset.open(args.asset)
     shards = shard_files(asset)
     memory_table = None
-    if args.arm == "memory":
+    arms = args.arm.split(",")  # one arm, or (--paired) several measured turn about in this one process
+    if "memory" in arms:
         L = asset.layout
         small = Layout(pages=int(args.memory_params) // (L.heads * L.slots * L.head_dim), heads=L.heads,
                        slots=L.slots, head_dim=L.head_dim)
@@ -123,13 +124,13 @@ def run_arm(args) -> dict:
         memory_table = TrainableTable(w, spec=HashSpec(), layout=small, trainable=False)
         del w
 
-    def attached():
-        if args.arm == "none":
+    def attached(arm: str):
+        if arm == "none":
             return None
-        table = memory_table if args.arm == "memory" else asset
-        h = attach(model, table, cache, layers=[2], in_memory=False, prefetch=args.arm in ("prefetch", "pool"),
+        table = memory_table if arm == "memory" else asset
+        h = attach(model, table, cache, layers=[2], in_memory=False, prefetch=arm in ("prefetch", "pool"),
                    cache_mb=args.cache_mb, value_init="orthogonal")
-        if args.arm == "pool":
+        if arm == "pool":
             h.table.service.io_thread = False
         return h
 
@@ -165,8 +166,8 @@ def run_arm(args) -> dict:
             setattr(t, name, wrap)
         return spent
 
-    def generate(p: torch.Tensor, new: int, cold: bool) -> tuple[float, float, float, dict, float]:
-        h = attached()  # a fresh page service: its cache starts empty, warm or cold
+    def generate(p: torch.Tensor, new: int, cold: bool, arm: str = arms[0]) -> tuple[float, float, float, dict, float]:
+        h = attached(arm)  # a fresh page service: its cache starts empty, warm or cold
         spent = timed(h)
         if cold:
             evict(shards)
@@ -189,6 +190,19 @@ def run_arm(args) -> dict:
 
     if args.cache == "warm":
         touch(shards)
+    if args.paired:  # the arms turn about, the same prompt for each in a turn: ratios of a turn share the machine
+        res: dict = {"arms": arms, "cache": args.cache}
+        for batch in (1, 8):
+            for arm in arms:
+                generate(prompt(batch, 16, 0), 8, False, arm)  # warm-up
+            per: dict[str, list[float]] = {a: [] for a in arms}
+            for r in range(args.repeat):
+                for arm in arms[r % len(arms):] + arms[: r % len(arms)]:
+                    per[arm].append(1e3 * generate(prompt(batch, 16, 50 * (r + 1)), args.new_tokens,
+                                                   args.cache == "cold", arm)[1])
+            res[f"decode_ms_b{batch}"] = per
+        res["loadavg"] = os.getloadavg()[0]
+        return res
     out: dict = {"arm": args.arm, "cache": args.cache}
     for batch in (1, 8):
         generate(prompt(batch, 16, 0), 8, False)  # warm-up (allocations, first-call paths)
@@ -285,6 +299,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="measured runs per arm and size (median)")
     ap.add_argument("--rounds", type=int, default=2, help="subprocess rounds per arm (arms interleaved)")
     ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--paired", type=int, default=0, metavar="N",
+                    help="also N turns of all arms in one process per cache state (same prompt per turn): "
+                         "per-turn ratios, robust to the machine's slow drifts")
     ap.add_argument("--caches", default="warm,cold")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--md", type=Path)
@@ -320,9 +337,27 @@ def main() -> None:
                       f"ms/tok  prefill {r['prefill_s']:.3f} s  rss {r['maxrss_mib']:.0f} MiB "
                       f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
                 write(args, results)  # after every arm: a stopped run keeps what it measured
+    paired: dict[str, dict] = {}
+    for cache in args.caches.split(",") if args.paired else []:
+        cmd = [sys.executable, str(HERE), "--asset", args.asset, "--arm", args.arms, "--cache", cache, "--paired",
+               str(args.paired), "--memory-params", str(args.memory_params), "--cache-mb", str(args.cache_mb),
+               "--new-tokens", str(args.new_tokens), "--repeat", str(args.paired)]
+        t0 = time.perf_counter()
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode:
+            raise SystemExit(f"paired {cache} failed:\n{res.stderr[-3000:]}")
+        paired[cache] = json.loads(res.stdout.strip().splitlines()[-1])
+        print(f"paired {cache}: {args.paired} turns ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        write(args, results, paired)
 
 
-def write(args, results: dict) -> None:
+def paired_ratios(p: dict, arm: str, base: str, batch: int) -> list[float]:
+    """Per-turn ratios arm / base of decode ms per token (one turn = every arm once, the same prompt)."""
+    d = p[f"decode_ms_b{batch}"]
+    return [a / b for a, b in zip(d[arm], d[base])]
+
+
+def write(args, results: dict, paired: dict | None = None) -> None:
     summary = summarise(results)
     from polymem import MemoryAsset
 
@@ -332,10 +367,11 @@ def write(args, results: dict) -> None:
         "asset": {"path": str(args.asset), "dtype": a.dtype, "params": a.layout.num_rows * a.layout.head_dim,
                   "bytes": sum(p.stat().st_size for p in shard_files(a)), "layout": a.layout.to_dict()},
         "memory_arm_params": int(args.memory_params), "cache_mb": args.cache_mb, "new_tokens": args.new_tokens,
-        "repeat": args.repeat, "rounds": args.rounds, "command": " ".join(sys.argv),
+        "repeat": args.repeat, "rounds": args.rounds, "paired": args.paired, "command": " ".join(sys.argv),
         "loadavg_1min_per_arm": [r.get("loadavg") for rs in results.values() for r in rs],
     }
-    doc = {"meta": meta, "summary": summary, "runs": {f"{k[0]}/{k[1]}": v for k, v in results.items()}}
+    doc = {"meta": meta, "summary": summary, "runs": {f"{k[0]}/{k[1]}": v for k, v in results.items()},
+           "paired": paired or {}}
     from polymem._io import atomic_write_json, atomic_write_text
 
     if args.json:
@@ -359,6 +395,8 @@ def summarise(results: dict) -> dict:
 
 def markdown(doc: dict) -> str:
     s, m = doc["summary"], doc["meta"]
+    if not s:  # --rounds 0: only the paired turns
+        return markdown_paired(doc, [])
     lines = [
         "| cache | arm | ms/token b1 | × memory | ms/token b8 | × memory | CPU ms/token b1 | × memory | CPU ms/token b8 | × memory | prefill 512 (s) | peak RSS (MiB) | RSS − none |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -395,12 +433,38 @@ def markdown(doc: dict) -> str:
                            if base and "table_ms_b1" in base else "–")
             lines.append(f"| {cache} | {arm} | {r['table_ms_b1']:.3f} | {est[0]} | {r['table_ms_b8']:.3f} | {est[1]} |")
     lines.append("")
+    return markdown_paired(doc, lines)
+
+
+def markdown_paired(doc: dict, lines: list[str]) -> str:
+    m = doc["meta"]
+    pd = doc.get("paired") or {}
+    if pd:
+        n = max(len(p["decode_ms_b1"][p["arms"][0]]) for p in pd.values())
+        lines += [f"Arms taking turns in one process ({n} turns per cache state, the same prompt for every arm in a "
+                  "turn, the order rotated turn by turn): median ms/token, and the median and quartiles of the "
+                  "per-turn ratios to the in-memory table (a turn's arms ran within seconds of each other):", "",
+                  "| cache | arm | ms/token b1 | × memory b1 (median [q1, q3]) | ms/token b8 | × memory b8 (median [q1, q3]) |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for cache, p in pd.items():
+            for arm in p["arms"]:
+                cells = []
+                for b in (1, 8):
+                    cells.append(f"{statistics.median(p[f'decode_ms_b{b}'][arm]):.2f}")
+                    if "memory" in p["arms"]:
+                        q = statistics.quantiles(paired_ratios(p, arm, "memory", b), n=4)
+                        cells.append(f"{statistics.median(paired_ratios(p, arm, 'memory', b)):.3f} "
+                                     f"[{q[0]:.3f}, {q[2]:.3f}]")
+                    else:
+                        cells.append("–")
+                lines.append(f"| {cache} | {arm} | " + " | ".join(cells) + " |")
+        lines.append("")
+    loads = [x for x in m["loadavg_1min_per_arm"] if x is not None] + [p["loadavg"] for p in pd.values()]
     lines.append(f"Machine: {m['machine']}. Asset: {m['asset']['dtype']}, {m['asset']['params'] / 1e9:.2f}B params, "
                  f"{m['asset']['bytes'] / 2**30:.2f} GiB; in-memory arm: {m['memory_arm_params'] / 1e6:.0f}M-param fp32 "
                  f"table; cache_mb={m['cache_mb']:g}; {m['new_tokens']} new tokens; {m['rounds']} rounds × "
-                 f"{m['repeat']} runs. 1-minute load average during the arms: "
-                 f"{min(x for x in m['loadavg_1min_per_arm'] if x is not None):.1f}–"
-                 f"{max(x for x in m['loadavg_1min_per_arm'] if x is not None):.1f} on {os.cpu_count()} cores. "
+                 f"{m['repeat']} runs per arm process{'; ' + str(m['paired']) + ' paired turns' if m.get('paired') else ''}. 1-minute load average during the arms: "
+                 f"{min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} cores. "
                  f"Command: `{m['command']}`")
     return "\n".join(lines) + "\n"
 

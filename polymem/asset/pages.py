@@ -115,6 +115,7 @@ class ChunkReader:
         self.local = raw.local
         self._raw = raw
         self._fdtab = np.full(self.geom.num_shards, -1, dtype=np.int64)
+        weakref.finalize(self, _close_fds, self._fdtab)  # a reader dropped without close() closes its files too
         self._lock = threading.Lock()
         self._check = getattr(asset, "check_chunk_bytes", None)
         # a sparse subset (docs/asset-format.md §12): rank of each stored chunk in its shard, -1 = absent (zeros)
@@ -396,6 +397,15 @@ def _io_loop(q: "queue.SimpleQueue[Any]", read_rows: Any, crc: bool) -> None:
             fds = offs = buf = ok = done = None
 
 
+def _close_fds(tab: np.ndarray) -> None:
+    for fd in tab[tab >= 0].tolist():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    tab[:] = -1
+
+
 def _stop_io(q: "queue.SimpleQueue[Any]", t: threading.Thread) -> None:
     q.put(None)
     if t is not threading.current_thread():
@@ -593,8 +603,7 @@ class PageService:
             inflight.pop(c, None)
         self._insert(chunks, buf, np.arange(n))
 
-    def _io_submit(self, chunks: np.ndarray) -> IORead:  # under the lock
-        fds, offs = self.reader.locate(chunks)  # FormatError (a shard gone) before anything is queued
+    def _io_queue(self) -> "queue.SimpleQueue[Any]":  # under the lock
         if self._io is None:
             q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
             t = threading.Thread(target=_io_loop, args=(q, _kernel()[0], self.geom.crc), name=THREAD_PREFIX + "-io",
@@ -602,8 +611,12 @@ class PageService:
             t.start()
             self._io = (q, t)
             self._io_fin = weakref.finalize(self, _stop_io, q, t)  # stops when the service is collected
+        return self._io[0]
+
+    def _io_submit(self, chunks: np.ndarray) -> IORead:  # under the lock
+        fds, offs = self.reader.locate(chunks)  # FormatError (a shard gone) before anything is queued
         rd = IORead(self, chunks)
-        self._io[0].put((fds, offs, rd.buf, rd.ok, rd.io))
+        self._io_queue().put((fds, offs, rd.buf, rd.ok, rd.io))
         return rd
 
     def _read_task(self, chunks: np.ndarray) -> np.ndarray:
