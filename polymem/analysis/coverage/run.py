@@ -43,7 +43,7 @@ ProgressFn = Callable[[int, int], None]  # (documents done, UTF-8 bytes done), c
 PARTITION_MB = 4.0  # default partition size: MB of UTF-8 text per task
 PARTS_PER_WORKER = 4  # on Dask, a corpus of files is cut finer when it would give fewer partitions than this...
 FINEST = 16  # ...per worker, but not below partition_mb / FINEST (0.25 MB by default)
-KEEP_MB = 256.0  # in one process, partitions' occurrence outputs stay in memory up to this many MB (then: files)
+KEEP_MB = 128.0  # in one process, partitions' occurrence outputs stay in memory up to this many MB (then: files)
 
 
 def check_max_n(max_n: Any) -> int:
