@@ -594,3 +594,35 @@ def test_a_larger_request_grows_the_shared_cache_and_keeps_its_chunks(assets):
     assert np.array_equal(big, _direct(asset, np.arange(8))) and svc.stats()["evictions"] == 0
     svc.release()
     assert svc.stats()["cache_chunks"] == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_its_own_io_thread(assets):
+    """A child forked after the I/O thread started (e.g. a DataLoader worker) inherits no thread: its first
+    background read starts one instead of queueing to nobody."""
+    asset = assets["nf4"]
+    cb = asset.geometry.chunk_bytes
+    svc = PageService(asset, cache_mb=0, workers=1)
+    if not svc.io_thread:
+        pytest.skip("no compiled reader here")
+    svc.reader.nowait = False
+    out = np.zeros((2, cb), np.uint8)
+    chunks = np.array([1, 5], dtype=np.int64)
+    svc.fetch_into(chunks, out, background=True).wait()
+    want = _direct(asset, chunks)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 = served right; a hang is killed by the alarm
+        code = 1
+        try:
+            import signal
+
+            signal.alarm(30)
+            got = np.zeros((2, cb), np.uint8)
+            svc.fetch_into(chunks, got, background=True).wait()
+            code = 0 if np.array_equal(got, want) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    svc.close()
+    assert wait_no_threads() == []

@@ -604,7 +604,9 @@ class PageService:
         self._insert(chunks, buf, np.arange(n))
 
     def _io_queue(self) -> "queue.SimpleQueue[Any]":  # under the lock
-        if self._io is None:
+        if self._io is None or not self._io[1].is_alive():  # (a forked child inherits no threads: start one)
+            if self._io_fin is not None:
+                self._io_fin.detach()
             q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
             t = threading.Thread(target=_io_loop, args=(q, _kernel()[0], self.geom.crc), name=THREAD_PREFIX + "-io",
                                  daemon=True)
