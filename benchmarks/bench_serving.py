@@ -192,7 +192,7 @@ def run_arm(args) -> dict:
         touch(shards)
     if args.paired:  # the arms turn about, the same prompt for each in a turn: ratios of a turn share the machine
         res: dict = {"arms": arms, "cache": args.cache}
-        for batch in (1, 8):
+        for batch in (int(b) for b in args.paired_batches.split(",")):
             for arm in arms:
                 generate(prompt(batch, 16, 0), 8, False, arm)  # warm-up
             per: dict[str, list[float]] = {a: [] for a in arms}
@@ -299,6 +299,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="measured runs per arm and size (median)")
     ap.add_argument("--rounds", type=int, default=2, help="subprocess rounds per arm (arms interleaved)")
     ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--paired-batches", default="1,8", help="batch sizes of the paired turns (e.g. 1)")
     ap.add_argument("--paired", type=int, default=0, metavar="N",
                     help="also N turns of all arms in one process per cache state (same prompt per turn): "
                          "per-turn ratios, robust to the machine's slow drifts")
@@ -340,7 +341,8 @@ def main() -> None:
     paired: dict[str, dict] = {}
     for cache in args.caches.split(",") if args.paired else []:
         cmd = [sys.executable, str(HERE), "--asset", args.asset, "--arm", args.arms, "--cache", cache, "--paired",
-               str(args.paired), "--memory-params", str(args.memory_params), "--cache-mb", str(args.cache_mb),
+               str(args.paired), "--paired-batches", args.paired_batches, "--memory-params", str(args.memory_params),
+               "--cache-mb", str(args.cache_mb),
                "--new-tokens", str(args.new_tokens), "--repeat", str(args.paired)]
         t0 = time.perf_counter()
         res = subprocess.run(cmd, capture_output=True, text=True)
@@ -440,7 +442,7 @@ def markdown_paired(doc: dict, lines: list[str]) -> str:
     m = doc["meta"]
     pd = doc.get("paired") or {}
     if pd:
-        n = max(len(p["decode_ms_b1"][p["arms"][0]]) for p in pd.values())
+        n = max(len(v[p["arms"][0]]) for p in pd.values() for k, v in p.items() if k.startswith("decode_ms_b"))
         lines += [f"Arms taking turns in one process ({n} turns per cache state, the same prompt for every arm in a "
                   "turn, the order rotated turn by turn): median ms/token, and the median and quartiles of the "
                   "per-turn ratios to the in-memory table (a turn's arms ran within seconds of each other):", "",
@@ -450,6 +452,9 @@ def markdown_paired(doc: dict, lines: list[str]) -> str:
             for arm in p["arms"]:
                 cells = []
                 for b in (1, 8):
+                    if f"decode_ms_b{b}" not in p:
+                        cells += ["–", "–"]
+                        continue
                     cells.append(f"{statistics.median(p[f'decode_ms_b{b}'][arm]):.2f}")
                     if "memory" in p["arms"]:
                         q = statistics.quantiles(paired_ratios(p, arm, "memory", b), n=4)
