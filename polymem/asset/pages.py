@@ -577,11 +577,19 @@ class PageService:
     def _finish_read(self, chunks: np.ndarray, buf: np.ndarray, ok: np.ndarray) -> np.ndarray:
         """After the I/O thread: chunks it could not read whole and intact are read again (the precise error),
         then all are counted and cached."""
-        n = chunks.shape[0]
-        try:
+        def reread() -> np.ndarray:
             if not ok.all():
                 bad = np.flatnonzero(~ok)
                 self.reader.read_into(chunks[bad], buf, bad)
+            return buf
+
+        return self._settle(chunks, reread)
+
+    def _settle(self, chunks: np.ndarray, read: Any) -> np.ndarray:
+        """``read()`` -> the chunks' bytes; counted and cached, or on failure counted as an error and no longer
+        in flight (the error propagates)."""
+        try:
+            buf = read()
         except BaseException:
             with self._lock:
                 self._stats["errors"] += 1
@@ -623,22 +631,15 @@ class PageService:
 
     def _read_task(self, chunks: np.ndarray) -> np.ndarray:
         """A pool task: read chunks (blocking, checked) into a new buffer, cache them; uint8 [n, chunk_bytes]."""
-        n = chunks.shape[0]
-        try:
-            if self.reader.direct:
-                buf = np.empty((n, self.geom.chunk_bytes), dtype=np.uint8)
-                self.reader.read_into(chunks, buf, np.arange(n))
-            else:
-                buf = np.stack(self.reader.read(chunks))
-        except BaseException:
-            with self._lock:
-                self._stats["errors"] += 1
-                for c in chunks.tolist():
-                    self._inflight.pop(c, None)
-            raise
-        with self._lock:
-            self._count_read(chunks, buf)
-        return buf
+        def read() -> np.ndarray:
+            if not self.reader.direct:
+                return np.stack(self.reader.read(chunks))
+            n = chunks.shape[0]
+            buf = np.empty((n, self.geom.chunk_bytes), dtype=np.uint8)
+            self.reader.read_into(chunks, buf, np.arange(n))
+            return buf
+
+        return self._settle(chunks, read)
 
     def fetch_into(self, chunks: np.ndarray, out: np.ndarray, *, background: bool) -> Pending | None:
         """Distinct chunk ids (int64 [n]) -> their bytes in ``out[:n]`` (uint8 [>=n, chunk_bytes], C-contiguous).
