@@ -76,6 +76,13 @@ def libcrc32c_value() -> Any:
     return cval
 
 
+def libc_function(name: str, argtypes: list[Any], restype: Any) -> Any:
+    """libc's ``name`` as a ctypes function with its signature (callable from numba kernels; errno kept)."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn
+
+
 def _kernels() -> Any:
     """(read_chunks, crc rows, read_rows kernels) compiled on first use, or None where numba/preadv/libcrc32c lack."""
     global _KERNELS
@@ -83,13 +90,11 @@ def _kernels() -> Any:
         return _KERNELS or None
     try:
         cval = libcrc32c_value()
-        libc = ctypes.CDLL(None, use_errno=True)
-        preadv = libc.preadv
-        preadv.argtypes, preadv.restype = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64], ctypes.c_ssize_t
+        sz = ctypes.c_size_t
+        preadv = libc_function("preadv", [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64], ctypes.c_ssize_t)
+        memcpy = libc_function("memcpy", [sz, sz, sz], sz)
+        cpread = libc_function("pread", [ctypes.c_int, sz, sz, ctypes.c_int64], ctypes.c_ssize_t)
         from numba import njit
-
-        memcpy = libc.memcpy
-        memcpy.argtypes, memcpy.restype = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t], ctypes.c_size_t
 
         @njit(nogil=True)
         def read_chunks(fds, bases, shard, off, out, crcs, crc):  # pragma: no cover - compiled
@@ -115,9 +120,6 @@ def _kernels() -> Any:
                 if crc and cval(base + i * cb, cb) != crcs[i]:
                     return i
             return -1
-
-        cpread = libc.pread
-        cpread.argtypes, cpread.restype = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int64], ctypes.c_ssize_t
 
         @njit(nogil=True)
         def read_rows(fds, bases, loc, rows, out, KS, ppc, page_bytes, cps, stride, crc):  # pragma: no cover

@@ -69,13 +69,11 @@ def _kernel() -> Any:
     try:
         from numba import njit
 
-        from polymem.asset._shards import libcrc32c_value
+        from polymem.asset._shards import libc_function, libcrc32c_value
 
         cval = libcrc32c_value()
-        libc = ctypes.CDLL(None, use_errno=True)
-        preadv2 = libc.preadv2
-        preadv2.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int]
-        preadv2.restype = ctypes.c_ssize_t
+        preadv2 = libc_function("preadv2", [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int],
+                                ctypes.c_ssize_t)
 
         @njit(nogil=True)
         def read_rows(fds, off, out, rows, crc, flags, ok):  # pragma: no cover - compiled
@@ -152,15 +150,12 @@ class ChunkReader:
         ok = np.zeros(n, dtype=bool)
         if n == 0:
             return ok
-        cps, st = self.geom.chunks_per_shard, self.geom.stride
-        shard = chunks // cps
         try:
-            fds = self._fds_of(shard)
+            fds, offs = self.locate(chunks)
         except FormatError:
             if nowait:
                 return ok
             raise
-        offs = (chunks - shard * cps) * st
         flags = _NOWAIT if nowait else 0
         kern = _kernel()
         if kern is not None:
