@@ -18,6 +18,8 @@ import fsspec
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import polymem
 from polymem import FormatError, HashSpec, Layout, MemoryAsset, PolymemError, TokenHashes
@@ -63,25 +65,28 @@ def llama(seed: int = 0):
 
 
 # how prefetched reads are made: "nowait" = the consumer's thread reads what the OS page cache holds (RWF_NOWAIT)
-# and hands the rest to the service's I/O thread (the default); "io" = every missing chunk goes to the I/O thread
-# (what chunks that must come from storage get); "pool" = every missing chunk goes to the pool of reader threads
-# (the path without the compiled reader, and of URLs); "python" = the pool path without any numba kernel (reads,
-# planning, NF4 decode)
-READ_MODES = ["nowait", "io", "pool", "python"]
+# and hands the rest to the service's I/O thread, all on the compiled lane (the default); "io" = every missing
+# chunk goes to the I/O thread (what chunks that must come from storage get); "general" = as "nowait" without the
+# lane (planning, cache copies and decoding as separate steps: what CUDA consumers get); "pool" = every missing
+# chunk goes to the pool of reader threads (the path without the compiled reader, and of URLs); "python" = the
+# pool path without any numba kernel (reads, planning, NF4 decode)
+READ_MODES = ["nowait", "io", "general", "pool", "python"]
+LANE_MODES = ("nowait", "io", "sync-lane")
 
 
 @contextlib.contextmanager
 def read_mode(svc, mode: str):
-    saved = svc.reader.nowait, svc.io_thread, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS
-    svc.reader.nowait = svc.reader.nowait and mode == "nowait"
-    svc.io_thread = svc.io_thread and mode in ("nowait", "io")
+    saved = svc.reader.nowait, svc.io_thread, svc.lane, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS
+    svc.reader.nowait = svc.reader.nowait and mode in ("nowait", "general")
+    svc.io_thread = svc.io_thread and mode in ("nowait", "io", "general", "sync-lane")
+    svc.lane = svc.lane and mode in LANE_MODES
     if mode == "python":  # no numba anywhere: reads in Python, rows planned and decoded by numpy/torch
         pages_mod._KERNEL = ()
         torch_pages.USE_HOST_KERNELS = False
     try:
         yield svc
     finally:
-        svc.reader.nowait, svc.io_thread, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS = saved
+        svc.reader.nowait, svc.io_thread, svc.lane, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS = saved
 
 
 def pages_threads() -> list[threading.Thread]:
@@ -103,11 +108,11 @@ def run_generate(model, h, prompt):
     return logits, gen.sequences, torch.stack(gen.logits)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "nf4"])
-@pytest.mark.parametrize("mode", ["sync"] + READ_MODES)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "nf4"])
+@pytest.mark.parametrize("mode", ["sync", "sync-lane"] + READ_MODES)
 def test_served_outputs_are_bit_identical_to_in_memory(byte_cache, ids, assets, dtype, mode):
     asset = assets[dtype]
-    prefetch = mode != "sync"
+    prefetch = not mode.startswith("sync")
     model = llama()
     prompt = ids[:, :12]
     h = attach(model, asset, byte_cache, layers=[0, 2], in_memory=True, value_init="orthogonal")
@@ -119,6 +124,7 @@ def test_served_outputs_are_bit_identical_to_in_memory(byte_cache, ids, assets, 
                value_init="orthogonal")
     assert isinstance(h.table, AssetTable)
     with read_mode(h.table.service, "pool" if mode == "sync" else mode):
+        lane = h.table.service.lane
         got = run_generate(model, h, prompt)
         for a, b in zip(ref, got):
             assert torch.equal(a, b)
@@ -129,8 +135,10 @@ def test_served_outputs_are_bit_identical_to_in_memory(byte_cache, ids, assets, 
     st = h.stats()
     assert st["prefetch"] is prefetch and st["misses"] > 0 and st["hits"] > 0 and st["bytes_read"] > 0
     assert st["reads"] == st["misses"] and st["errors"] == 0
-    if mode != "nowait":
+    if mode not in ("nowait", "general"):
         assert st["nowait_reads"] == 0
+    # the lane serves every forward once the shards are open (where numba and preadv2 are there)
+    assert (st["lane_forwards"] > 0) == (mode in LANE_MODES and lane)
     h.detach()
 
 
@@ -284,14 +292,134 @@ def test_corrupt_chunk_is_a_clear_error_in_the_forward(byte_cache, ids, assets, 
         f.seek(i * g.stride + 7)
         f.write(bytes([b[0] ^ 0x10]))
     model = llama()
-    for mode in ["sync"] + READ_MODES:
-        h = attach(model, asset, byte_cache, layers=[1], in_memory=False, prefetch=mode != "sync", cache_mb=1)
+    for mode in ["sync", "sync-lane"] + READ_MODES:
+        h = attach(model, asset, byte_cache, layers=[1], in_memory=False, prefetch=not mode.startswith("sync"),
+                   cache_mb=1)
         with read_mode(h.table.service, mode), torch.no_grad(), \
                 pytest.raises(FormatError, match=rf"page {victim} fails its crc32c check"):
             model(input_ids=ids)
         assert h.stats()["errors"] >= 1
         assert not h.table.service.cached(victim)
         h.detach()
+
+
+@pytest.mark.parametrize("mode", ["io", "sync-lane"])
+def test_lane_read_errors_surface_in_the_forward_and_give_their_slots_back(byte_cache, ids, assets, tmp_path, mode):
+    """On the lane (reads straight into reserved cache slots): a truncated shard and a missing one are clear
+    errors in the forward that needed them; the reserved slots are free again and nothing stays in flight."""
+    src = assets["nf4"]
+    asset = MemoryAsset.from_array(tmp_path / "t", src.to_numpy(), HashSpec(), LAYOUT, orders=(1, 2, 3),
+                                   dtype="nf4", chunks_per_shard=2)
+    g = asset.geometry
+    s = max(_chunks_of(ids, asset, byte_cache)) // g.chunks_per_shard  # a shard the forward needs
+    key = g.shard_key(s)
+    model = llama()
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=False, prefetch=mode == "io", cache_mb=1)
+    svc = h.table.service
+    if not svc.lane:
+        pytest.skip("no compiled reader here")
+    os.truncate(tmp_path / "t" / key, 10)
+    with read_mode(svc, mode), torch.no_grad():
+        with pytest.raises(FormatError, match=rf"shard '{key}' ended after .* truncated"):
+            model(input_ids=ids)
+        st = svc.stats()
+        assert st["errors"] >= 1 and st["lane_forwards"] >= 1
+        assert not (svc._chunk_at == pages_mod.READING).any() and not svc._inflight
+        assert not any(svc.cached(s * g.chunks_per_shard + i) for i in range(g.chunks_per_shard))
+    h.detach()
+    os.unlink(tmp_path / "t" / key)  # (an open shard file stays readable: a new service opens them again)
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=False, prefetch=mode == "io", cache_mb=1)
+    with read_mode(h.table.service, mode), torch.no_grad():
+        with pytest.raises(PolymemError, match=rf"shard '{key}' is missing"):
+            model(input_ids=ids)
+        assert h.stats()["errors"] >= 1
+    h.detach()
+    assert wait_no_threads() == []
+
+
+@pytest.mark.parametrize("mode", LANE_MODES)
+def test_lane_evicts_within_its_size_and_stays_bit_identical(byte_cache, ids, assets, mode):
+    """A cache a little larger than one forward's chunks: the lane makes room (LRU) forward after forward,
+    outputs stay bit-identical and the cache never exceeds its size."""
+    asset = assets["float16"]
+    cb = asset.geometry.chunk_bytes
+    model = llama()
+    windows = [ids[:, i: i + 4] for i in range(0, 44, 4)]
+    need = max(len(_chunks_of(w, asset, byte_cache)) for w in windows)
+    assert len(set().union(*(_chunks_of(w, asset, byte_cache) for w in windows))) > need + 2
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=True, value_init="orthogonal")
+    with torch.no_grad():
+        refs = [model(input_ids=w).logits for w in windows]
+    h.detach()
+    cache_mb = (need + 2) * cb / 2**20
+    h = attach(model, asset, byte_cache, layers=[1], in_memory=False, prefetch=mode != "sync-lane",
+               cache_mb=cache_mb, value_init="orthogonal")
+    with read_mode(h.table.service, mode), torch.no_grad():
+        if not h.table.service.lane:
+            pytest.skip("no compiled reader here")
+        for _ in range(2):
+            for w, ref in zip(windows, refs):
+                assert torch.equal(model(input_ids=w).logits, ref)
+                st = h.stats()
+                assert st["cache_bytes"] <= st["capacity_bytes"]
+    assert st["evictions"] > 0 and st["lane_forwards"] >= len(windows) and st["hits"] > 0
+    assert st["cache_peak_bytes"] <= st["capacity_bytes"] and st["reads"] == st["misses"]
+    h.detach()
+
+
+def test_a_lane_read_in_flight_is_joined_by_the_general_path(assets):
+    """Chunks the lane handed to the I/O thread are in flight for every consumer: a general-path request for
+    them joins that read (one read), and the lane then decodes its rows out of the cache."""
+    asset = assets["float16"]
+    g = asset.geometry
+    svc = PageService(asset, cache_mb=1, workers=1)
+    if not svc.lane:
+        pytest.skip("no compiled reader here")
+    svc.reader.nowait = False  # as if the chunks had to come from storage: all go to the I/O thread
+    rpc = g.rows_per_page * g.pages_per_chunk
+    rows = np.array([[3 * rpc + 1, -1, 7 * rpc, 3 * rpc + 2], [11 * rpc + 5, 7 * rpc + 1, -1, 11 * rpc]])
+    rd = svc.lane_begin(rows, background=True)
+    assert isinstance(rd, pages_mod.IORead) and rd.chunks.tolist() == [3, 7, 11]
+    out = np.zeros((3, g.chunk_bytes), np.uint8)
+    pending = svc.fetch_into(np.array([11, 3]), out[:2], background=True)
+    assert pending is not None
+    pending.wait()
+    want = _direct(asset, np.array([3, 7, 11]))
+    assert np.array_equal(out[:2], want[[2, 0]])
+    rd.settle()
+    dec = np.empty((rows.size, g.head_dim), np.float32)
+    assert svc.lane_rows(rows, dec, torch_pages._PAIRS, torch_pages._half_table())
+    full = asset.to_numpy()
+    safe = np.where(rows < 0, 0, rows).reshape(-1)
+    assert np.array_equal(dec, np.where((rows.reshape(-1) < 0)[:, None], 0, full[safe]))
+    st = svc.stats()
+    assert st["reads"] == st["misses"] == 3 and st["joined"] == 2 and st["read_calls"] == 1 and st["errors"] == 0
+    assert all(svc.cached(c) for c in (3, 7, 11)) and not svc._inflight
+    svc.close()
+    assert wait_no_threads() == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "del"]), st.integers(0, 40)), max_size=200),
+       st.sampled_from([8, 16, 64]))
+def test_chunk_index_behaves_like_a_dict(ops, cap):
+    """The cache's compiled open-addressing index (linear probing, deletion by backward shift) maps chunks to
+    slots exactly like a dict under any sequence of inserts and deletes (kept at most half full)."""
+    from polymem.asset import _pagekern as K
+
+    keys, vals = np.full(cap, -1, np.int64), np.zeros(cap, np.int64)
+    ref: dict[int, int] = {}
+    for i, (op, c) in enumerate(ops):
+        if op == "put" and (c in ref or len(ref) < cap // 2):
+            K.idx_put(keys, vals, c, i)
+            ref[c] = i
+        elif op == "del":
+            K.idx_del(keys, vals, c)
+            ref.pop(c, None)
+        probe = np.arange(41, dtype=np.int64)
+        got = K.idx_get_many(keys, vals, probe, np.empty(41, np.int64))
+        assert got.tolist() == [ref.get(k, -1) for k in range(41)]
+    assert int((keys >= 0).sum()) == len(ref)
 
 
 def open_fds() -> int:

@@ -57,3 +57,168 @@ def nf4_rows(stage, slot, inner, row_bytes, pairs, half, out):  # pragma: no cov
             b = stage[s, base + j]
             out[i, 2 * j] = pairs[b, 0] * scale
             out[i, 2 * j + 1] = pairs[b, 1] * scale
+
+
+# ------------------------------------------------------------------ the page service's chunk index (chunk -> slot)
+# Open addressing over int64 keys (-1 = empty), linear probing, deletion by backward shift (no tombstones), at
+# most half full: the service's cache lookups, inserts and evictions, callable from other compiled loops (the
+# consumer's lane, :mod:`polymem.asset.pages`) and from Python (one call per batch of chunks).
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _home(c, mask):  # pragma: no cover - compiled
+    return np.int64((np.uint64(c) * _MIX) >> np.uint64(40)) & mask
+
+
+@njit(cache=True, nogil=True)
+def idx_find(keys, vals, c):  # pragma: no cover - compiled
+    """The slot of chunk ``c``, or -1."""
+    mask = keys.shape[0] - 1
+    i = _home(c, mask)
+    while True:
+        k = keys[i]
+        if k == c:
+            return vals[i]
+        if k == -1:
+            return -1
+        i = (i + 1) & mask
+
+
+@njit(cache=True, nogil=True)
+def idx_put(keys, vals, c, v):  # pragma: no cover - compiled
+    """Map chunk ``c`` to slot ``v`` (replaces its slot if present)."""
+    mask = keys.shape[0] - 1
+    i = _home(c, mask)
+    while keys[i] != -1 and keys[i] != c:
+        i = (i + 1) & mask
+    keys[i] = c
+    vals[i] = v
+
+
+@njit(cache=True, nogil=True)
+def idx_del(keys, vals, c):  # pragma: no cover - compiled
+    """Forget chunk ``c`` (no-op if absent); later keys of its probe run shift back into the gap."""
+    mask = keys.shape[0] - 1
+    i = _home(c, mask)
+    while keys[i] != c:
+        if keys[i] == -1:
+            return
+        i = (i + 1) & mask
+    j = i
+    while True:
+        j = (j + 1) & mask
+        k = keys[j]
+        if k == -1:
+            break
+        h = _home(k, mask)
+        # k may move into the gap at i unless its home lies cyclically in (i, j]
+        if (i < j and (h <= i or h > j)) or (i > j and h <= i and h > j):
+            keys[i] = k
+            vals[i] = vals[j]
+            i = j
+    keys[i] = -1
+
+
+@njit(cache=True, nogil=True)
+def idx_get_many(keys, vals, chunks, out):  # pragma: no cover - compiled
+    for j in range(chunks.shape[0]):
+        out[j] = idx_find(keys, vals, chunks[j])
+    return out
+
+
+@njit(cache=True, nogil=True)
+def idx_put_many(keys, vals, chunks, slots):  # pragma: no cover - compiled
+    for j in range(chunks.shape[0]):
+        idx_put(keys, vals, chunks[j], slots[j])
+
+
+@njit(cache=True, nogil=True)
+def idx_del_many(keys, vals, chunks):  # pragma: no cover - compiled
+    for j in range(chunks.shape[0]):
+        idx_del(keys, vals, chunks[j])
+
+
+# ------------------------------------------------------------------ decoding rows straight out of the cache
+DTYPE_CODES = {"nf4": 0, "float16": 1, "bfloat16": 2, "float32": 3}
+
+
+@njit(cache=True, nogil=True)
+def rows_from_cache(rows, rpc, keys, vals, slab, row_bytes, code, pairs, half, out, outw):  # pragma: no cover - compiled
+    """fp32 rows of a forward decoded from the cache slab: out[i] = row rows.flat[i] (zeros where < 0), its
+    chunk found through the index. code: DTYPE_CODES. The same float32 values as the vectorised decoders
+    (float16/bfloat16 widened exactly; NF4 levels × the row's float16 scale, as :func:`nf4_rows`). outw: ``out``
+    viewed as uint32 (bit copies).
+    Returns -1 if a row's chunk is not in the cache (nothing else is wrong), else 0."""
+    r = out.shape[1]
+    i = 0
+    last_c = -1
+    s = -1
+    for row in rows.flat:
+        if row < 0:
+            for j in range(r):
+                out[i, j] = 0.0
+            i += 1
+            continue
+        c = row // rpc
+        if c != last_c:
+            s = idx_find(keys, vals, c)
+            if s < 0:
+                return -1
+            last_c = c
+        base = (row - c * rpc) * row_bytes
+        src = slab[s]
+        if code == 0:
+            h = r // 2
+            scale = half[np.int64(src[base + h]) | (np.int64(src[base + h + 1]) << 8)]
+            for j in range(h):
+                b = src[base + j]
+                out[i, 2 * j] = pairs[b, 0] * scale
+                out[i, 2 * j + 1] = pairs[b, 1] * scale
+        elif code == 1:
+            for j in range(r):
+                out[i, j] = half[np.int64(src[base + 2 * j]) | (np.int64(src[base + 2 * j + 1]) << 8)]
+        elif code == 2:
+            for j in range(r):
+                outw[i, j] = (np.uint32(src[base + 2 * j]) << np.uint32(16)) | (np.uint32(src[base + 2 * j + 1]) << np.uint32(24))
+        else:
+            for j in range(r):
+                o = base + 4 * j
+                outw[i, j] = (np.uint32(src[o]) | (np.uint32(src[o + 1]) << np.uint32(8)) | (np.uint32(src[o + 2]) << np.uint32(16))
+                        | (np.uint32(src[o + 3]) << np.uint32(24)))
+        i += 1
+    return 0
+
+
+# ------------------------------------------------------------------ slots of the consumer's lane
+READING = -2  # polymem.asset.pages.READING: a read is landing in the slot
+
+
+@njit(cache=True, nogil=True)
+def lane_settle(chunks, slots, keys, vals, chunk_at, free, state):  # pragma: no cover - compiled
+    """Chunks read into their reserved slots join the index; a chunk someone else cached meanwhile gives its
+    slot back. state: the service's (top, free count, cached count, peak)."""
+    for j in range(chunks.shape[0]):
+        c = chunks[j]
+        s = slots[j]
+        if idx_find(keys, vals, c) >= 0:
+            chunk_at[s] = -1
+            free[state[1]] = s
+            state[1] += 1
+        else:
+            idx_put(keys, vals, c, s)
+            chunk_at[s] = c
+            state[2] += 1
+    if state[2] > state[3]:
+        state[3] = state[2]
+
+
+@njit(cache=True, nogil=True)
+def lane_release(slots, chunk_at, free, state):  # pragma: no cover - compiled
+    """Reserved slots whose read failed are free again."""
+    for j in range(slots.shape[0]):
+        s = slots[j]
+        if chunk_at[s] == READING:
+            chunk_at[s] = -1
+            free[state[1]] = s
+            state[1] += 1

@@ -55,6 +55,16 @@ READS_PER_TASK = 8  # background reads of one forward are split into tasks of at
 NOWAIT_BACKOFF = 8  # forwards that skip the non-blocking attempt after one that found less than half
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 _NOWAIT_BY_DEVICE: dict[Any, bool] = {}  # st_dev -> does the file system honour RWF_NOWAIT (probed once)
+READING = -2  # PageService._chunk_at of a slot a read is landing in (not in the index yet, never evicted)
+_TOP, _NFREE, _CACHED, _PEAK = range(4)  # PageService._state
+# PageService._kst: counters the compiled lane updates (folded into stats())
+_K_HITS, _K_MISSES, _K_READS, _K_NOWAIT, _K_CALLS, _K_BYTES, _K_LANE = range(7)
+
+
+def _index() -> Any:
+    from polymem.asset import _pagekern
+
+    return _pagekern
 
 
 # ------------------------------------------------------------------------------------------ read kernel
@@ -96,7 +106,102 @@ def _kernel() -> Any:
                 good += ok[i]
             return good
 
-        _KERNEL = (read_rows,)
+        from polymem.asset._pagekern import idx_find, idx_put
+
+        @njit(nogil=True)
+        def lane_begin(rows, rpc, cps, stride, fdtab, keys, vals, chunk_at, stamp, tick, free, state, slab, mode, crc,
+                       mch, mslot, mfd, moff, ok, mhit, kst):  # pragma: no cover - compiled
+            """The consumer's lane, step 1 (:meth:`PageService.lane_begin`): the distinct chunks of ``rows``
+            (any shape, -1 = invalid) looked up in the cache (hits stamped), slots reserved for the missing
+            ones (sorted, in mch / mslot, with their file and offset in mfd / moff) and, mode 0, read here
+            (blocking) or, mode 1, read here if the OS page cache holds them (RWF_NOWAIT); mode 2 reads none.
+            Chunks read whole and intact join the index; the others are moved to the front of the m* arrays.
+            Returns how many are left, or -1 (not enough slots: state[4] = distinct misses, the hits' slots in
+            mhit[:state[7]], nothing changed) or
+            -2 (shard state[6] is not open yet, nothing changed). state[4] / state[5]: distinct misses / read here."""
+            nh = 0
+            n = 0
+            last = -1
+            for row in rows.flat:
+                if row < 0:
+                    continue
+                c = row // rpc
+                if c == last:
+                    continue
+                last = c
+                s = idx_find(keys, vals, c)
+                if s >= 0:
+                    mhit[nh] = s
+                    nh += 1
+                else:
+                    mch[n] = c
+                    n += 1
+            if n:
+                srt = np.sort(mch[:n])
+                m = 0
+                for k in range(n):
+                    if m == 0 or srt[k] != mch[m - 1]:
+                        mch[m] = srt[k]
+                        m += 1
+                n = m
+            state[4] = n
+            state[5] = 0
+            state[7] = nh
+            if n > state[1] + chunk_at.shape[0] - state[0]:
+                return -1
+            for k in range(n):
+                if fdtab[mch[k] // cps] < 0:
+                    state[6] = mch[k] // cps
+                    return -2
+            h = 0
+            for k in range(nh):
+                s = mhit[k]
+                if stamp[s] != tick:
+                    stamp[s] = tick
+                    h += 1
+            kst[0] += h
+            kst[1] += n
+            kst[6] += 1
+            for k in range(n):
+                if state[1] > 0:
+                    state[1] -= 1
+                    s = free[state[1]]
+                else:
+                    s = state[0]
+                    state[0] += 1
+                chunk_at[s] = -2  # READING
+                stamp[s] = tick
+                mslot[k] = s
+                sh = mch[k] // cps
+                mfd[k] = fdtab[sh]
+                moff[k] = (mch[k] - sh * cps) * stride
+            if n == 0 or mode == 2:
+                return n
+            good = read_rows(mfd[:n], moff[:n], slab, mslot[:n], crc, _NOWAIT if mode == 1 else 0, ok[:n])
+            state[5] = good
+            if good:
+                kst[2] += good
+                kst[4] += 1
+                kst[5] += good * slab.shape[1]
+                if mode == 1:
+                    kst[3] += good
+            left = 0
+            for k in range(n):
+                if ok[k]:
+                    idx_put(keys, vals, mch[k], mslot[k])
+                    chunk_at[mslot[k]] = mch[k]
+                    state[2] += 1
+                else:
+                    mch[left] = mch[k]
+                    mslot[left] = mslot[k]
+                    mfd[left] = mfd[k]
+                    moff[left] = moff[k]
+                    left += 1
+            if state[2] > state[3]:
+                state[3] = state[2]
+            return left
+
+        _KERNEL = (read_rows, lane_begin)
     except Exception:  # noqa: BLE001 - any missing piece: the Python loop does the same work
         _KERNEL = ()
     return _KERNEL or None
@@ -345,11 +450,16 @@ class IORead:
     joined alike). The thread only reads (one compiled call, GIL released); the first consumer that waits
     re-reads any chunk that failed (the precise error), counts and caches them."""
 
-    __slots__ = ("service", "chunks", "buf", "ok", "io", "_res", "_exc", "_lock")
+    __slots__ = ("service", "chunks", "buf", "slots", "gen", "queued", "ok", "io", "_res", "_exc", "_lock")
 
-    def __init__(self, service: "PageService", chunks: np.ndarray) -> None:
+    def __init__(self, service: "PageService", chunks: np.ndarray, slots: np.ndarray | None = None) -> None:
         self.service, self.chunks = service, chunks
-        self.buf = np.empty((chunks.shape[0], service.geom.chunk_bytes), dtype=np.uint8)
+        # lane reads (slots given) land straight in their reserved slots of the cache slab
+        self.slots = slots
+        self.buf = np.empty((chunks.shape[0], service.geom.chunk_bytes), dtype=np.uint8) if slots is None \
+            else service._slab
+        self.gen = service._gen
+        self.queued = True  # False: a lane read made (blocking) in the consumer's thread; only failures are left
         self.ok = np.zeros(chunks.shape[0], dtype=bool)
         self.io = threading.Lock()  # held until the I/O thread has read the chunks
         self.io.acquire()
@@ -361,17 +471,32 @@ class IORead:
         return not self.io.locked()
 
     def result(self) -> np.ndarray:
+        self.settle()
+        if self.slots is not None:  # a lane read: a copy of its chunks (for a consumer that joined it)
+            return self.buf[self.slots]
+        return self._res  # type: ignore[return-value]
+
+    def settle(self) -> None:
+        """Wait for the I/O thread, then (once) re-read failures, count and cache; read errors raise."""
         with self._lock:
             if self._res is None and self._exc is None:
-                self.io.acquire()
+                if self.io.locked():
+                    t0 = time.perf_counter()
+                    self.io.acquire()
+                    self.service.note_wait(time.perf_counter() - t0)
+                else:
+                    self.io.acquire()
                 self.io.release()
                 try:
-                    self._res = self.service._finish_read(self.chunks, self.buf, self.ok)
+                    if self.slots is not None:
+                        self.service._lane_settle(self)
+                        self._res = self.slots
+                    else:
+                        self._res = self.service._finish_read(self.chunks, self.buf, self.ok)
                 except BaseException as e:
                     self._exc = e
             if self._exc is not None:
                 raise self._exc
-            return self._res  # type: ignore[return-value]
 
 
 def _io_loop(q: "queue.SimpleQueue[Any]", read_rows: Any, crc: bool) -> None:
@@ -381,15 +506,15 @@ def _io_loop(q: "queue.SimpleQueue[Any]", read_rows: Any, crc: bool) -> None:
         job = q.get()
         if job is None:
             return
-        fds, offs, buf, ok, done = job
+        fds, offs, buf, rows, ok, done = job
         job = None  # hold nothing between jobs: the service must stay collectable
         try:
-            read_rows(fds, offs, buf, np.arange(fds.shape[0]), crc, 0, ok)
+            read_rows(fds, offs, buf, rows, crc, 0, ok)
         except BaseException:  # noqa: BLE001 - ok stays False: the consumer re-reads for the precise error
             pass
         finally:
             done.release()
-            fds = offs = buf = ok = done = None
+            fds = offs = buf = rows = ok = done = None
 
 
 def _close_fds(tab: np.ndarray) -> None:
@@ -429,78 +554,116 @@ class PageService:
         self._finalizer: weakref.finalize | None = None
         self._stats = dict(hits=0, misses=0, joined=0, reads=0, nowait_reads=0, read_calls=0, bytes_read=0,
                            evictions=0, wait_s=0.0, cache_peak_bytes=0, errors=0)
+        self._kst = np.zeros(7, dtype=np.int64)
+        self._gen = 0
+        # the lane: a consumer's whole forward in two compiled calls (lane_begin, lane_rows) on a local dense
+        # asset with the compiled reader; False = every forward takes the general path (fetch_into)
+        self.lane = self.io_thread
+        g = self.geom
+        self._rpc = g.rows_per_page * g.pages_per_chunk
+        self._row_bytes = g.page_bytes // g.rows_per_page
+        self._code = _index().DTYPE_CODES.get(str(g.dtype), -1)
+        self.lane = self.lane and self._code >= 0
+        self._lane_buf: tuple[np.ndarray, ...] | None = None
         self._setup_cache(int(cache_mb * (1 << 20)))
 
-    # ---- the cache: a slab of slots, chunk -> slot, LRU by stamp
+    # ---- the cache: a slab of slots, chunk -> slot (a compiled open-addressing index), LRU by stamp
     def _setup_cache(self, capacity: int) -> None:  # under the lock (or in __init__)
         cb = self.geom.chunk_bytes
+        if self._gen:  # the peak of the cache being dropped stays in the counters
+            self._stats["cache_peak_bytes"] = max(self._stats["cache_peak_bytes"], int(self._state[_PEAK]) * cb)
         self.capacity = capacity
-        self._nslots = capacity // cb
-        self._slab = np.empty((self._nslots, cb), dtype=np.uint8)  # the OS commits pages only when written
-        self._slot: dict[int, int] = {}  # chunk -> slot
-        self._chunk_at = np.full(self._nslots, -1, dtype=np.int64)
-        self._stamp = np.zeros(self._nslots, dtype=np.int64)
-        self._top = 0  # slots [0, top) have been used
-        self._free: list[int] = []
+        self._nslots = n = capacity // cb
+        self._slab = np.empty((n, cb), dtype=np.uint8)  # the OS commits pages only when written
+        cap = 8
+        while cap < 2 * n:
+            cap *= 2
+        self._keys = np.full(cap, -1, dtype=np.int64)  # the index: chunk ids (-1 = empty) ...
+        self._vals = np.zeros(cap, dtype=np.int64)  # ... and their slots
+        self._chunk_at = np.full(n, -1, dtype=np.int64)  # chunk in each slot; -1 free, READING: a read lands there
+        self._stamp = np.zeros(n, dtype=np.int64)
+        self._free = np.empty(n, dtype=np.int64)  # a stack of free slots below top
+        self._state = np.zeros(8, dtype=np.int64)  # top (slots [0, top) used), free count, cached count, peak
         self._tick = 0
+        self._gen += 1  # reads that land in an older slab leave the new one alone
 
     def cached(self, chunk: int) -> bool:
         """Whether ``chunk`` is in the cache now."""
         with self._lock:
-            return int(chunk) in self._slot
+            return self._slot_of(int(chunk)) >= 0
+
+    def _slot_of(self, chunk: int) -> int:  # under the lock
+        return int(_index().idx_find(self._keys, self._vals, chunk))
 
     def _cache_bytes(self) -> int:
-        return len(self._slot) * self.geom.chunk_bytes
+        return int(self._state[_CACHED]) * self.geom.chunk_bytes
 
-    def _take_slots(self, k: int) -> np.ndarray:  # under the lock; k <= nslots
-        got: list[int] = []
-        while self._free and len(got) < k:
-            got.append(self._free.pop())
-        fresh = min(k - len(got), self._nslots - self._top)
+    def _make_room(self, k: int, keep: np.ndarray | None = None) -> None:  # under the lock
+        """At least min(k, what can be freed) slots free or never used: evict the least recently used chunks
+        (slots a read is landing in, and slots in ``keep``, are never chosen)."""
+        st_ = self._state
+        avail = int(st_[_NFREE]) + self._nslots - int(st_[_TOP])
+        need = k - avail
+        if need <= 0:
+            return
+        used = int(st_[_TOP])
+        at = self._chunk_at[:used]
+        st = self._stamp[:used].copy()
+        never = np.iinfo(np.int64).max
+        st[self._free[: st_[_NFREE]]] = never
+        st[at == READING] = never
+        if keep is not None:
+            st[keep] = never
+        # evict a little more than needed when the cache is large, so the O(slots) search runs seldom
+        take = min(used, max(need, self._nslots // 64))
+        victims = np.argpartition(st, take - 1)[:take] if take < used else np.argsort(st)[:take]
+        victims = victims[st[victims] != never]
+        gone = at[victims]
+        _index().idx_del_many(self._keys, self._vals, gone)
+        at[victims] = -1
+        self._stats["evictions"] += int(victims.size)
+        st_[_CACHED] -= victims.size
+        nf = int(st_[_NFREE])
+        self._free[nf: nf + victims.size] = victims
+        st_[_NFREE] = nf + victims.size
+
+    def _take_slots(self, k: int) -> np.ndarray:  # under the lock
+        """Up to k slots to fill (fewer only when every other slot has a read landing in it)."""
+        self._make_room(k)
+        st_ = self._state
+        nf = int(st_[_NFREE])
+        a = min(k, nf)
+        got = self._free[nf - a: nf][::-1].copy()
+        st_[_NFREE] = nf - a
+        fresh = min(k - a, self._nslots - int(st_[_TOP]))
         if fresh:
-            got.extend(range(self._top, self._top + fresh))
-            self._top += fresh
-        need = k - len(got)
-        if need:  # evict the least recently used (stamps of this forward's slots are the newest: not chosen)
-            used = self._top
-            # evict a little more than needed when the cache is large, so the O(slots) search runs seldom
-            take = min(used, max(need, self._nslots // 64))
-            st = self._stamp[:used].copy()
-            free_now = np.asarray(self._free + got, dtype=np.int64)
-            if free_now.size:
-                st[free_now] = np.iinfo(np.int64).max
-            victims = np.argpartition(st, take - 1)[:take] if take < used else np.argsort(st)[:take]
-            victims = victims[np.argsort(st[victims], kind="stable")]
-            for v in victims.tolist():
-                c = int(self._chunk_at[v])
-                if c >= 0:
-                    del self._slot[c]
-                    self._chunk_at[v] = -1
-                    self._stats["evictions"] += 1
-            vs = victims.tolist()
-            got.extend(vs[:need])
-            self._free.extend(vs[need:])
-        return np.asarray(got, dtype=np.int64)
+            top = int(st_[_TOP])
+            got = np.concatenate([got, np.arange(top, top + fresh, dtype=np.int64)])
+            st_[_TOP] = top + fresh
+        return got
 
     def _insert(self, chunks: np.ndarray, src: np.ndarray, rows: np.ndarray) -> None:  # under the lock
         """Cache chunks[i] = src[rows[i]] (those not cached yet; at most the cache's slots)."""
         if self._nslots == 0 or chunks.size == 0:
             return
-        keep = [i for i, c in enumerate(chunks.tolist()) if c not in self._slot]
-        if len(keep) > self._nslots:
+        chunks = np.ascontiguousarray(chunks, dtype=np.int64)
+        have = _index().idx_get_many(self._keys, self._vals, chunks, np.empty(chunks.size, dtype=np.int64))
+        keep = np.flatnonzero(have < 0)
+        if keep.size > self._nslots:
             keep = keep[-self._nslots:]
-        if not keep:
+        if not keep.size:
             return
-        k = np.asarray(keep, dtype=np.int64)
-        slots = self._take_slots(len(keep))
-        self._slab[slots] = src[rows[k]]
-        ids = chunks[k]
-        self._slot.update(zip(ids.tolist(), slots.tolist()))
+        slots = self._take_slots(int(keep.size))
+        keep = keep[: slots.size]
+        self._slab[slots] = src[rows[keep]]
+        ids = chunks[keep]
+        _index().idx_put_many(self._keys, self._vals, ids, slots)
         self._chunk_at[slots] = ids
         self._stamp[slots] = self._tick
-        nb = self._cache_bytes()
-        if nb > self._stats["cache_peak_bytes"]:
-            self._stats["cache_peak_bytes"] = nb
+        st_ = self._state
+        st_[_CACHED] += ids.size
+        if st_[_CACHED] > st_[_PEAK]:
+            st_[_PEAK] = st_[_CACHED]
 
     # ---- lifecycle
     def acquire(self) -> None:
@@ -554,6 +717,7 @@ class PageService:
             self._setup_cache(int(cache_mb * (1 << 20)))
             for k in self._stats:
                 self._stats[k] = 0.0 if k == "wait_s" else 0
+            self._kst[:] = 0
 
     def resize(self, cache_mb: float) -> None:
         """Grow the cache to ``cache_mb`` (never shrinks; cached chunks are kept)."""
@@ -561,12 +725,11 @@ class PageService:
             cap = int(cache_mb * (1 << 20))
             if cap <= self.capacity:
                 return
-            old_slab, old_slot = self._slab, self._slot
+            old_slab, old_keys, old_vals = self._slab, self._keys, self._vals
             self._setup_cache(cap)
-            if old_slot:
-                ids = np.fromiter(old_slot.keys(), dtype=np.int64, count=len(old_slot))
-                src = np.fromiter(old_slot.values(), dtype=np.int64, count=len(old_slot))
-                self._insert(ids, old_slab, src)
+            held = old_keys >= 0
+            if held.any():
+                self._insert(old_keys[held], old_slab, old_vals[held])
 
     # ---- reads
     def _finish_read(self, chunks: np.ndarray, buf: np.ndarray, ok: np.ndarray) -> np.ndarray:
@@ -621,7 +784,7 @@ class PageService:
     def _io_submit(self, chunks: np.ndarray) -> IORead:  # under the lock
         fds, offs = self.reader.locate(chunks)  # FormatError (a shard gone) before anything is queued
         rd = IORead(self, chunks)
-        self._io_queue().put((fds, offs, rd.buf, rd.ok, rd.io))
+        self._io_queue().put((fds, offs, rd.buf, np.arange(chunks.shape[0]), rd.ok, rd.io))
         return rd
 
     def _read_task(self, chunks: np.ndarray) -> np.ndarray:
@@ -646,14 +809,16 @@ class PageService:
         cb = self.geom.chunk_bytes
         with self._lock:  # lookup, copies out of the cache and registration of reads: one critical section
             self._tick += 1
-            slot, inflight = self._slot, self._inflight
+            inflight = self._inflight
+            chunks = np.ascontiguousarray(chunks, dtype=np.int64)
+            slot = _index().idx_get_many(self._keys, self._vals, chunks, np.empty(n, dtype=np.int64)).tolist()
             hit_rows: list[int] = []
             hit_slots: list[int] = []
             joins: list[tuple[int, Future, int]] = []
             miss: list[int] = []
             for j, c in enumerate(chunks.tolist()):
-                s = slot.get(c)
-                if s is not None:
+                s = slot[j]
+                if s >= 0:
                     hit_rows.append(j)
                     hit_slots.append(s)
                     continue
@@ -740,6 +905,105 @@ class PageService:
             pending.wait()
         return None
 
+    # ---- the lane: a CPU consumer's forward in two compiled calls
+    def lane_begin(self, rows: np.ndarray, *, background: bool) -> "IORead | bool | None":
+        """Step 1 of a forward on the lane (local dense assets with the compiled reader; ``rows`` int64, any
+        shape, -1 = invalid): one compiled call looks the rows' distinct chunks up in the cache and reserves
+        slots for the missing ones, which are read straight into them — background=False: here, blocking;
+        background=True: here what the OS page cache holds (RWF_NOWAIT), the rest by the I/O thread.
+        Returns True (every chunk is in the cache now), the :class:`IORead` to settle before
+        :meth:`lane_rows` (reads left, or failures to re-read), or None: this forward takes the general path
+        (:meth:`fetch_into`; e.g. reads of other consumers in flight, a shard not open yet, no room)."""
+        kern = _kernel()
+        if kern is None or not (self.lane and self.io_thread) or self._nslots == 0:
+            return None
+        M = rows.size
+        buf = self._lane_buf
+        if buf is None or buf[0].shape[0] < M:
+            size = max(M, 64)
+            buf = self._lane_buf = (*(np.empty(size, dtype=np.int64) for _ in range(5)), np.zeros(size, dtype=bool))
+        mch, mslot, mfd, moff, mhit, ok = buf
+        g = self.geom
+        with self._lock:
+            if self._inflight:
+                return None
+            if not background:
+                mode = 0
+            elif not self.reader.nowait:
+                mode = 2
+            elif not self.reader._probed:  # the general path tries RWF_NOWAIT on this file system first
+                return None
+            else:
+                mode = 1 if self._try_nowait() else 2
+            self._tick += 1
+            args = (rows, self._rpc, g.chunks_per_shard, g.stride, self.reader._fdtab, self._keys, self._vals,
+                    self._chunk_at, self._stamp, self._tick, self._free, self._state, self._slab, mode, g.crc,
+                    mch, mslot, mfd, moff, ok, mhit, self._kst)
+            n = kern[1](*args)
+            opened = 0
+            while n == -2 and opened < 64:  # open the shards it needs (a FormatError names a missing one)
+                try:
+                    self.reader._fd(int(self._state[6]))  # (the reader's own lock)
+                except FormatError:
+                    self._stats["errors"] += 1
+                    raise
+                opened += 1
+                n = kern[1](*args)
+            if n == -1:  # make room, keeping this forward's hits
+                self._make_room(int(self._state[4]), keep=mhit[: self._state[7]])
+                n = kern[1](*args)
+            if n < 0:
+                return None
+            if mode == 1 and 2 * self._state[5] < self._state[4]:
+                self._nowait_skip = NOWAIT_BACKOFF  # most came from storage: see fetch_into
+            if n == 0:
+                return True
+            rd = IORead(self, mch[:n].copy(), mslot[:n].copy())
+            for i, c in enumerate(rd.chunks.tolist()):
+                self._inflight[c] = (rd, i)
+            if mode == 0:
+                rd.queued = False
+                rd.io.release()
+            else:
+                self._io_queue().put((mfd[:n].copy(), moff[:n].copy(), rd.buf, rd.slots, rd.ok, rd.io))
+            return rd
+
+    def _lane_settle(self, rd: IORead) -> None:
+        """A lane read done: chunks not read whole and intact are read again (blocking: the precise error),
+        then all join the index (on an error their slots are given back and the error propagates)."""
+        bad = np.flatnonzero(~rd.ok)
+        try:
+            if bad.size:
+                self.reader.read_into(rd.chunks[bad], rd.buf, rd.slots[bad])
+        except BaseException:
+            with self._lock:
+                self._stats["errors"] += 1
+                for c in rd.chunks.tolist():
+                    self._inflight.pop(c, None)
+                if rd.gen == self._gen:
+                    _index().lane_release(rd.slots, self._chunk_at, self._free, self._state)
+            raise
+        with self._lock:
+            n = rd.chunks.size if rd.queued else bad.size  # (in-thread reads were counted when made)
+            if n:
+                st = self._stats
+                st["reads"] += n
+                st["read_calls"] += 1
+                st["bytes_read"] += n * self.geom.chunk_bytes
+            for c in rd.chunks.tolist():
+                self._inflight.pop(c, None)
+            if rd.gen == self._gen:
+                _index().lane_settle(rd.chunks, rd.slots, self._keys, self._vals, self._chunk_at, self._free,
+                                     self._state)
+
+    def lane_rows(self, rows: np.ndarray, out: np.ndarray, pairs: np.ndarray, half: np.ndarray) -> bool:
+        """Step 2: decode ``rows`` (as given to :meth:`lane_begin`) out of the cache into ``out`` (float32
+        [rows.size, head_dim]; zeros for invalid rows) in one compiled call. False if a chunk is not in the
+        cache (evicted by another consumer since, or no room): the caller takes the general path."""
+        with self._lock:
+            return _index().rows_from_cache(rows, self._rpc, self._keys, self._vals, self._slab, self._row_bytes,
+                                            self._code, pairs, half, out, out.view(np.uint32)) == 0
+
     def _try_nowait(self) -> bool:  # under the lock
         if self._nowait_skip:
             self._nowait_skip -= 1
@@ -761,10 +1025,17 @@ class PageService:
         shared with a read in flight), reads and bytes_read (chunks and bytes read from storage; nowait_reads
         of them read in the consumer's thread from the OS page cache), read_calls, evictions, errors, wait_s
         (seconds consumers waited for reads), cache_bytes / cache_peak_bytes / capacity_bytes, chunk_bytes,
-        workers, io_thread (whether background reads go to the I/O thread rather than the pool)."""
+        workers, io_thread (whether background reads go to the I/O thread rather than the pool), lane_forwards
+        (forwards served on the compiled lane, :meth:`lane_begin`)."""
         with self._lock:
             out = dict(self._stats)
-            out.update(cache_bytes=self._cache_bytes(), cache_chunks=len(self._slot), capacity_bytes=self.capacity,
+            k = self._kst.tolist()
+            for name, i in (("hits", _K_HITS), ("misses", _K_MISSES), ("reads", _K_READS), ("nowait_reads", _K_NOWAIT),
+                            ("read_calls", _K_CALLS), ("bytes_read", _K_BYTES)):
+                out[name] += k[i]
+            out["lane_forwards"] = k[_K_LANE]
+            out["cache_peak_bytes"] = max(out["cache_peak_bytes"], int(self._state[_PEAK]) * self.geom.chunk_bytes)
+            out.update(cache_bytes=self._cache_bytes(), cache_chunks=int(self._state[_CACHED]), capacity_bytes=self.capacity,
                        chunk_bytes=self.geom.chunk_bytes, workers=self.workers, io_thread=self.io_thread,
                        source="pread" if self.reader.local is not None else "fsspec")
         return out

@@ -234,10 +234,33 @@ class PagedRows:
         out[valid] = dec
         return out
 
+    # ---- the lane (CPU, compiled): the whole forward in two calls of the service
+    def _lane_ok(self, rows: torch.Tensor) -> bool:
+        return rows.is_cpu and rows.dtype == torch.int64 and self.service.lane and USE_HOST_KERNELS
+
+    def _lane_out(self, rows: torch.Tensor, host: np.ndarray, rd: Any) -> torch.Tensor | None:
+        """Settle the lane's reads (errors raise), then decode the rows (``host``: their numpy view) out of the
+        cache; None: the general path."""
+        if rd is not True:
+            rd.settle()
+        out = np.empty((host.size, self.r), dtype=np.float32)
+        if not self.service.lane_rows(host, out, _PAIRS, _half_table()):
+            return None
+        return torch.from_numpy(out).view(*rows.shape, self.r)
+
     # ---- the two paths
     def start(self, rows: torch.Tensor) -> None:
         """Prefetch: plan now, copy cached chunks and read what the OS page cache holds, and start background
         reads of the rest (returns without waiting for storage)."""
+        if self._lane_ok(rows):
+            host = rows.numpy()
+            try:
+                rd = self.service.lane_begin(host, background=True)
+            except BaseException as e:  # surfaces in the forward's first site
+                rd = e
+            if rd is not None:
+                self._ticket = (rows, ("lane", host, rd))
+                return
         plan = self.plan(rows)
         stage = self._stage(plan.chunks.shape[0])
         try:
@@ -251,20 +274,41 @@ class PagedRows:
         :meth:`start` saw (waiting only for reads not finished yet), read now otherwise. Decoded once per
         forward; every later site of the forward reuses the result. Read errors of this forward raise here."""
         t = self._ticket
+        out = None
         if t is not None and t[0] is rows:
             if isinstance(t[1], torch.Tensor):
                 return t[1]
-            plan, stage, pending = t[1]
-            try:
-                if isinstance(pending, BaseException):
-                    raise pending
-                if pending is not None:
-                    pending.wait()
-                out, event = self.finish(plan, stage)
-            except BaseException:
-                self._ticket = None
-                raise
-        else:
+            if t[1][0] == "lane":
+                try:
+                    if isinstance(t[1][2], BaseException):
+                        raise t[1][2]
+                    out = self._lane_out(rows, t[1][1], t[1][2])
+                except BaseException:
+                    self._ticket = None
+                    raise
+                event = None  # (out None: a chunk left the cache since; the general path reads it again)
+            else:
+                plan, stage, pending = t[1]
+                try:
+                    if isinstance(pending, BaseException):
+                        raise pending
+                    if pending is not None:
+                        pending.wait()
+                    out, event = self.finish(plan, stage)
+                except BaseException:
+                    self._ticket = None
+                    raise
+        elif self._lane_ok(rows):
+            host = rows.numpy()
+            rd = self.service.lane_begin(host, background=False)
+            event = None
+            if rd is not None:
+                try:
+                    out = self._lane_out(rows, host, rd)
+                except BaseException:
+                    self._ticket = None
+                    raise
+        if out is None:
             plan = self.plan(rows)
             stage = self._stage(plan.chunks.shape[0])
             self.service.fetch_into(plan.chunks, stage, background=False)
