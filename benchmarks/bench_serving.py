@@ -11,7 +11,10 @@ one site before block 2, greedy generate(). Arms, each in its own subprocess (pe
             (a 2B fp32 table is 8 GB, more than this shared machine can hold next to the others)
   sync      the NF4 asset served with prefetch=False: pages read inside the site's forward
   prefetch  the NF4 asset served with prefetch=True: reads start in the model's pre-hook, before block 0
-            (pages in the OS page cache read there, the others by the asset's I/O thread)
+            (pages in the OS page cache read there, the others by the asset's I/O thread), on the compiled
+            lane (one call to look up and read, one to decode out of the cache)
+  general   the same without the lane (plan, cache copies, reads and decoding as separate steps: what it
+            was before the lane, and what CUDA consumers get)
   pool      the same, with the pages that must come from storage read by the pool of reader threads instead
             of the I/O thread (the previous design, kept for URLs and hosts without numba)
 
@@ -41,7 +44,7 @@ import numpy as np
 
 from bench_asset import evict  # posix_fadvise(DONTNEED) on each file; benchmarks/ is on sys.path
 
-ARMS = ("none", "memory", "sync", "prefetch", "pool")
+ARMS = ("none", "memory", "sync", "prefetch", "general", "pool")
 HERE = Path(__file__).resolve()
 
 
@@ -124,14 +127,19 @@ def run_arm(args) -> dict:
         memory_table = TrainableTable(w, spec=HashSpec(), layout=small, trainable=False)
         del w
 
+    caps: dict = {}
+
     def attached(arm: str):
         if arm == "none":
             return None
         table = memory_table if arm == "memory" else asset
-        h = attach(model, table, cache, layers=[2], in_memory=False, prefetch=arm in ("prefetch", "pool"),
+        h = attach(model, table, cache, layers=[2], in_memory=False, prefetch=arm in ("prefetch", "general", "pool"),
                    cache_mb=args.cache_mb, value_init="orthogonal")
-        if arm == "pool":
-            h.table.service.io_thread = False
+        if arm != "memory":  # (the service may outlive a turn: set its switches for this arm every time)
+            svc = h.table.service
+            io_thread, lane = caps.setdefault("asset", (svc.io_thread, svc.lane))
+            svc.io_thread = io_thread and arm != "pool"
+            svc.lane = lane and arm not in ("general", "pool")
         return h
 
     def prompt(batch: int, length: int, offset: int) -> torch.Tensor:
