@@ -25,7 +25,9 @@ lost with a killed worker is simply run again by Dask; the result does not chang
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,7 +42,40 @@ from polymem.corpus import Document, Skipped
 from polymem.hash.spec import HashSpec
 
 REDUCE_KEYS = 1 << 22  # aim for about this many reference keys (summed over partitions) per reduce task
-_PEND_DTYPE = np.dtype([("h", "<u8"), ("n", "i1"), ("c", "<i8")])  # packed: 17 bytes per entry
+# a partition's files: distinct reference keys, the unresolved target entries (keys, orders, counts: three
+# arrays written as they are, no repacking copy) and, written last, the per-bucket offsets of both
+_FILES = ("ref", "ph", "pn", "pc")
+
+
+_PAGES_LOCK = threading.Lock()
+_PAGES_DEPTH = [0]
+
+
+@contextlib.contextmanager
+def small_pages() -> Iterator[None]:
+    """numpy's large arrays without transparent huge pages, for the duration (restored after; nestable).
+
+    numpy asks the kernel for huge pages on every large array (``madvise(MADV_HUGEPAGE)``); with the common THP
+    setting ``defrag=madvise`` the first touch of each 2 MiB page may then stall on memory compaction. The
+    coverage buffers are large, written once and filled front to back, so huge pages buy them nothing, and on
+    the benchmark VM those stalls cost 2-5 ms per MB of fresh memory against ~0.5-1 ms with ordinary pages
+    (docs/benchmarks/scaleout.md, fourth pass). Only the setting of numpy's allocator changes; no numbers."""
+    setter = getattr(getattr(np, "_core", None), "multiarray", None)
+    setter = getattr(setter, "_set_madvise_hugepage", None)
+    if setter is None:  # another numpy: leave its allocator alone
+        yield
+        return
+    with _PAGES_LOCK:
+        if _PAGES_DEPTH[0] == 0:
+            _PAGES_DEPTH.append(setter(False))  # returns the previous setting
+        _PAGES_DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        with _PAGES_LOCK:
+            _PAGES_DEPTH[0] -= 1
+            if _PAGES_DEPTH[0] == 0:
+                setter(_PAGES_DEPTH.pop())
 
 
 @dataclass(frozen=True)
@@ -142,6 +177,11 @@ def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None, keep:
     ``on_doc(nbytes)`` is called after each document (in-process progress). keep: hand back the occurrence
     output in the summary (``"occ"``) instead of writing it to the scratch directory (the in-process executor,
     within its memory budget)."""
+    with small_pages():
+        return _count_partition(plan, index, part, on_doc, keep)
+
+
+def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: bool) -> dict[str, Any]:
     from polymem.analysis.coverage.run import _Job
 
     tok_t, tok_r, tcache, rcache, info = _tools(plan)
@@ -183,13 +223,12 @@ def held_bytes(occ: OccurrenceOutput) -> int:
 
 
 def write_buckets(plan: Plan, index: int, occ: OccurrenceOutput) -> None:
-    pend = np.empty(occ.pend_h.shape[0], dtype=_PEND_DTYPE)
-    pend["h"], pend["n"], pend["c"] = occ.pend_h, occ.pend_n, occ.pend_c
     fs, root = _fs(plan)
     fs.makedirs(root, exist_ok=True)
     # offsets last: a reader that finds a partition's offsets finds its data (each file renamed into place)
-    for name, arr in (("ref", occ.ref), ("pend", pend), ("off", np.stack([occ.ref_off, occ.pend_off]))):
+    for name, arr in zip(_FILES, (occ.ref, occ.pend_h, occ.pend_n, occ.pend_c)):
         _save(fs, f"{root}/p{index:07d}.{name}.npy", arr)
+    _save(fs, f"{root}/p{index:07d}.off.npy", np.stack([occ.ref_off, occ.pend_off]))
 
 
 def _fs(plan: Plan) -> tuple[Any, str]:
@@ -232,6 +271,12 @@ def resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
     """Occurrence hits per order (int64 [max_n]) of the unresolved target entries in key buckets lo:hi,
     looked up in every listed partition's reference keys of the same buckets: from the scratch files, or for
     the partitions in ``held`` (the in-process executor) from their outputs in memory."""
+    with small_pages():
+        return _resolve_buckets(plan, parts, lo, hi, held)
+
+
+def _resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
+                     held: dict[int, OccurrenceOutput] | None) -> np.ndarray:
     fs, root = _fs(plan) if any(p not in (held or {}) for p in parts) else (None, "")
     refs, ph, pn, pc, ref_off, pend_off = [], [], [], [], [], []
     nr = npd = 0
@@ -253,10 +298,8 @@ def resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
                     "be shared by every Dask worker (pass scratch= / --scratch with a shared path or an s3:// URL)")
             off = _read_all(fs, path)
             r = _read_slice(fs, f"{root}/p{p:07d}.ref.npy", int(off[0, lo]), int(off[0, hi]))
-            q = _read_slice(fs, f"{root}/p{p:07d}.pend.npy", int(off[1, lo]), int(off[1, hi]))
-            ph.append(q["h"])
-            pn.append(q["n"])
-            pc.append(q["c"])
+            for name, got in zip(_FILES[1:], (ph, pn, pc)):
+                got.append(_read_slice(fs, f"{root}/p{p:07d}.{name}.npy", int(off[1, lo]), int(off[1, hi])))
             ro, qo = off[0, lo:hi + 1] - off[0, lo], off[1, lo:hi + 1] - off[1, lo]
         refs.append(r)
         ref_off.append(ro + nr)  # absolute offsets in the concatenation
