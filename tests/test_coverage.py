@@ -330,6 +330,50 @@ def test_occurrence_outputs_in_memory_in_files_or_both_give_identical_results(
     assert counts[0] == 0 and counts[1] >= 6 and 0 < counts[2] < counts[1]  # none, all, some written
 
 
+def test_default_scratch_goes_to_ram_only_when_the_key_files_fit(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # the default scratch directory: RAM_SCRATCH when the estimated key files fit well in it, else the system's
+    # temporary directory (None); a TMPDIR the user set, an unknown corpus size or no occurrence pass: None
+    from polymem.analysis.coverage import run
+
+    ram = tmp_path / "ram"
+    ram.mkdir()
+    doc = tmp_path / "docs.jsonl"
+    doc.write_text("\n".join(json.dumps({"text": f"document {i} " * 50}) for i in range(40)) + "\n")
+    monkeypatch.setattr(run, "RAM_SCRATCH", str(ram))
+    monkeypatch.delenv("TMPDIR", raising=False)
+    corpus = Corpus([doc])
+    assert run._scratch_parent(corpus, True) == str(ram)
+    assert run._scratch_parent(corpus, False) is None  # nothing is written
+    assert run._scratch_parent(["a list of texts"], True) is None  # size unknown
+    monkeypatch.setattr(run, "SCRATCH_PER_TEXT_BYTE", 1e15)  # "too big for RAM"
+    assert run._scratch_parent(corpus, True) is None
+    monkeypatch.setattr(run, "SCRATCH_PER_TEXT_BYTE", 16)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert run._scratch_parent(corpus, True) is None
+    monkeypatch.delenv("TMPDIR")
+    monkeypatch.setattr(run, "RAM_SCRATCH", str(tmp_path / "missing"))
+    assert run._scratch_parent(corpus, True) is None
+
+
+def test_small_pages_restores_numpys_setting_and_nests() -> None:
+    from polymem.analysis.coverage import dist
+
+    ma = np._core.multiarray
+    before = ma._get_madvise_hugepage()
+    try:
+        for start in (True, False):
+            ma._set_madvise_hugepage(start)
+            with dist.small_pages():
+                assert ma._get_madvise_hugepage() is False
+                with dist.small_pages():
+                    assert ma._get_madvise_hugepage() is False
+                assert ma._get_madvise_hugepage() is False
+            assert ma._get_madvise_hugepage() is start
+    finally:
+        ma._set_madvise_hugepage(before)
+
+
 def test_share_sums_are_exact_in_any_grouping() -> None:
     from polymem.analysis.coverage.counter import Tally
 
