@@ -18,8 +18,13 @@ waits does the bookkeeping) or, for URLs and without numba, to a pool of ``worke
 refused ``RWF_NOWAIT`` read has already cost the caller the kernel's work of starting that read, so after a
 forward whose chunks were mostly not in the OS cache the next ``NOWAIT_BACKOFF`` forwards hand every miss
 to the I/O thread directly. The cache is one preallocated slab of ``cache_mb`` (slots of one chunk,
-LRU by a per-slot stamp, committed by the OS only when touched), shared by every consumer of one asset
-(:func:`service_for`).
+LRU by a per-slot stamp, committed by the OS only when touched; chunk -> slot in a compiled open-addressing
+index), shared by every consumer of one asset (:func:`service_for`).
+
+The lane (:meth:`PageService.lane_begin` / :meth:`PageService.lane_rows`): a CPU consumer of a local dense
+asset does a forward in two compiled calls instead — look the rows' chunks up, reserve slots for the missing
+ones and read them straight into the slab (in the caller's thread, or by the I/O thread), then decode the rows
+out of the slab. Per-forward Python is what costs inside a model's forward (cold CPU caches: 5-20 µs a call).
 
     svc = service_for(asset, cache_mb=256)
     out = np.empty((2, svc.geom.chunk_bytes), np.uint8)

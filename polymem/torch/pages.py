@@ -17,6 +17,9 @@ With prefetch, :meth:`PagedRows.start` (called from the model's forward pre-hook
 1-2, so reads from storage overlap the blocks before the first site; :meth:`PagedRows.gather` (called by each
 site) waits only for reads not finished yet, then decodes, and every later site of that forward reuses the
 result. Without prefetch the reads happen inside the first site's gather, in the calling thread.
+On the CPU with a local asset, steps 1-3 run as the service's *lane* instead: one compiled call in
+:meth:`PagedRows.start` (lookup, slots reserved, reads straight into the cache) and one in
+:meth:`PagedRows.gather` (rows decoded out of the cache) — same values, far fewer calls inside the forward.
 Not here: the cache and reads (:mod:`polymem.asset.pages`), the site maths (:mod:`.site`).
 """
 
