@@ -367,6 +367,50 @@ def test_lane_evicts_within_its_size_and_stays_bit_identical(byte_cache, ids, as
     h.detach()
 
 
+def test_two_threads_on_one_small_shared_cache_stay_bit_identical(byte_cache, ids, assets):
+    """Two models in two threads read one asset through one shared cache barely larger than a forward's
+    chunks: lane forwards, general-path fallbacks, evictions and joins interleave; every output stays
+    bit-identical to the in-memory table and no slot is left reserved."""
+    asset = assets["float16"]
+    cb = asset.geometry.chunk_bytes
+    windows = [ids[:, i: i + 5] for i in range(0, 40, 5)]
+    need = max(len(_chunks_of(w, asset, byte_cache)) for w in windows)
+    models = [llama(), llama(seed=2)]
+    refs = []
+    for m in models:
+        h = attach(m, asset, byte_cache, layers=[1], in_memory=True, value_init="orthogonal")
+        with torch.no_grad():
+            refs.append([m(input_ids=w).logits for w in windows])
+        h.detach()
+    hs = [attach(m, asset, byte_cache, layers=[1], in_memory=False, cache_mb=(need + 1) * cb / 2**20,
+                 value_init="orthogonal") for m in models]
+    bad: list = []
+
+    def run(k: int) -> None:
+        try:
+            with torch.no_grad():
+                for _ in range(3):
+                    for w, ref in zip(windows, refs[k]):
+                        if not torch.equal(models[k](input_ids=w).logits, ref):
+                            bad.append(k)
+        except BaseException as e:  # noqa: BLE001 - reported by the assert below
+            bad.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    svc = hs[0].table.service
+    st = svc.stats()
+    assert bad == [] and st["errors"] == 0 and st["cache_bytes"] <= st["capacity_bytes"]
+    assert st["evictions"] > 0 and st["lane_forwards"] > 0 and st["reads"] == st["misses"]
+    assert not (svc._chunk_at == pages_mod.READING).any() and not svc._inflight
+    for h in hs:
+        h.detach()
+    assert wait_no_threads() == []
+
+
 def test_a_lane_read_in_flight_is_joined_by_the_general_path(assets):
     """Chunks the lane handed to the I/O thread are in flight for every consumer: a general-path request for
     them joins that read (one read), and the lane then decodes its rows out of the cache."""
