@@ -256,7 +256,7 @@ class PagedRows:
         """Prefetch: plan now, copy cached chunks and read what the OS page cache holds, and start background
         reads of the rest (returns without waiting for storage)."""
         if self._lane_ok(rows):
-            host = rows.numpy()
+            host = rows.reshape(-1).numpy()  # (1-D: one compiled variant of the lane, whatever the shape)
             try:
                 rd = self.service.lane_begin(host, background=True)
             except BaseException as e:  # surfaces in the forward's first site
@@ -302,7 +302,7 @@ class PagedRows:
                     self._ticket = None
                     raise
         elif self._lane_ok(rows):
-            host = rows.numpy()
+            host = rows.reshape(-1).numpy()  # (1-D: one compiled variant of the lane, whatever the shape)
             rd = self.service.lane_begin(host, background=False)
             event = None
             if rd is not None:
