@@ -239,9 +239,15 @@ def _fs(plan: Plan) -> tuple[Any, str]:
 
 
 def _save(fs: Any, path: str, arr: np.ndarray) -> None:
+    """``arr`` as a .npy file, written under a temporary name and renamed into place. The data goes out
+    straight from the array (np.save copies it in 16 MiB pieces for a file object that is not a plain file, as
+    fsspec's are)."""
+    arr = np.ascontiguousarray(arr)
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     with fs.open(tmp, "wb") as f:
-        np.save(f, arr, allow_pickle=False)
+        np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(arr))
+        if arr.size:
+            f.write(memoryview(arr.reshape(-1)).cast("B"))
     fs.mv(tmp, path)
 
 
