@@ -251,19 +251,26 @@ def _save(fs: Any, path: str, arr: np.ndarray) -> None:
     fs.mv(tmp, path)
 
 
-def _read_slice(fs: Any, path: str, lo: int, hi: int) -> np.ndarray:
-    """Rows lo:hi of a 1-D .npy file, read with one range request."""
+def _read_slice_into(fs: Any, path: str, lo: int, out: np.ndarray) -> None:
+    """Rows lo:lo+len(out) of a 1-D .npy file read into ``out`` (one range request, no intermediate copy)."""
+    if out.shape[0] == 0:
+        return
     with fs.open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
         read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                        else np.lib.format.read_array_header_2_0)
         shape, _, dtype = read_header(f)
-        start = f.tell()
-        if hi <= lo:
-            return np.empty(0, dtype=dtype)
-        f.seek(start + lo * dtype.itemsize)
-        data = f.read((hi - lo) * dtype.itemsize)
-    return np.frombuffer(data, dtype=dtype)
+        if dtype != out.dtype or lo + out.shape[0] > shape[0]:
+            raise ValueError(f"coverage scratch file {path!r} holds {shape[0]} {dtype} values, expected at least "
+                             f"{lo + out.shape[0]} {out.dtype}: it was overwritten or truncated; rerun")
+        f.seek(f.tell() + lo * dtype.itemsize)
+        buf = memoryview(out).cast("B")
+        got = 0
+        while got < len(buf):
+            n = f.readinto(buf[got:])
+            if not n:
+                raise ValueError(f"coverage scratch file {path!r} ends early: it was truncated; rerun")
+            got += n
 
 
 def _read_all(fs: Any, path: str) -> np.ndarray:
@@ -283,19 +290,20 @@ def resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
 
 def _resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
                      held: dict[int, OccurrenceOutput] | None) -> np.ndarray:
-    fs, root = _fs(plan) if any(p not in (held or {}) for p in parts) else (None, "")
-    refs, ph, pn, pc, ref_off, pend_off = [], [], [], [], [], []
+    from polymem.analysis.coverage.counter import release_buffers
+
+    release_buffers()  # the map's spare buffers are not needed here (and would add to this task's peak memory)
+    held = held or {}
+    fs, root = _fs(plan) if any(p not in held for p in parts) else (None, "")
+    # where each partition's slices come from, and the offsets of its buckets in the concatenation
+    srcs, ref_off, pend_off = [], [], []
     nr = npd = 0
     for p in parts:
-        occ = (held or {}).get(p)
+        occ = held.get(p)
         if occ is not None:
-            rlo, rhi, qlo, qhi = (int(occ.ref_off[lo]), int(occ.ref_off[hi]), int(occ.pend_off[lo]),
-                                  int(occ.pend_off[hi]))
-            r = occ.ref[rlo:rhi]
-            ph.append(occ.pend_h[qlo:qhi])
-            pn.append(occ.pend_n[qlo:qhi])
-            pc.append(occ.pend_c[qlo:qhi])
-            ro, qo = occ.ref_off[lo:hi + 1] - rlo, occ.pend_off[lo:hi + 1] - qlo
+            r0, r1, q0, q1 = (int(occ.ref_off[lo]), int(occ.ref_off[hi]), int(occ.pend_off[lo]),
+                              int(occ.pend_off[hi]))
+            ro, qo = occ.ref_off[lo:hi + 1] - r0, occ.pend_off[lo:hi + 1] - q0
         else:
             path = f"{root}/p{p:07d}.off.npy"
             if not fs.exists(path):
@@ -303,20 +311,29 @@ def _resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
                     f"coverage scratch file {plan.scratch}/p{p:07d}.off.npy is missing: the scratch directory must "
                     "be shared by every Dask worker (pass scratch= / --scratch with a shared path or an s3:// URL)")
             off = _read_all(fs, path)
-            r = _read_slice(fs, f"{root}/p{p:07d}.ref.npy", int(off[0, lo]), int(off[0, hi]))
-            for name, got in zip(_FILES[1:], (ph, pn, pc)):
-                got.append(_read_slice(fs, f"{root}/p{p:07d}.{name}.npy", int(off[1, lo]), int(off[1, hi])))
-            ro, qo = off[0, lo:hi + 1] - off[0, lo], off[1, lo:hi + 1] - off[1, lo]
-        refs.append(r)
+            r0, r1, q0, q1 = int(off[0, lo]), int(off[0, hi]), int(off[1, lo]), int(off[1, hi])
+            ro, qo = off[0, lo:hi + 1] - r0, off[1, lo:hi + 1] - q0
+        srcs.append((p, occ, r0, r1, q0, q1, nr, npd))
         ref_off.append(ro + nr)  # absolute offsets in the concatenation
         pend_off.append(qo + npd)
-        nr += r.shape[0]
-        npd += int(qo[-1])
+        nr += r1 - r0
+        npd += q1 - q0
     hits = np.zeros(plan.max_n, dtype=np.int64)
     if npd == 0:
         return hits
-    _kernels.resolve_range(np.concatenate(refs), np.stack(ref_off), np.concatenate(ph), np.concatenate(pn),
-                           np.concatenate(pc), np.stack(pend_off), hits)
+    # every slice read (or copied) straight into its place: no per-partition pieces to concatenate afterwards
+    ref = np.empty(nr, dtype=np.uint64)
+    ph, pn, pc = np.empty(npd, dtype=np.uint64), np.empty(npd, dtype=np.int8), np.empty(npd, dtype=np.int64)
+    for p, occ, r0, r1, q0, q1, at_r, at_q in srcs:
+        if occ is not None:
+            ref[at_r:at_r + r1 - r0] = occ.ref[r0:r1]
+            for out, arr in ((ph, occ.pend_h), (pn, occ.pend_n), (pc, occ.pend_c)):
+                out[at_q:at_q + q1 - q0] = arr[q0:q1]
+        else:
+            _read_slice_into(fs, f"{root}/p{p:07d}.ref.npy", r0, ref[at_r:at_r + r1 - r0])
+            for name, out in zip(_FILES[1:], (ph, pn, pc)):
+                _read_slice_into(fs, f"{root}/p{p:07d}.{name}.npy", q0, out[at_q:at_q + q1 - q0])
+    _kernels.resolve_range(ref, np.stack(ref_off), ph, pn, pc, np.stack(pend_off), hits)
     return hits
 
 
