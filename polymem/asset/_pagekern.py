@@ -5,8 +5,10 @@ and decoding NF4 rows on the CPU. One call each instead of a dozen small numpy/t
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
-from numba import njit
+from numba import njit, types
 
 
 @njit(cache=True, nogil=True)
@@ -222,3 +224,131 @@ def lane_release(slots, chunk_at, free, state):  # pragma: no cover - compiled
             chunk_at[s] = -1
             free[state[1]] = s
             state[1] += 1
+
+
+# ------------------------------------------------------------------ reads (libc preadv2, google-crc32c)
+# External C functions by symbol: the compiled code links to them when it is loaded, so it can be cached on disk
+# (ctypes function objects bake their addresses in and cannot be). libc is in every process; polymem.asset.pages
+# loads google-crc32c's extension module into the symbol table first (llvmlite load_library_permanently).
+RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+_preadv2 = types.ExternalFunction("preadv2", types.intp(types.int32, types.uintp, types.int32, types.int64, types.int32))
+_crc32c_value = types.ExternalFunction("crc32c_value", types.uint32(types.uintp, types.uintp))
+
+
+@njit(cache=True, nogil=True)
+def read_rows(fds, off, out, rows, crc, flags, ok):  # pragma: no cover - compiled
+    """Read chunk i (file fds[i], byte offset off[i]) into out[rows[i]] and check its crc32c;
+    ok[i] = it read whole and intact. Returns how many did."""
+    cb = out.shape[1]
+    iov = np.empty(4, np.uint64)
+    stored = np.empty(1, np.uint32)
+    base = out.ctypes.data
+    want = cb + 4 if crc else cb
+    good = 0
+    for i in range(fds.shape[0]):
+        dst = base + rows[i] * cb
+        iov[0] = dst
+        iov[1] = cb
+        iov[2] = stored.ctypes.data
+        iov[3] = 4
+        got = _preadv2(np.int32(fds[i]), iov.ctypes.data, np.int32(2 if crc else 1), off[i], np.int32(flags))
+        ok[i] = got == want and (not crc or _crc32c_value(dst, cb) == stored[0])
+        good += ok[i]
+    return good
+
+
+@njit(cache=True, nogil=True)
+def lane_begin(rows, rpc, cps, stride, fdtab, keys, vals, chunk_at, stamp, tick, free, state, slab, mode, crc,
+               mch, mslot, mfd, moff, ok, mhit, kst):  # pragma: no cover - compiled
+    """The consumer's lane, step 1 (:meth:`PageService.lane_begin`): the distinct chunks of ``rows``
+    (any shape, -1 = invalid) looked up in the cache (hits stamped), slots reserved for the missing
+    ones (in mch / mslot, with their file and offset in mfd / moff) and, mode 0, read here
+    (blocking) or, mode 1, read here if the OS page cache holds them (RWF_NOWAIT); mode 2 reads none.
+    Chunks read whole and intact join the index; the others are moved to the front of the m* arrays.
+    Returns how many are left, or -1 (not enough slots: state[4] = distinct misses, the hits' slots in
+    mhit[:state[7]], nothing changed) or
+    -2 (shard state[6] is not open yet, nothing changed). state[4] / state[5]: distinct misses / read here."""
+    nh = 0
+    n = 0
+    last = -1
+    cap = 16
+    while cap < 2 * rows.size:
+        cap *= 2
+    seen = np.full(cap, -1, np.int64)  # the misses so far (a forward's distinct chunks are read once)
+    mask = cap - 1
+    for row in rows.flat:
+        if row < 0:
+            continue
+        c = row // rpc
+        if c == last:
+            continue
+        last = c
+        s = idx_find(keys, vals, c)
+        if s >= 0:
+            mhit[nh] = s
+            nh += 1
+            continue
+        i = _home(c, mask)
+        while seen[i] != -1 and seen[i] != c:
+            i = (i + 1) & mask
+        if seen[i] == -1:
+            seen[i] = c
+            mch[n] = c
+            n += 1
+    state[4] = n
+    state[5] = 0
+    state[7] = nh
+    if n > state[1] + chunk_at.shape[0] - state[0]:
+        return -1
+    for k in range(n):
+        if fdtab[mch[k] // cps] < 0:
+            state[6] = mch[k] // cps
+            return -2
+    h = 0
+    for k in range(nh):
+        s = mhit[k]
+        if stamp[s] != tick:
+            stamp[s] = tick
+            h += 1
+    kst[0] += h
+    kst[1] += n
+    kst[6] += 1
+    for k in range(n):
+        if state[1] > 0:
+            state[1] -= 1
+            s = free[state[1]]
+        else:
+            s = state[0]
+            state[0] += 1
+        chunk_at[s] = -2  # READING
+        stamp[s] = tick
+        mslot[k] = s
+        sh = mch[k] // cps
+        mfd[k] = fdtab[sh]
+        moff[k] = (mch[k] - sh * cps) * stride
+    if n == 0 or mode == 2:
+        return n
+    good = read_rows(mfd[:n], moff[:n], slab, mslot[:n], crc, RWF_NOWAIT if mode == 1 else 0, ok[:n])
+    state[5] = good
+    if good:
+        kst[2] += good
+        kst[4] += 1
+        kst[5] += good * slab.shape[1]
+        if mode == 1:
+            kst[3] += good
+    left = 0
+    for k in range(n):
+        if ok[k]:
+            idx_put(keys, vals, mch[k], mslot[k])
+            chunk_at[mslot[k]] = mch[k]
+            state[2] += 1
+        else:
+            mch[left] = mch[k]
+            mslot[left] = mslot[k]
+            mfd[left] = mfd[k]
+            moff[left] = moff[k]
+            left += 1
+    if state[2] > state[3]:
+        state[3] = state[2]
+    return left
+

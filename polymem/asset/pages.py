@@ -42,7 +42,6 @@ Not here: decoding into torch tensors (:mod:`polymem.torch.pages`), the asset fo
 
 from __future__ import annotations
 
-import ctypes
 import os
 import queue
 import threading
@@ -77,136 +76,22 @@ _KERNEL: Any = None
 
 
 def _kernel() -> Any:
-    """``read_rows`` compiled on first use (numba, libc ``preadv2``, libcrc32c), or None where one lacks."""
+    """(``read_rows``, ``lane_begin``) of :mod:`._pagekern` — libc ``preadv2`` and google-crc32c's C
+    ``crc32c_value`` called from numba, compiled once and cached on disk — or None where one lacks."""
     global _KERNEL
     if _KERNEL is not None:
         return _KERNEL or None
     try:
-        from numba import njit
+        import llvmlite.binding as llvm
+        from google_crc32c import _crc32c
 
-        from polymem.asset._shards import libc_function, libcrc32c_value
+        llvm.load_library_permanently(_crc32c.__file__)  # its crc32c_value, for the compiled code to link to
+        from polymem.asset import _pagekern as K
 
-        cval = libcrc32c_value()
-        preadv2 = libc_function("preadv2", [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int],
-                                ctypes.c_ssize_t)
-
-        @njit(nogil=True)
-        def read_rows(fds, off, out, rows, crc, flags, ok):  # pragma: no cover - compiled
-            """Read chunk i (file fds[i], byte offset off[i]) into out[rows[i]] and check its crc32c;
-            ok[i] = it read whole and intact. Returns how many did."""
-            cb = out.shape[1]
-            iov = np.empty(4, np.uint64)
-            stored = np.empty(1, np.uint32)
-            base = out.ctypes.data
-            want = cb + 4 if crc else cb
-            good = 0
-            for i in range(fds.shape[0]):
-                dst = base + rows[i] * cb
-                iov[0] = dst
-                iov[1] = cb
-                iov[2] = stored.ctypes.data
-                iov[3] = 4
-                got = preadv2(fds[i], iov.ctypes.data, 2 if crc else 1, off[i], flags)
-                ok[i] = got == want and (not crc or cval(dst, cb) == stored[0])
-                good += ok[i]
-            return good
-
-        from polymem.asset._pagekern import idx_find, idx_put
-
-        @njit(nogil=True)
-        def lane_begin(rows, rpc, cps, stride, fdtab, keys, vals, chunk_at, stamp, tick, free, state, slab, mode, crc,
-                       mch, mslot, mfd, moff, ok, mhit, kst):  # pragma: no cover - compiled
-            """The consumer's lane, step 1 (:meth:`PageService.lane_begin`): the distinct chunks of ``rows``
-            (any shape, -1 = invalid) looked up in the cache (hits stamped), slots reserved for the missing
-            ones (sorted, in mch / mslot, with their file and offset in mfd / moff) and, mode 0, read here
-            (blocking) or, mode 1, read here if the OS page cache holds them (RWF_NOWAIT); mode 2 reads none.
-            Chunks read whole and intact join the index; the others are moved to the front of the m* arrays.
-            Returns how many are left, or -1 (not enough slots: state[4] = distinct misses, the hits' slots in
-            mhit[:state[7]], nothing changed) or
-            -2 (shard state[6] is not open yet, nothing changed). state[4] / state[5]: distinct misses / read here."""
-            nh = 0
-            n = 0
-            last = -1
-            for row in rows.flat:
-                if row < 0:
-                    continue
-                c = row // rpc
-                if c == last:
-                    continue
-                last = c
-                s = idx_find(keys, vals, c)
-                if s >= 0:
-                    mhit[nh] = s
-                    nh += 1
-                else:
-                    mch[n] = c
-                    n += 1
-            if n:
-                srt = np.sort(mch[:n])
-                m = 0
-                for k in range(n):
-                    if m == 0 or srt[k] != mch[m - 1]:
-                        mch[m] = srt[k]
-                        m += 1
-                n = m
-            state[4] = n
-            state[5] = 0
-            state[7] = nh
-            if n > state[1] + chunk_at.shape[0] - state[0]:
-                return -1
-            for k in range(n):
-                if fdtab[mch[k] // cps] < 0:
-                    state[6] = mch[k] // cps
-                    return -2
-            h = 0
-            for k in range(nh):
-                s = mhit[k]
-                if stamp[s] != tick:
-                    stamp[s] = tick
-                    h += 1
-            kst[0] += h
-            kst[1] += n
-            kst[6] += 1
-            for k in range(n):
-                if state[1] > 0:
-                    state[1] -= 1
-                    s = free[state[1]]
-                else:
-                    s = state[0]
-                    state[0] += 1
-                chunk_at[s] = -2  # READING
-                stamp[s] = tick
-                mslot[k] = s
-                sh = mch[k] // cps
-                mfd[k] = fdtab[sh]
-                moff[k] = (mch[k] - sh * cps) * stride
-            if n == 0 or mode == 2:
-                return n
-            good = read_rows(mfd[:n], moff[:n], slab, mslot[:n], crc, _NOWAIT if mode == 1 else 0, ok[:n])
-            state[5] = good
-            if good:
-                kst[2] += good
-                kst[4] += 1
-                kst[5] += good * slab.shape[1]
-                if mode == 1:
-                    kst[3] += good
-            left = 0
-            for k in range(n):
-                if ok[k]:
-                    idx_put(keys, vals, mch[k], mslot[k])
-                    chunk_at[mslot[k]] = mch[k]
-                    state[2] += 1
-                else:
-                    mch[left] = mch[k]
-                    mslot[left] = mslot[k]
-                    mfd[left] = mfd[k]
-                    moff[left] = moff[k]
-                    left += 1
-            if state[2] > state[3]:
-                state[3] = state[2]
-            return left
-
-        _KERNEL = (read_rows, lane_begin)
+        ok = np.zeros(1, dtype=bool)  # compile or load now, so that a missing symbol shows here
+        K.read_rows(np.full(1, -1, np.int64), np.zeros(1, np.int64), np.zeros((1, 8), np.uint8),
+                    np.zeros(1, np.int64), True, 0, ok)
+        _KERNEL = (K.read_rows, K.lane_begin)
     except Exception:  # noqa: BLE001 - any missing piece: the Python loop does the same work
         _KERNEL = ()
     return _KERNEL or None
