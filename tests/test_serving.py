@@ -447,8 +447,11 @@ def test_a_lane_read_in_flight_is_joined_by_the_general_path(assets):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="preadv2 is Linux's")
 def test_the_compiled_reader_and_lane_are_there_on_linux(assets):
     """Where the lane can run it does (else the lane tests above would pass without exercising it): the
-    kernels link to libc's preadv2 and google-crc32c's crc32c_value and load from numba's cache."""
-    assert pages_mod._kernel() is not None
+    kernels link to libc's preadv2 and google-crc32c's crc32c_value and load from numba's cache (and so do the
+    asset reader's)."""
+    from polymem.asset import _shards
+
+    assert pages_mod._kernel() is not None and _shards._kernels() is not None
     svc = PageService(assets["nf4"], cache_mb=1)
     assert svc.io_thread and svc.lane
     svc.close()

@@ -5,10 +5,10 @@ and decoding NF4 rows on the CPU. One call each instead of a dozen small numpy/t
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
-from numba import njit, types
+from numba import njit
+
+from polymem.asset._ckern import RWF_NOWAIT, crc32c_value, preadv2
 
 
 @njit(cache=True, nogil=True)
@@ -226,15 +226,7 @@ def lane_release(slots, chunk_at, free, state):  # pragma: no cover - compiled
             state[1] += 1
 
 
-# ------------------------------------------------------------------ reads (libc preadv2, google-crc32c)
-# External C functions by symbol: the compiled code links to them when it is loaded, so it can be cached on disk
-# (ctypes function objects bake their addresses in and cannot be). libc is in every process; polymem.asset.pages
-# loads google-crc32c's extension module into the symbol table first (llvmlite load_library_permanently).
-RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
-_preadv2 = types.ExternalFunction("preadv2", types.intp(types.int32, types.uintp, types.int32, types.int64, types.int32))
-_crc32c_value = types.ExternalFunction("crc32c_value", types.uint32(types.uintp, types.uintp))
-
-
+# ------------------------------------------------------------------ reads (libc preadv2, google-crc32c: ._ckern)
 @njit(cache=True, nogil=True)
 def read_rows(fds, off, out, rows, crc, flags, ok):  # pragma: no cover - compiled
     """Read chunk i (file fds[i], byte offset off[i]) into out[rows[i]] and check its crc32c;
@@ -251,8 +243,8 @@ def read_rows(fds, off, out, rows, crc, flags, ok):  # pragma: no cover - compil
         iov[1] = cb
         iov[2] = stored.ctypes.data
         iov[3] = 4
-        got = _preadv2(np.int32(fds[i]), iov.ctypes.data, np.int32(2 if crc else 1), off[i], np.int32(flags))
-        ok[i] = got == want and (not crc or _crc32c_value(dst, cb) == stored[0])
+        got = preadv2(np.int32(fds[i]), iov.ctypes.data, np.int32(2 if crc else 1), off[i], np.int32(flags))
+        ok[i] = got == want and (not crc or crc32c_value(dst, cb) == stored[0])
         good += ok[i]
     return good
 

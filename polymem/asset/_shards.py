@@ -9,13 +9,12 @@ proves it), but ~an order of magnitude faster.
 
 :class:`FastReader` reads chunks with ``pread`` (never a memory map: a shard truncated or rewritten under a
 reader gives a FormatError, not SIGBUS) and checks every chunk's crc32c on every read. Batches go through a
-small numba kernel that calls ``preadv`` and the crc32c library directly. Not here: metadata (``_format``),
+small numba kernel that calls ``preadv`` and the crc32c library directly (cached on disk: :mod:`._ckern`). Not here: metadata (``_format``),
 zarr-python (``_zarr``), the commit protocol (``core``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import threading
@@ -25,7 +24,9 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
-from polymem.asset import _fs
+from numba import njit
+
+from polymem.asset import _ckern as _c, _fs
 from polymem.asset._format import CRC_BYTES, Geometry
 from polymem.errors import FormatError
 
@@ -67,98 +68,85 @@ def chunk_crcs(chunks: np.ndarray) -> np.ndarray:
 _KERNELS: Any = None
 
 
-def libcrc32c_value() -> Any:
-    """google-crc32c's C ``crc32c_value(buf, len)`` as a ctypes function (callable from numba kernels)."""
-    from google_crc32c import _crc32c
-
-    cval = ctypes.CDLL(_crc32c.__file__).crc32c_value
-    cval.argtypes, cval.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_uint32
-    return cval
-
-
-def libc_function(name: str, argtypes: list[Any], restype: Any) -> Any:
-    """libc's ``name`` as a ctypes function with its signature (callable from numba kernels; errno kept)."""
-    fn = getattr(ctypes.CDLL(None, use_errno=True), name)
-    fn.argtypes, fn.restype = argtypes, restype
-    return fn
-
-
 def _kernels() -> Any:
-    """(read_chunks, crc rows, read_rows kernels) compiled on first use, or None where numba/preadv/libcrc32c lack."""
+    """(read_chunks, crc rows, read_rows kernels) — cached numba code calling libc and google-crc32c's C code
+    (:mod:`._ckern`) — or None where numba/libcrc32c lack."""
     global _KERNELS
     if _KERNELS is not None:
         return _KERNELS or None
     try:
-        cval = libcrc32c_value()
-        sz = ctypes.c_size_t
-        preadv = libc_function("preadv", [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64], ctypes.c_ssize_t)
-        memcpy = libc_function("memcpy", [sz, sz, sz], sz)
-        cpread = libc_function("pread", [ctypes.c_int, sz, sz, ctypes.c_int64], ctypes.c_ssize_t)
-        from numba import njit
-
-        @njit(nogil=True)
-        def read_chunks(fds, bases, shard, off, out, crcs, crc):  # pragma: no cover - compiled
-            """Copy chunk i (shard[i], byte offset off[i]) into out[i] (+ its crc into crcs[i]) and check the copy:
-            from the shard's map where bases[shard] != 0 (v2 only), else by preadv. Returns -1 if all are good,
-            else the first failing i."""
-            cb = out.shape[1]
-            iov = np.empty(4, np.uint64)
-            base, cbase = out.ctypes.data, crcs.ctypes.data
-            for i in range(out.shape[0]):
-                src = bases[shard[i]]
-                if src != 0:
-                    memcpy(base + i * cb, src + off[i], cb)
-                    memcpy(cbase + 4 * i, src + off[i] + cb, 4)
-                else:
-                    iov[0] = base + i * cb
-                    iov[1] = cb
-                    iov[2] = cbase + 4 * i
-                    iov[3] = 4
-                    want = cb + 4 if crc else cb
-                    if preadv(fds[shard[i]], iov.ctypes.data, 2 if crc else 1, off[i]) != want:
-                        return i
-                if crc and cval(base + i * cb, cb) != crcs[i]:
-                    return i
-            return -1
-
-        @njit(nogil=True)
-        def read_rows(fds, bases, loc, rows, out, KS, ppc, page_bytes, cps, stride, crc):  # pragma: no cover
-            """Stored rows: out[k] = row rows[k] (rb = out.shape[1] bytes), each read out of a verified copy of its
-            chunk (chunk ‖ crc32c copied from the map or pread into a scratch buffer, crc residue checked; a run of
-            rows in one chunk — the K heads of an n-gram — copies and checks it once). -1, or the first failing k."""
-            rb = out.shape[1]
-            scratch = np.empty(stride, np.uint8)
-            sp, obase = scratch.ctypes.data, out.ctypes.data
-            last = -1
-            for k in range(rows.shape[0]):
-                r = rows[k]
-                page = r // KS
-                c = page // ppc
-                if c != last:
-                    sh = c // cps
-                    off = (c - sh * cps) * stride
-                    src = bases[loc[sh]]
-                    if src != 0:
-                        memcpy(sp, src + off, stride)
-                    elif cpread(fds[loc[sh]], sp, stride, off) != stride:
-                        return k
-                    if crc and cval(sp, stride) != CRC_RESIDUE:
-                        return k
-                    last = c
-                memcpy(obase + k * rb, sp + (page - c * ppc) * page_bytes + (r - page * KS) * rb, rb)
-            return -1
-
-        @njit(nogil=True)
-        def crc_rows(chunks, out):  # pragma: no cover - compiled
-            cb = chunks.shape[1]
-            base = chunks.ctypes.data
-            for i in range(chunks.shape[0]):
-                out[i] = cval(base + i * cb, cb)
-
-        _KERNELS = (read_chunks, crc_rows, read_rows)
+        if not _c.link():
+            raise RuntimeError("no C crc32c")
+        out = np.empty(1, np.uint32)
+        _crc_rows(np.zeros((1, 8), np.uint8), out)  # compile or load now, so that a missing symbol shows here
+        if out[0] != np.uint32(_crc_bytes(bytes(8))):  # pragma: no cover - a wrongly linked crc
+            raise RuntimeError("crc32c_value gives a wrong value")
+        _KERNELS = (_read_chunks, _crc_rows, _read_rows)
     except Exception:  # noqa: BLE001 - any missing piece: the pure-Python loop does the same work
         _KERNELS = ()
     return _KERNELS or None
+
+
+@njit(cache=True, nogil=True)
+def _read_chunks(fds, bases, shard, off, out, crcs, crc):  # pragma: no cover - compiled
+    """Copy chunk i (shard[i], byte offset off[i]) into out[i] (+ its crc into crcs[i]) and check the copy:
+    from the shard's map where bases[shard] != 0 (v2 only), else by preadv. Returns -1 if all are good,
+    else the first failing i."""
+    cb = out.shape[1]
+    iov = np.empty(4, np.uint64)
+    base, cbase = out.ctypes.data, crcs.ctypes.data
+    for i in range(out.shape[0]):
+        src = bases[shard[i]]
+        if src != 0:
+            _c.memcpy(base + i * cb, src + off[i], cb)
+            _c.memcpy(cbase + 4 * i, src + off[i] + cb, 4)
+        else:
+            iov[0] = base + i * cb
+            iov[1] = cb
+            iov[2] = cbase + 4 * i
+            iov[3] = 4
+            want = cb + 4 if crc else cb
+            if _c.preadv(np.int32(fds[shard[i]]), iov.ctypes.data, np.int32(2 if crc else 1), off[i]) != want:
+                return i
+        if crc and _c.crc32c_value(base + i * cb, cb) != crcs[i]:
+            return i
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _read_rows(fds, bases, loc, rows, out, KS, ppc, page_bytes, cps, stride, crc):  # pragma: no cover
+    """Stored rows: out[k] = row rows[k] (rb = out.shape[1] bytes), each read out of a verified copy of its
+    chunk (chunk ‖ crc32c copied from the map or pread into a scratch buffer, crc residue checked; a run of
+    rows in one chunk — the K heads of an n-gram — copies and checks it once). -1, or the first failing k."""
+    rb = out.shape[1]
+    scratch = np.empty(stride, np.uint8)
+    sp, obase = scratch.ctypes.data, out.ctypes.data
+    last = -1
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        page = r // KS
+        c = page // ppc
+        if c != last:
+            sh = c // cps
+            off = (c - sh * cps) * stride
+            src = bases[loc[sh]]
+            if src != 0:
+                _c.memcpy(sp, src + off, stride)
+            elif _c.pread(np.int32(fds[loc[sh]]), sp, stride, off) != stride:
+                return k
+            if crc and _c.crc32c_value(sp, stride) != CRC_RESIDUE:
+                return k
+            last = c
+        _c.memcpy(obase + k * rb, sp + (page - c * ppc) * page_bytes + (r - page * KS) * rb, rb)
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _crc_rows(chunks, out):  # pragma: no cover - compiled
+    cb = chunks.shape[1]
+    base = chunks.ctypes.data
+    for i in range(chunks.shape[0]):
+        out[i] = _c.crc32c_value(base + i * cb, cb)
 
 
 # ------------------------------------------------------------------------------------------ index, writes

@@ -77,16 +77,16 @@ _KERNEL: Any = None
 
 def _kernel() -> Any:
     """(``read_rows``, ``lane_begin``) of :mod:`._pagekern` — libc ``preadv2`` and google-crc32c's C
-    ``crc32c_value`` called from numba, compiled once and cached on disk — or None where one lacks."""
+    ``crc32c_value`` called from numba (:mod:`._ckern`), compiled once and cached on disk — or None where one
+    lacks."""
     global _KERNEL
     if _KERNEL is not None:
         return _KERNEL or None
     try:
-        import llvmlite.binding as llvm
-        from google_crc32c import _crc32c
+        from polymem.asset import _ckern, _pagekern as K
 
-        llvm.load_library_permanently(_crc32c.__file__)  # its crc32c_value, for the compiled code to link to
-        from polymem.asset import _pagekern as K
+        if not _ckern.link():
+            raise RuntimeError("no C crc32c")
 
         ok = np.zeros(1, dtype=bool)  # compile or load now, so that a missing symbol shows here
         K.read_rows(np.full(1, -1, np.int64), np.zeros(1, np.int64), np.zeros((1, 8), np.uint8),
