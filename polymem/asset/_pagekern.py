@@ -216,6 +216,19 @@ def lane_settle(chunks, slots, keys, vals, chunk_at, free, state):  # pragma: no
 
 
 @njit(cache=True, nogil=True)
+def settle_rows(chunks, slots, keys, vals, chunk_at, free, state, kst, rows, rpc, slab, row_bytes, code, pairs, half,
+                out, outw):  # pragma: no cover - compiled
+    """:func:`lane_settle` of a read the I/O thread made whole (counted: kst reads / read calls / bytes), then
+    :func:`rows_from_cache` — the consumer's whole step 2 in one call."""
+    lane_settle(chunks, slots, keys, vals, chunk_at, free, state)
+    n = chunks.shape[0]
+    kst[2] += n
+    kst[4] += 1
+    kst[5] += n * slab.shape[1]
+    return rows_from_cache(rows, rpc, keys, vals, slab, row_bytes, code, pairs, half, out, outw)
+
+
+@njit(cache=True, nogil=True)
 def lane_release(slots, chunk_at, free, state):  # pragma: no cover - compiled
     """Reserved slots whose read failed are free again."""
     for j in range(slots.shape[0]):

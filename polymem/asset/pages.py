@@ -366,17 +366,20 @@ class IORead:
             return self.buf[self.slots]
         return self._res  # type: ignore[return-value]
 
+    def _wait_io(self) -> None:  # under self._lock
+        if self.io.locked():
+            t0 = time.perf_counter()
+            self.io.acquire()
+            self.service.note_wait(time.perf_counter() - t0)
+        else:
+            self.io.acquire()
+        self.io.release()
+
     def settle(self) -> None:
         """Wait for the I/O thread, then (once) re-read failures, count and cache; read errors raise."""
         with self._lock:
             if self._res is None and self._exc is None:
-                if self.io.locked():
-                    t0 = time.perf_counter()
-                    self.io.acquire()
-                    self.service.note_wait(time.perf_counter() - t0)
-                else:
-                    self.io.acquire()
-                self.io.release()
+                self._wait_io()
                 try:
                     if self.slots is not None:
                         self.service._lane_settle(self)
@@ -885,6 +888,26 @@ class PageService:
             if rd.gen == self._gen:
                 _index().lane_settle(rd.chunks, rd.slots, self._keys, self._vals, self._chunk_at, self._free,
                                      self._state)
+
+    def lane_finish(self, rd: IORead, rows: np.ndarray, out: np.ndarray, pairs: np.ndarray, half: np.ndarray) -> bool:
+        """Step 2 after reads were left (``rd`` from :meth:`lane_begin`): wait for them, then settle them and
+        decode ``rows`` as :meth:`lane_rows` does — one compiled call when the I/O thread read them all whole
+        and intact, else :meth:`IORead.settle` (re-reads; errors raise) and :meth:`lane_rows`."""
+        with rd._lock:
+            if rd._res is None and rd._exc is None and rd.queued:
+                rd._wait_io()
+                if rd.ok.all():
+                    with self._lock:
+                        if rd.gen == self._gen:
+                            for c in rd.chunks.tolist():
+                                self._inflight.pop(c, None)
+                            rd._res = rd.slots
+                            return _index().settle_rows(
+                                rd.chunks, rd.slots, self._keys, self._vals, self._chunk_at, self._free, self._state,
+                                self._kst, rows, self._rpc, self._slab, self._row_bytes, self._code, pairs, half, out,
+                                out.view(np.uint32)) == 0
+        rd.settle()
+        return self.lane_rows(rows, out, pairs, half)
 
     def lane_rows(self, rows: np.ndarray, out: np.ndarray, pairs: np.ndarray, half: np.ndarray) -> bool:
         """Step 2: decode ``rows`` (as given to :meth:`lane_begin`) out of the cache into ``out`` (float32

@@ -244,10 +244,12 @@ class PagedRows:
     def _lane_out(self, rows: torch.Tensor, host: np.ndarray, rd: Any) -> torch.Tensor | None:
         """Settle the lane's reads (errors raise), then decode the rows (``host``: their numpy view) out of the
         cache; None: the general path."""
-        if rd is not True:
-            rd.settle()
         out = np.empty((host.size, self.r), dtype=np.float32)
-        if not self.service.lane_rows(host, out, _PAIRS, _half_table()):
+        if rd is True:
+            done = self.service.lane_rows(host, out, _PAIRS, _half_table())
+        else:
+            done = self.service.lane_finish(rd, host, out, _PAIRS, _half_table())
+        if not done:
             return None
         return torch.from_numpy(out).view(*rows.shape, self.r)
 
