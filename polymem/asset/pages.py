@@ -804,8 +804,9 @@ class PageService:
         shape, -1 = invalid): one compiled call looks the rows' distinct chunks up in the cache and reserves
         slots for the missing ones, which are read straight into them — background=False: here, blocking;
         background=True: here what the OS page cache holds (RWF_NOWAIT), the rest by the I/O thread.
-        Returns True (every chunk is in the cache now), the :class:`IORead` to settle before
-        :meth:`lane_rows` (reads left, or failures to re-read), or None: this forward takes the general path
+        Returns True (every chunk is in the cache now: :meth:`lane_rows` decodes), the :class:`IORead` of the
+        reads left or failures to re-read (:meth:`lane_finish` settles and decodes), or None: this forward takes
+        the general path
         (:meth:`fetch_into`; e.g. reads of other consumers in flight, a shard not open yet, no room)."""
         kern = _kernel()
         if kern is None or not (self.lane and self.io_thread) or self._nslots == 0:
