@@ -67,7 +67,7 @@ def _cpu_tree() -> float:
     return total
 
 
-def one(mode: str, paths: list[str], partition_mb: float, max_n: int, share: str = "") -> dict[str, Any]:
+def one(mode: str, paths: list[str], partition_mb: float | None, max_n: int, share: str = "") -> dict[str, Any]:
     """Runs inside the child process."""
     import warnings
 
@@ -99,7 +99,7 @@ def one(mode: str, paths: list[str], partition_mb: float, max_n: int, share: str
         t0, c0 = time.perf_counter(), time.process_time()
         r = polymem.coverage(tok_t, tok_r, corpus, max_n=max_n, partition_mb=partition_mb)
         out.update(time_s=time.perf_counter() - t0, cpu_s_timed=time.process_time() - c0, docs=r.docs,
-                   bytes=r.bytes, partitions=len(corpus.partitions(partition_mb)), report=_numbers(r))
+                   bytes=r.bytes, partitions=len(corpus.partitions(partition_mb or 4.0)), report=_numbers(r))
     elif mode == "dask":
         import logging
 
@@ -200,7 +200,8 @@ def s3_pages(n_pages: int, threads: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("corpora", nargs="*", help="NAME=PATH[,PATH...]")
-    ap.add_argument("--partition-mb", type=float, default=4.0)
+    ap.add_argument("--partition-mb", type=float, default=None,
+                    help="MB of text per partition (default: polymem's, 4 in one process and 2 on Dask)")
     ap.add_argument("--max-n", type=int, default=7)
     ap.add_argument("--modes", default="tokenize,tokenize2,inline,dask")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of all modes, interleaved; each mode's median "
@@ -228,7 +229,8 @@ def main() -> None:
         rounds: dict[str, list[dict[str, Any]]] = {}
         for rnd in range(args.repeat):  # the modes interleaved, round after round (the VM's speed drifts)
             for mode in args.modes.split(","):
-                child = [sys.executable, __file__, "--one", mode, paths, "--partition-mb", str(args.partition_mb),
+                child = [sys.executable, __file__, "--one", mode, paths,
+                         *(["--partition-mb", str(args.partition_mb)] if args.partition_mb else []),
                          "--max-n", str(args.max_n)]
                 if mode == "tokenize2":  # two children at once, each with half of the documents
                     t0 = time.perf_counter()

@@ -48,8 +48,9 @@ def coverage_cmd(
                                          "worker processes (1 thread each); 1 = in this process.")] = 1,
     dask: Annotated[str | None, typer.Option("--dask", metavar="ADDRESS", help="Count on an existing Dask "
                                              "cluster, e.g. tcp://scheduler:8786.")] = None,
-    partition_mb: Annotated[float, typer.Option("--partition-mb", help="MB of text per partition (the unit of "
-                                                "work and of memory).")] = 4.0,
+    partition_mb: Annotated[float | None, typer.Option("--partition-mb", help="MB of text per partition (the "
+                                                       "unit of work and of memory; default 4 in one process, 2 "
+                                                       "on Dask).")] = None,
     scratch: Annotated[str | None, typer.Option("--scratch", metavar="DIR|URL", help="Where the occurrence pass "
                                                 "writes its key files (default: a temporary directory here; "
                                                 "a multi-machine cluster needs a shared path or s3:// URL).")]

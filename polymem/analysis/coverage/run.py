@@ -40,7 +40,10 @@ from polymem.tokenizers.base import pack_token_bytes
 from polymem.hash.spec import check_max_n as _check_max_n
 
 ProgressFn = Callable[[int, int], None]  # (documents done, UTF-8 bytes done), cumulative
-PARTITION_MB = 4.0  # default partition size: MB of UTF-8 text per task
+PARTITION_MB = 4.0  # default partition size in one process: MB of UTF-8 text per partition
+DASK_PARTITION_MB = 2.0  # ...and on Dask, where every worker holds its own partition: a worker's peak memory is
+# the tools (~210 MB) plus ~60 MB per MB of partition; 4 MB partitions gave workers ~1.4x the peak of the finer
+# partitions a small corpus is cut into (docs/benchmarks/scaleout.md, fourth pass)
 PARTS_PER_WORKER = 4  # on Dask, a corpus of files is cut finer when it would give fewer partitions than this...
 FINEST = 16  # ...per worker, but not below partition_mb / FINEST (0.25 MB by default)
 KEEP_MB = 128.0  # in one process, partitions' occurrence outputs stay in memory up to this many MB (then: files)
@@ -170,7 +173,7 @@ def coverage(
     occurrence: bool = True,
     workers: int = 1,
     client: Any = None,
-    partition_mb: float = PARTITION_MB,
+    partition_mb: float | None = None,
     scratch: str | None = None,
     storage_options: dict[str, Any] | None = None,
     spec: HashSpec | None = None,
@@ -185,7 +188,8 @@ def coverage(
     occurrence: also compute the corpus-level occurrence-weighted coverage.
     client: a ``distributed.Client``: count the partitions as tasks on its cluster. workers: without a
     client, N > 1 starts a local Dask cluster of N worker processes (1 thread each) for this call.
-    partition_mb: MB of text per partition (the unit of work and of memory). scratch: directory or fsspec URL
+    partition_mb: MB of text per partition (the unit of work and of memory; default PARTITION_MB = 4 in this
+    process, DASK_PARTITION_MB = 2 on Dask). scratch: directory or fsspec URL
     for the occurrence pass's key files (default: a temporary directory here; a cluster spanning machines
     needs a shared one, e.g. ``s3://bucket/tmp``), with fsspec ``storage_options``.
     progress: ``callback(docs_done, bytes_done)``, per document in this process, per partition on Dask.
@@ -196,6 +200,8 @@ def coverage(
     max_n = check_max_n(max_n)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise PolymemError(f"workers={workers!r} must be an integer ≥ 1 (Dask worker processes; 1 = this process)")
+    if partition_mb is None:
+        partition_mb = DASK_PARTITION_MB if (client is not None or workers > 1) else PARTITION_MB
     if isinstance(partition_mb, bool) or not isinstance(partition_mb, (int, float)) or not partition_mb > 0:
         raise PolymemError(f"partition_mb={partition_mb!r} must be a positive number of MB of text per partition "
                            f"(default {PARTITION_MB})")
