@@ -264,7 +264,7 @@ def read_rows(fds, off, out, rows, crc, flags, ok):  # pragma: no cover - compil
 
 @njit(cache=True, nogil=True)
 def lane_begin(rows, rpc, cps, stride, fdtab, keys, vals, chunk_at, stamp, tick, free, state, slab, mode, crc,
-               mch, mslot, mfd, moff, ok, mhit, kst):  # pragma: no cover - compiled
+               mch, mslot, mfd, moff, ok, mhit, kst, row_bytes, code, pairs, half, out, outw):  # pragma: no cover
     """The consumer's lane, step 1 (:meth:`PageService.lane_begin`): the distinct chunks of ``rows``
     (any shape, -1 = invalid) looked up in the cache (hits stamped), slots reserved for the missing
     ones (in mch / mslot, with their file and offset in mfd / moff) and, mode 0, read here
@@ -272,7 +272,9 @@ def lane_begin(rows, rpc, cps, stride, fdtab, keys, vals, chunk_at, stamp, tick,
     Chunks read whole and intact join the index; the others are moved to the front of the m* arrays.
     Returns how many are left, or -1 (not enough slots: state[4] = distinct misses, the hits' slots in
     mhit[:state[7]], nothing changed) or
-    -2 (shard state[6] is not open yet, nothing changed). state[4] / state[5]: distinct misses / read here."""
+    -2 (shard state[6] is not open yet, nothing changed). state[4] / state[5]: distinct misses / read here.
+    When none are left and ``out`` has a row per row, the rows are decoded into it too (:func:`rows_from_cache`;
+    state[8] = 1)."""
     nh = 0
     n = 0
     last = -1
@@ -303,6 +305,7 @@ def lane_begin(rows, rpc, cps, stride, fdtab, keys, vals, chunk_at, stamp, tick,
     state[4] = n
     state[5] = 0
     state[7] = nh
+    state[8] = 0
     if n > state[1] + chunk_at.shape[0] - state[0]:
         return -1
     for k in range(n):
@@ -331,9 +334,9 @@ def lane_begin(rows, rpc, cps, stride, fdtab, keys, vals, chunk_at, stamp, tick,
         sh = mch[k] // cps
         mfd[k] = fdtab[sh]
         moff[k] = (mch[k] - sh * cps) * stride
-    if n == 0 or mode == 2:
+    if mode == 2 and n:
         return n
-    good = read_rows(mfd[:n], moff[:n], slab, mslot[:n], crc, RWF_NOWAIT if mode == 1 else 0, ok[:n])
+    good = read_rows(mfd[:n], moff[:n], slab, mslot[:n], crc, RWF_NOWAIT if mode == 1 else 0, ok[:n]) if n else 0
     state[5] = good
     if good:
         kst[2] += good
@@ -355,5 +358,7 @@ def lane_begin(rows, rpc, cps, stride, fdtab, keys, vals, chunk_at, stamp, tick,
             left += 1
     if state[2] > state[3]:
         state[3] = state[2]
+    if left == 0 and out.shape[0] == rows.size:
+        state[8] = rows_from_cache(rows, rpc, keys, vals, slab, row_bytes, code, pairs, half, out, outw) == 0
     return left
 

@@ -60,6 +60,10 @@ NOWAIT_BACKOFF = 8  # forwards that skip the non-blocking attempt after one that
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 _NOWAIT_BY_DEVICE: dict[Any, bool] = {}  # st_dev -> does the file system honour RWF_NOWAIT (probed once)
 READING = -2  # PageService._chunk_at of a slot a read is landing in (not in the index yet, never evicted)
+DECODED = "decoded"  # PageService.lane_begin: every chunk in the cache and the rows decoded
+_NO_ROWS = np.empty((0, 1), dtype=np.float32)  # lane_begin without rows to decode
+_NO_PAIRS = np.zeros((256, 2), dtype=np.float32)
+_NO_HALF = np.zeros(1, dtype=np.float32)
 _TOP, _NFREE, _CACHED, _PEAK = range(4)  # PageService._state
 # PageService._kst: counters the compiled lane updates (folded into stats())
 _K_HITS, _K_MISSES, _K_READS, _K_NOWAIT, _K_CALLS, _K_BYTES, _K_LANE = range(7)
@@ -476,7 +480,7 @@ class PageService:
         self._chunk_at = np.full(n, -1, dtype=np.int64)  # chunk in each slot; -1 free, READING: a read lands there
         self._stamp = np.zeros(n, dtype=np.int64)
         self._free = np.empty(n, dtype=np.int64)  # a stack of free slots below top
-        self._state = np.zeros(8, dtype=np.int64)  # top (slots [0, top) used), free count, cached count, peak
+        self._state = np.zeros(16, dtype=np.int64)  # top (slots [0, top) used), free count, cached count, peak; the lane's
         self._tick = 0
         self._gen += 1  # reads that land in an older slab leave the new one alone
 
@@ -799,12 +803,14 @@ class PageService:
         return None
 
     # ---- the lane: a CPU consumer's forward in two compiled calls
-    def lane_begin(self, rows: np.ndarray, *, background: bool) -> "IORead | bool | None":
+    def lane_begin(self, rows: np.ndarray, *, background: bool, out: np.ndarray | None = None,
+                   pairs: np.ndarray | None = None, half: np.ndarray | None = None) -> Any:
         """Step 1 of a forward on the lane (local dense assets with the compiled reader; ``rows`` int64, any
         shape, -1 = invalid): one compiled call looks the rows' distinct chunks up in the cache and reserves
         slots for the missing ones, which are read straight into them — background=False: here, blocking;
         background=True: here what the OS page cache holds (RWF_NOWAIT), the rest by the I/O thread.
-        Returns True (every chunk is in the cache now: :meth:`lane_rows` decodes), the :class:`IORead` of the
+        Returns DECODED (every chunk is in the cache now and, ``out`` given, the rows are decoded into it as
+        :meth:`lane_rows` does), True (every chunk is in the cache now), the :class:`IORead` of the
         reads left or failures to re-read (:meth:`lane_finish` settles and decodes), or None: this forward takes
         the general path
         (:meth:`fetch_into`; e.g. reads of other consumers in flight, a shard not open yet, no room)."""
@@ -817,6 +823,8 @@ class PageService:
             size = max(M, 64)
             buf = self._lane_buf = (*(np.empty(size, dtype=np.int64) for _ in range(5)), np.zeros(size, dtype=bool))
         mch, mslot, mfd, moff, mhit, ok = buf
+        if out is None:
+            out, pairs, half = _NO_ROWS, _NO_PAIRS, _NO_HALF
         g = self.geom
         with self._lock:
             if self._inflight:
@@ -832,7 +840,8 @@ class PageService:
             self._tick += 1
             args = (rows, self._rpc, g.chunks_per_shard, g.stride, self.reader._fdtab, self._keys, self._vals,
                     self._chunk_at, self._stamp, self._tick, self._free, self._state, self._slab, mode, g.crc,
-                    mch, mslot, mfd, moff, ok, mhit, self._kst)
+                    mch, mslot, mfd, moff, ok, mhit, self._kst, self._row_bytes, self._code, pairs, half, out,
+                    out.view(np.uint32))
             n = kern[1](*args)
             opened = 0
             while n == -2 and opened < 64:  # open the shards it needs (a FormatError names a missing one)
@@ -851,7 +860,7 @@ class PageService:
             if mode == 1 and 2 * self._state[5] < self._state[4]:
                 self._nowait_skip = NOWAIT_BACKOFF  # most came from storage: see fetch_into
             if n == 0:
-                return True
+                return DECODED if self._state[8] else True
             rd = IORead(self, mch[:n].copy(), mslot[:n].copy())
             for i, c in enumerate(rd.chunks.tolist()):
                 self._inflight[c] = (rd, i)

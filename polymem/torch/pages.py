@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from polymem.asset.nf4 import NF4_LEVELS
+from polymem.asset.pages import DECODED
 
 _PAIRS = np.ascontiguousarray(np.stack([NF4_LEVELS[np.arange(256) & 0x0F], NF4_LEVELS[np.arange(256) >> 4]],
                                         axis=-1).astype(np.float32))  # byte -> (low-nibble level, high-nibble level)
@@ -241,10 +242,9 @@ class PagedRows:
     def _lane_ok(self, rows: torch.Tensor) -> bool:
         return rows.is_cpu and rows.dtype == torch.int64 and self.service.lane and USE_HOST_KERNELS
 
-    def _lane_out(self, rows: torch.Tensor, host: np.ndarray, rd: Any) -> torch.Tensor | None:
+    def _lane_out(self, rows: torch.Tensor, host: np.ndarray, rd: Any, out: np.ndarray) -> torch.Tensor | None:
         """Settle the lane's reads (errors raise), then decode the rows (``host``: their numpy view) out of the
-        cache; None: the general path."""
-        out = np.empty((host.size, self.r), dtype=np.float32)
+        cache into ``out``; None: the general path."""
         if rd is True:
             done = self.service.lane_rows(host, out, _PAIRS, _half_table())
         else:
@@ -259,12 +259,16 @@ class PagedRows:
         reads of the rest (returns without waiting for storage)."""
         if self._lane_ok(rows):
             host = rows.reshape(-1).numpy()  # (1-D: one compiled variant of the lane, whatever the shape)
+            out = np.empty((host.size, self.r), dtype=np.float32)
             try:
-                rd = self.service.lane_begin(host, background=True)
+                rd = self.service.lane_begin(host, background=True, out=out, pairs=_PAIRS, half=_half_table())
             except BaseException as e:  # surfaces in the forward's first site
                 rd = e
+            if rd is DECODED:  # every chunk was at hand: the rows are ready for the sites
+                self._ticket = (rows, torch.from_numpy(out).view(*rows.shape, self.r))
+                return
             if rd is not None:
-                self._ticket = (rows, ("lane", host, rd))
+                self._ticket = (rows, ("lane", host, rd, out))
                 return
         plan = self.plan(rows)
         stage = self._stage(plan.chunks.shape[0])
@@ -287,7 +291,7 @@ class PagedRows:
                 try:
                     if isinstance(t[1][2], BaseException):
                         raise t[1][2]
-                    out = self._lane_out(rows, t[1][1], t[1][2])
+                    out = self._lane_out(rows, t[1][1], t[1][2], t[1][3])
                 except BaseException:
                     self._ticket = None
                     raise
@@ -305,11 +309,14 @@ class PagedRows:
                     raise
         elif self._lane_ok(rows):
             host = rows.reshape(-1).numpy()  # (1-D: one compiled variant of the lane, whatever the shape)
-            rd = self.service.lane_begin(host, background=False)
+            dec = np.empty((host.size, self.r), dtype=np.float32)
+            rd = self.service.lane_begin(host, background=False, out=dec, pairs=_PAIRS, half=_half_table())
             event = None
-            if rd is not None:
+            if rd is DECODED:
+                out = torch.from_numpy(dec).view(*rows.shape, self.r)
+            elif rd is not None:
                 try:
-                    out = self._lane_out(rows, host, rd)
+                    out = self._lane_out(rows, host, rd, dec)
                 except BaseException:
                     self._ticket = None
                     raise
