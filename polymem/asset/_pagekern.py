@@ -362,3 +362,30 @@ def lane_begin(rows, rpc, cps, stride, fdtab, keys, vals, chunk_at, stamp, tick,
         state[8] = rows_from_cache(rows, rpc, keys, vals, slab, row_bytes, code, pairs, half, out, outw) == 0
     return left
 
+
+
+def warm_up() -> None:
+    """Compile (the first time after an install or an edit; later: load from numba's cache) every kernel of the
+    page service with the argument types the service passes, so that none compiles in the middle of a forward
+    (a compile takes ~0.5-2 s). Nothing is read: every row is invalid."""
+    i64 = np.int64
+    e = np.empty(1, i64)
+    keys, vals = np.full(8, -1, i64), np.zeros(8, i64)
+    chunk_at, stamp, free, state, kst = np.full(1, -1, i64), np.zeros(1, i64), np.zeros(1, i64), np.zeros(16, i64), np.zeros(7, i64)
+    slab = np.zeros((1, 8), np.uint8)
+    rows = np.full(1, -1, i64)
+    out = np.empty((1, 2), np.float32)
+    pairs, half = np.zeros((256, 2), np.float32), np.zeros(1, np.float32)
+    ok = np.zeros(1, np.bool_)
+    read_rows(np.full(1, -1, i64), np.zeros(1, i64), slab, np.zeros(1, i64), True, 0, ok)
+    lane_begin(rows, 1, 1, 1, np.full(1, -1, i64), keys, vals, chunk_at, stamp, 1, free, state, slab, 0, True,
+               e.copy(), e.copy(), e.copy(), e.copy(), ok, e.copy(), kst, 1, 0, pairs, half, out, out.view(np.uint32))
+    empty = np.empty(0, i64)
+    settle_rows(empty, empty, keys, vals, chunk_at, free, state, kst, rows, 1, slab, 1, 0, pairs, half, out,
+                out.view(np.uint32))
+    rows_from_cache(rows, 1, keys, vals, slab, 1, 0, pairs, half, out, out.view(np.uint32))
+    lane_settle(empty, empty, keys, vals, chunk_at, free, state)
+    lane_release(empty, chunk_at, free, state)
+    idx_get_many(keys, vals, empty, empty)
+    idx_put_many(keys, vals, empty, empty)
+    idx_del_many(keys, vals, empty)

@@ -92,9 +92,7 @@ def _kernel() -> Any:
         if not _ckern.link():
             raise RuntimeError("no C crc32c")
 
-        ok = np.zeros(1, dtype=bool)  # compile or load now, so that a missing symbol shows here
-        K.read_rows(np.full(1, -1, np.int64), np.zeros(1, np.int64), np.zeros((1, 8), np.uint8),
-                    np.zeros(1, np.int64), True, 0, ok)
+        K.warm_up()  # compile or load every kernel now: a missing symbol shows here, no compile mid-forward
         _KERNEL = (K.read_rows, K.lane_begin)
     except Exception:  # noqa: BLE001 - any missing piece: the Python loop does the same work
         _KERNEL = ()
