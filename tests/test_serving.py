@@ -451,7 +451,10 @@ def test_the_compiled_reader_and_lane_are_there_on_linux(assets):
     asset reader's)."""
     from polymem.asset import _shards
 
+    from polymem.asset import _pagekern
+
     assert pages_mod._kernel() is not None and _shards._kernels() is not None
+    assert _pagekern.READING == pages_mod.READING
     svc = PageService(assets["nf4"], cache_mb=1)
     assert svc.io_thread and svc.lane
     svc.close()

@@ -44,21 +44,25 @@ def plan_rows(rows, rpc):  # pragma: no cover - compiled
     return chunks[:n].copy(), slot, inner, valid, m == M
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _nf4_row(src, base, pairs, half, out, i):  # pragma: no cover - compiled
+    """out[i] = the NF4 row at src[base:]: r/2 code bytes (low nibble = even column), then a float16 scale."""
+    h = out.shape[1] // 2
+    scale = half[np.int64(src[base + h]) | (np.int64(src[base + h + 1]) << 8)]
+    for j in range(h):
+        b = src[base + j]
+        out[i, 2 * j] = pairs[b, 0] * scale
+        out[i, 2 * j + 1] = pairs[b, 1] * scale
+
+
 @njit(cache=True, nogil=True)
 def nf4_rows(stage, slot, inner, row_bytes, pairs, half, out):  # pragma: no cover - compiled
     """NF4 rows out of the stage (uint8 [n, chunk_bytes]): row i = chunk slot[i], row inner[i]; each row is r/2
     code bytes (low nibble = even column) then a float16 scale. out[i] = levels * scale in float32, the
     products of :func:`polymem.asset.nf4.dequantize`. pairs: float32 [256, 2] byte -> levels; half: float32
     [65536] float16 bits -> value."""
-    h = out.shape[1] // 2
     for i in range(slot.shape[0]):
-        s = slot[i]
-        base = inner[i] * row_bytes
-        scale = half[np.int64(stage[s, base + h]) | (np.int64(stage[s, base + h + 1]) << 8)]
-        for j in range(h):
-            b = stage[s, base + j]
-            out[i, 2 * j] = pairs[b, 0] * scale
-            out[i, 2 * j + 1] = pairs[b, 1] * scale
+        _nf4_row(stage[slot[i]], inner[i] * row_bytes, pairs, half, out, i)
 
 
 # ------------------------------------------------------------------ the page service's chunk index (chunk -> slot)
@@ -171,12 +175,7 @@ def rows_from_cache(rows, rpc, keys, vals, slab, row_bytes, code, pairs, half, o
         base = (row - c * rpc) * row_bytes
         src = slab[s]
         if code == 0:
-            h = r // 2
-            scale = half[np.int64(src[base + h]) | (np.int64(src[base + h + 1]) << 8)]
-            for j in range(h):
-                b = src[base + j]
-                out[i, 2 * j] = pairs[b, 0] * scale
-                out[i, 2 * j + 1] = pairs[b, 1] * scale
+            _nf4_row(src, base, pairs, half, out, i)
         elif code == 1:
             for j in range(r):
                 out[i, j] = half[np.int64(src[base + 2 * j]) | (np.int64(src[base + 2 * j + 1]) << 8)]
@@ -328,7 +327,7 @@ def lane_begin(rows, rpc, cps, stride, fdtab, keys, vals, chunk_at, stamp, tick,
         else:
             s = state[0]
             state[0] += 1
-        chunk_at[s] = -2  # READING
+        chunk_at[s] = READING
         stamp[s] = tick
         mslot[k] = s
         sh = mch[k] // cps
@@ -361,7 +360,6 @@ def lane_begin(rows, rpc, cps, stride, fdtab, keys, vals, chunk_at, stamp, tick,
     if left == 0 and out.shape[0] == rows.size:
         state[8] = rows_from_cache(rows, rpc, keys, vals, slab, row_bytes, code, pairs, half, out, outw) == 0
     return left
-
 
 
 def warm_up() -> None:

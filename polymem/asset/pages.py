@@ -59,7 +59,8 @@ READS_PER_TASK = 8  # background reads of one forward are split into tasks of at
 NOWAIT_BACKOFF = 8  # forwards that skip the non-blocking attempt after one that found less than half
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 _NOWAIT_BY_DEVICE: dict[Any, bool] = {}  # st_dev -> does the file system honour RWF_NOWAIT (probed once)
-READING = -2  # PageService._chunk_at of a slot a read is landing in (not in the index yet, never evicted)
+READING = -2  # PageService._chunk_at of a slot a read is landing in (not in the index yet, never evicted);
+# the same value as _pagekern.READING (that module loads numba, so it is not imported here; a test checks)
 DECODED = "decoded"  # PageService.lane_begin: every chunk in the cache and the rows decoded
 _NO_ROWS = np.empty((0, 1), dtype=np.float32)  # lane_begin without rows to decode
 _NO_PAIRS = np.zeros((256, 2), dtype=np.float32)

@@ -18,8 +18,9 @@ With prefetch, :meth:`PagedRows.start` (called from the model's forward pre-hook
 site) waits only for reads not finished yet, then decodes, and every later site of that forward reuses the
 result. Without prefetch the reads happen inside the first site's gather, in the calling thread.
 On the CPU with a local asset, steps 1-3 run as the service's *lane* instead: one compiled call in
-:meth:`PagedRows.start` (lookup, slots reserved, reads straight into the cache) and one in
-:meth:`PagedRows.gather` (rows decoded out of the cache) — same values, far fewer calls inside the forward.
+:meth:`PagedRows.start` (lookup, slots reserved, reads straight into the cache, and the rows decoded when
+nothing is left to read) and, when reads were left, one in :meth:`PagedRows.gather` (settled, decoded out of the
+cache) — same values, far fewer calls inside the forward.
 Not here: the cache and reads (:mod:`polymem.asset.pages`), the site maths (:mod:`.site`).
 """
 
