@@ -583,8 +583,9 @@ _key_values = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2**63,
        bits=st.sampled_from([1, 4, 10]), dup=st.integers(1, 3))
 def test_bucket_kernels_equal_python_sets(ref: list[int], pend: list[tuple[int, int, int]], bits: int,
                                           dup: int) -> None:
-    """bucket_unique == set(), bucket_unique_resolve == membership in it, resolve_range (the reduce) == both, for keys
-    that include 0 (stored as ZERO_KEY, as the per-document tables store it) and ZERO_KEY itself."""
+    """bucket_unique == set(); bucket_group_into groups keys and entries by bucket, losing and adding nothing;
+    resolve_range (the reduce) over two "partitions" == membership in the set, for keys that include 0 (stored
+    as ZERO_KEY, as the per-document tables store it) and ZERO_KEY itself."""
     from polymem.analysis.coverage import _sets
 
     stored = lambda k: k if k else GOLDEN  # noqa: E731 - _sets.ZERO_KEY
@@ -597,31 +598,32 @@ def test_bucket_kernels_equal_python_sets(ref: list[int], pend: list[tuple[int, 
     ph = np.array([h for h, _, _ in pend], dtype=np.uint64)
     pn = np.array([n for _, n, _ in pend], dtype=np.int8)
     pc = np.array([c for _, _, c in pend], dtype=np.int64)
-    found = np.zeros(7, dtype=np.int64)
-    uniq2, off2, rh, rn, rc, roff = _sets.bucket_unique_resolve(keys, keys.shape[0], ph, pn, pc, ph.shape[0], bits,
-                                                                found)
-    assert sorted(uniq2.tolist()) == sorted(uniq.tolist()) and off2.tolist() == off.tolist()
+    # scratch larger than needed and dirty, as when it is reused across partitions
+    grouped = np.full(keys.shape[0] + 5, 7, dtype=np.uint64)
+    gh, gn, gc = (np.full(ph.shape[0] + 3, 7, dtype=dt) for dt in (np.uint64, np.int8, np.int64))
+    goff, gpoff = _sets.bucket_group_into(keys, keys.shape[0], ph, pn, pc, ph.shape[0], bits, grouped, gh, gn, gc)
+    assert goff[-1] == keys.shape[0] and gpoff[-1] == ph.shape[0]
+    assert sorted(grouped[:keys.shape[0]].tolist()) == sorted(stored(k) for k in ref * dup)
+    assert sorted(zip(gh[:ph.shape[0]].tolist(), gn[:ph.shape[0]].tolist(), gc[:ph.shape[0]].tolist())) == sorted(
+        (stored(h), n, c) for h, n, c in pend)
     for b in range(1 << bits):
-        assert all(int(k) >> (64 - bits) == b for k in rh[roff[b]:roff[b + 1]])
+        assert all(int(k) >> (64 - bits) == b for k in grouped[goff[b]:goff[b + 1]])
+        assert all(int(k) >> (64 - bits) == b for k in gh[gpoff[b]:gpoff[b + 1]])
     refset = {stored(k) for k in ref}
     want = np.zeros(7, dtype=np.int64)
     for h, n, c in pend:
         if stored(h) in refset:
             want[n] += c
-    assert found.tolist() == want.tolist()
-    assert sorted(zip(rh.tolist(), rn.tolist(), rc.tolist())) == sorted(
-        (stored(h), n, c) for h, n, c in pend if stored(h) not in refset)
-    # the reduce over two "partitions" (the keys split in halves) finds what one set finds
-    half = len(ref) // 2
-    parts = [_sets.bucket_unique(np.array(x, dtype=np.uint64), len(x), bits) for x in (ref[:half], ref[half:])]
-    allp = np.array([stored(h) for h, _, _ in pend], dtype=np.uint64)
-    po = _sets._bucket_counts(allp, allp.shape[0], bits)
-    order = np.argsort(allp >> np.uint64(64 - bits), kind="stable")
+    # the reduce over two "partitions" (the keys split in halves, grouped but not deduplicated; all the
+    # pending entries in the first) finds what one set finds
+    half = keys.shape[0] // 2
+    parts = [_sets._group_keys(x, x.shape[0], bits) for x in (keys[:half], keys[half:])]
     hits = np.zeros(7, dtype=np.int64)
     cat = np.concatenate([parts[0][0], parts[1][0]])
     ref_off = np.stack([parts[0][1], parts[1][1] + parts[0][0].shape[0]])
-    empty_off = np.full_like(po, allp.shape[0])  # the second partition has no pending entries
-    _sets.resolve_range(cat, ref_off, allp[order], pn[order], pc[order], np.stack([po, empty_off]), hits)
+    n_p = ph.shape[0]
+    empty_off = np.full_like(gpoff, n_p)  # the second partition has no pending entries
+    _sets.resolve_range(cat, ref_off, gh[:n_p], gn[:n_p], gc[:n_p], np.stack([gpoff, empty_off]), bits, hits)
     assert hits.tolist() == want.tolist()
 
 

@@ -7,7 +7,7 @@ Two implementations with one interface (`add`, then `finish_one`):
   uses Engram's token-id mix. Memory: per-document scratch (O(largest document × max_n)), plus, for the
   occurrence-weighted metric, flat buffers of each document's distinct reference n-gram hashes and of the
   target n-grams that their own document's reference did not contain (17 bytes each); both are grouped by key
-  bucket and deduplicated / resolved at the end (`HashCounter.occurrence_output`). On the partitioned path a
+  bucket at the end (`HashCounter.occurrence_output`) and settled by the reduce of the occurrence pass. On the partitioned path a
   counter sees one partition, so this is bounded by the partition (:mod:`polymem.analysis.coverage.dist`).
 * `ExactCounter` — the readable reference. N-grams are byte strings (and id tuples for XOR) in Python sets.
   Slow; used by ``--exact-bytes`` and by the tests to check the hash path.
@@ -147,12 +147,13 @@ BUCKET_BITS = 10  # key buckets of the occurrence pass (the top bits of a stored
 
 @dataclass
 class OccurrenceOutput:
-    """What a counter hands to the corpus-wide occurrence pass: its distinct reference keys and its unresolved
-    target entries, both grouped by key bucket (offsets int64 [2^BUCKET_BITS + 1])."""
+    """What a counter hands to the corpus-wide occurrence pass: each document's distinct reference keys and its
+    target entries that its own reference did not hold, both grouped by key bucket (offsets int64
+    [2^BUCKET_BITS + 1]); a key may repeat across documents (the reduce's table deduplicates)."""
 
-    ref: np.ndarray  # uint64 distinct stored reference keys
+    ref: np.ndarray  # uint64 stored reference keys (distinct per document)
     ref_off: np.ndarray
-    pend_h: np.ndarray  # uint64 stored keys of target n-grams that no reference of this counter had
+    pend_h: np.ndarray  # uint64 stored keys of target n-grams that their own document's reference did not hold
     pend_n: np.ndarray  # int8 their order - 1
     pend_c: np.ndarray  # int64 their number of positions
     pend_off: np.ndarray
@@ -172,8 +173,8 @@ class HashCounter:
 
     For the occurrence-weighted metric each document's distinct reference keys and unresolved target entries
     are appended to flat buffers (no per-document copies or set inserts); :meth:`occurrence_output` groups them
-    by key bucket, deduplicates the keys and resolves the entries against them, bucket by bucket in small
-    tables. The buffers hold at most the counter's documents' n-grams (a partition's, on the partitioned
+    by key bucket for the reduce (:func:`_sets.resolve_range`), which deduplicates the keys and looks the
+    entries up, bucket by bucket in small tables. The buffers hold at most the counter's documents' n-grams (a partition's, on the partitioned
     path); beyond ``compact_keys`` buffered reference keys they are deduplicated in place."""
 
     def __init__(self, target: TokenHashes, reference: TokenHashes, max_n: int, *, occurrence: bool = True,
@@ -299,16 +300,16 @@ class HashCounter:
         t.add_doc(uniq, hits, xuniq, xhits)
 
     def occurrence_output(self, views: bool = False) -> OccurrenceOutput:
-        """Group the buffered keys by bucket, deduplicate the reference keys, count the pending target entries
-        that they hold (into ``tally.pos_hits``) and hand back the rest; the buffers are emptied. What a
-        corpus partition gives the bucketed occurrence pass (:mod:`polymem.analysis.coverage.dist`).
+        """Group the buffered reference keys and pending target entries by bucket and hand them back; the
+        buffers are emptied. What a corpus partition gives the bucketed occurrence pass
+        (:mod:`polymem.analysis.coverage.dist`), whose reduce deduplicates the keys and looks the entries up.
 
         The grouping runs in scratch reused across partitions in this process. views: hand back views of that
         scratch (call ``release()`` on the output when done with it) instead of copies."""
-        found = np.zeros(self.max_n, dtype=np.int64)
         g = _take_group_scratch(self._nref, self._npend)
-        w, ref_off, wp, pend_off = _kernels.bucket_unique_resolve_into(
-            self._ref, self._nref, self._ph, self._pn, self._pc, self._npend, BUCKET_BITS, found, *g)
+        ref_off, pend_off = _kernels.bucket_group_into(
+            self._ref, self._nref, self._ph, self._pn, self._pc, self._npend, BUCKET_BITS, *g)
+        w, wp = self._nref, self._npend
         grouped, gh, gn, gc = g
         out = OccurrenceOutput(grouped[:w], ref_off, gh[:wp], gn[:wp], gc[:wp], pend_off, scratch=g)
         if not views:
@@ -321,14 +322,16 @@ class HashCounter:
                 _SPARE.append((self._ref, self._ph, self._pn, self._pc))
         self._ref, self._ph, self._pn, self._pc = _NO_BUFFERS
         self._nref = self._npend = 0
-        self.tally.pos_hits += found
         return out
 
     def finish_one(self) -> Tally:
         """The tally of everything added, the occurrence-weighted hits settled against this counter's own
         reference keys (the whole corpus, when one counter saw it all)."""
         if self.occurrence:
-            self.occurrence_output()
+            occ = self.occurrence_output(views=True)
+            _kernels.resolve_range(occ.ref, occ.ref_off[None, :], occ.pend_h, occ.pend_n, occ.pend_c,
+                                   occ.pend_off[None, :], BUCKET_BITS, self.tally.pos_hits)
+            occ.release()
         return self.tally
 
 

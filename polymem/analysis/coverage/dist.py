@@ -5,19 +5,18 @@ occurrence-weighted metric by key bucket (shuffle + reduce). Runs in this proces
 
 * **map** (:func:`count_partition`, one task per corpus partition): documents are counted one at a time
   (per-document metrics need nothing else). For the occurrence-weighted metric each document's distinct
-  reference n-gram keys, and the target n-grams that their own document's reference did not contain, are
-  appended to flat buffers; at the end of the partition both are grouped by **key bucket** (the top
-  ``BUCKET_BITS`` bits of the 64-bit byte hash), the reference keys deduplicated and the target entries looked
-  up in them bucket by bucket (small cache-sized tables, :func:`~polymem.analysis.coverage._sets.bucket_unique`),
-  and what is still unresolved is kept as (key, order, count). Both lists are written to the scratch directory
-  (``.npy`` files, fsspec URL), with each bucket's offsets. A task holds one partition's keys, never the
-  corpus's.
+  reference n-gram keys, and the target n-grams that their own document's reference did not contain (key,
+  order, count), are appended to flat buffers; at the end of the partition both are grouped by **key bucket**
+  (the top ``BUCKET_BITS`` bits of the 64-bit byte hash; a counting sort,
+  :func:`~polymem.analysis.coverage._sets.bucket_group_into`) and written to the scratch directory (``.npy``
+  files, fsspec URL), with each bucket's offsets. Nothing is deduplicated across documents here: the reduce's
+  table does that once. A task holds one partition's keys, never the corpus's.
 * **reduce** (:func:`resolve_buckets`, one task per contiguous range of buckets): reads its buckets' slices of
   every partition's files (range reads); then, bucket by bucket, puts the reference keys of every partition
   in one small table and looks up the unresolved target entries of the same bucket, summing the counts found
   per order (:func:`~polymem.analysis.coverage._sets.resolve_range`). A key lives in exactly one bucket,
   so the union over tasks is exact: a position is a hit iff its n-gram is anywhere in the corpus's reference
-  stream, as in the single-set computation. Each task holds ~1/R of the corpus's distinct reference keys.
+  stream, as in the single-set computation. Each task holds ~1/R of the per-document reference keys.
 
 Tasks are pure functions of their arguments (files are written under a temporary name and renamed), so a task
 lost with a killed worker is simply run again by Dask; the result does not change.
@@ -168,6 +167,7 @@ def release() -> None:
 
     _TOOLS.clear()
     release_buffers()
+    release_reduce_buffers()
     OpenStreams.close()
 
 
@@ -177,6 +177,7 @@ def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None, keep:
     ``on_doc(nbytes)`` is called after each document (in-process progress). keep: hand back the occurrence
     output in the summary (``"occ"``) instead of writing it to the scratch directory (the in-process executor,
     within its memory budget)."""
+    release_reduce_buffers()  # a worker's reduce buffers of an earlier run are not needed by a map task
     with small_pages():
         return _count_partition(plan, index, part, on_doc, keep)
 
@@ -321,9 +322,9 @@ def _resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
     hits = np.zeros(plan.max_n, dtype=np.int64)
     if npd == 0:
         return hits
-    # every slice read (or copied) straight into its place: no per-partition pieces to concatenate afterwards
-    ref = np.empty(nr, dtype=np.uint64)
-    ph, pn, pc = np.empty(npd, dtype=np.uint64), np.empty(npd, dtype=np.int8), np.empty(npd, dtype=np.int64)
+    # every slice read (or copied) straight into its place: no per-partition pieces to concatenate afterwards;
+    # into buffers this process's next reduce task reuses (fresh memory costs more than the copies)
+    ref, ph, pn, pc = _reduce_buffers(nr, npd)
     for p, occ, r0, r1, q0, q1, at_r, at_q in srcs:
         if occ is not None:
             ref[at_r:at_r + r1 - r0] = occ.ref[r0:r1]
@@ -333,8 +334,31 @@ def _resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
             _read_slice_into(fs, f"{root}/p{p:07d}.ref.npy", r0, ref[at_r:at_r + r1 - r0])
             for name, out in zip(_FILES[1:], (ph, pn, pc)):
                 _read_slice_into(fs, f"{root}/p{p:07d}.{name}.npy", q0, out[at_q:at_q + q1 - q0])
-    _kernels.resolve_range(ref, np.stack(ref_off), ph, pn, pc, np.stack(pend_off), hits)
+    _kernels.resolve_range(ref, np.stack(ref_off), ph, pn, pc, np.stack(pend_off), BUCKET_BITS, hits)
     return hits
+
+
+_REDUCE_SPARE: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+
+def _reduce_buffers(nr: int, npd: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(ref uint64 [nr], ph uint64 [npd], pn int8 [npd], pc int64 [npd]): views of buffers kept for the next
+    reduce task in this process (grown when too small). The first touch of fresh memory is what costs here: a
+    new array per task page-faulted ~8 bytes per key of the corpus again (docs/benchmarks/scaleout.md)."""
+    got = _REDUCE_SPARE.pop() if _REDUCE_SPARE else None
+    if got is None or got[0].shape[0] < nr or got[1].shape[0] < npd:
+        got = None  # drop the old ones before allocating bigger ones
+        r = max(nr, int(nr * 1.25))
+        q = max(npd, int(npd * 1.25))
+        got = (np.empty(r, dtype=np.uint64), np.empty(q, dtype=np.uint64), np.empty(q, dtype=np.int8),
+               np.empty(q, dtype=np.int64))
+    _REDUCE_SPARE.append(got)
+    return got[0][:nr], got[1][:npd], got[2][:npd], got[3][:npd]
+
+
+def release_reduce_buffers() -> None:
+    """Drop the reduce's buffers kept for the next task in this process."""
+    _REDUCE_SPARE.clear()
 
 
 def bucket_ranges(total_keys: int, minimum: int = 1) -> list[tuple[int, int]]:

@@ -48,7 +48,7 @@ PARTS_PER_WORKER = 4  # on Dask, a corpus of files is cut finer when it would gi
 FINEST = 16  # ...per worker, but not below partition_mb / FINEST (0.25 MB by default)
 KEEP_MB = 128.0  # in one process, partitions' occurrence outputs stay in memory up to this many MB (then: files)
 RAM_SCRATCH = "/dev/shm"  # the default scratch goes here (a RAM-backed tmpfs) when the key files fit well...
-SCRATCH_PER_TEXT_BYTE = 16  # ...estimated at this many bytes of key files per byte of text (measured: 12-15)
+SCRATCH_PER_TEXT_BYTE = 18  # ...estimated at this many bytes of key files per byte of text (kerneldocs: 18)
 
 
 def check_max_n(max_n: Any) -> int:
