@@ -441,20 +441,22 @@ def test_counters_directly_from_token_ids() -> None:
 @settings(max_examples=80, deadline=None)
 @given(docs=st.lists(st.tuples(st.lists(st.integers(0, 6), max_size=70), st.lists(st.integers(0, 8), max_size=70)),
                      min_size=1, max_size=3),
-       n=st.integers(1, 6))
+       n=st.integers(1, 6), as_lists=st.booleans())
 def test_hash_counter_equals_exact_counter_on_ids_with_resegmentations(docs: list[tuple[list[int], list[int]]],
-                                                                       n: int) -> None:
+                                                                       n: int, as_lists: bool) -> None:
     """Ids given directly, with vocabularies where several id n-grams spell the same bytes (a·b = ab, aba =
     ab·a = a·ba, and two ids for b"b"), special tokens (None) and reference ids beyond the target's vocabulary:
-    every count agrees with the readable counter, the XOR baseline's distinct id n-grams and hits included."""
+    every count agrees with the readable counter, the XOR baseline's distinct id n-grams and hits included.
+    Both paths of HashCounter.add: int64 arrays (the fused kernel, doc_scan_ids) and lists (hash rows, then
+    doc_scan)."""
     tb: list[bytes | None] = [b"a", b"b", b"ab", b"ba", b"aba", None, b"b"]
     rb: list[bytes | None] = [b"a", b"b", b"ab", None, b"bab", b"ba", b"aba", b"aa", b"b"]
     ct = polymem.TokenHashes.from_token_bytes(tb, name="t", fingerprint="t")
     cr = polymem.TokenHashes.from_token_bytes(rb, name="r", fingerprint="r")
     h, e = HashCounter(ct, cr, n), ExactCounter(tb, rb, n)
     for t_ids, r_ids in docs:
-        for c in (h, e):
-            c.add(np.array(t_ids, dtype=np.int64), np.array(r_ids, dtype=np.int64))
+        h.add(*((t_ids, r_ids) if as_lists else (np.array(t_ids, dtype=np.int64), np.array(r_ids, dtype=np.int64))))
+        e.add(np.array(t_ids, dtype=np.int64), np.array(r_ids, dtype=np.int64))
     th, te = h.finish_one(), e.finish_one()
     for name in ("uniq", "hits", "positions", "pos_hits", "xor_uniq", "xor_hits", "docs_with", "xor_docs_with",
                  "share", "share_by_ref", "xor_share"):
@@ -709,3 +711,68 @@ def test_kernels_into_reused_scratch_equal_the_fresh_ones(ids: list[int], n: int
     x = np.full((len(ids) + 3, n), 9, dtype=np.uint64)
     _sets.xor_keys_into(arr, want_v, mults, x[:len(ids)])
     assert np.array_equal(x[:len(ids)], xor_keys(arr, want_v, xor_multipliers(n)))
+
+
+def _compare_by_definition(stream: bytes, text: bytes) -> tuple[int, int]:
+    """compare_token_bytes' contract: 0 exact, 1 == b" " + text, else 2 and the first differing byte of the
+    stream against the text (against b" " + text when the stream is one byte longer), or the shorter length."""
+    shift = 1 if len(stream) == len(text) + 1 else 0
+    want = b" " * shift + text
+    if stream == want:
+        return shift, 0
+    return 2, next((i for i, (a, b) in enumerate(zip(stream, want)) if a != b), min(len(stream), len(want)))
+
+
+_FID_VOCAB = [b"", b" ", b"a", b"bc", " é".encode(), "漢字".encode(), b"0123456789abcdefXYZ", b"  x", b"12345678",
+              b"\x00", "😀".encode()[:2], "😀".encode()[2:]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=st.lists(st.integers(0, len(_FID_VOCAB) - 1), max_size=40),
+       edit=st.sampled_from(["none", "prefix", "drop-first", "flip", "append", "truncate", "other"]),
+       where=st.integers(0, 10_000), other=st.binary(max_size=30), dummy=st.booleans())
+def test_byte_fidelity_compares_equal_the_definition(ids: list[int], edit: str, where: int, other: bytes,
+                                                     dummy: bool) -> None:
+    """compare_token_bytes and the 8-bytes-at-a-time compare_token_words (either shift guess) answer exactly the
+    definition: empty documents and tokens, a dummy prefix, multi-byte UTF-8 and tokens longer than a word, and
+    a mismatch at any offset (a flipped byte, a missing or extra byte at either end, unrelated text)."""
+    from polymem.analysis.coverage import _sets
+    from polymem.tokenizers.base import pack_token_bytes
+
+    stream = b"".join(_FID_VOCAB[i] for i in ids)
+    text = {"none": stream, "prefix": stream[1:] if stream[:1] == b" " else stream, "drop-first": stream[1:],
+            "append": stream + b"!", "truncate": stream[:-1], "other": other}.get(edit, stream)
+    if edit == "flip" and stream:
+        k = where % len(stream)
+        text = stream[:k] + bytes([stream[k] ^ 0x40]) + stream[k + 1:]
+    want = _compare_by_definition(stream, text)
+    buf, offsets = pack_token_bytes(_FID_VOCAB)
+    arr = np.array(ids, dtype=np.int64)
+    assert tuple(_sets.compare_token_bytes(arr, buf, offsets, np.frombuffer(text, np.uint8))) == want
+    padded_buf = np.concatenate([buf, np.full(_sets.PAD, 0x20, np.uint8)])  # padding bytes of any value
+    padded = np.frombuffer(text + b" " * _sets.PAD, np.uint8)
+    assert tuple(_sets.compare_token_words(arr, padded_buf, offsets, padded, len(text), int(dummy))) == want
+
+
+def test_fused_kernel_hands_the_occurrence_pass_the_same_keys(mistral_v1: Tokenizer, cl100k: Tokenizer,
+                                                              real_docs: list[str]) -> None:
+    """HashCounter.add from a tokenizer's own ids (doc_scan_ids, built from the ids) and through the hash rows
+    (doc_scan) give the same tally and the same occurrence output: distinct reference keys, and pending target
+    entries (key, order, count), as sets (the order they are written in may differ)."""
+    from polymem.analysis.coverage.run import _hashes
+
+    spec = polymem.HashSpec()
+    tc, rc = _hashes(mistral_v1, spec), _hashes(cl100k, spec)
+    fused, rows = HashCounter(tc, rc, 7), HashCounter(tc, rc, 7)
+    for text in real_docs[:40] + ["", "x"]:
+        ti, ri = mistral_v1.encode(text), cl100k.encode(text)
+        assert ti.dtype == np.int64 and ri.dtype == np.int64  # the fused path's input
+        fused.add(ti, ri)
+        rows._add_rows(ti, ri)
+    a, b = fused.occurrence_output(), rows.occurrence_output()
+    assert a.ref.shape[0] > 1000 and a.pend_h.shape[0] > 1000
+    assert np.array_equal(np.sort(a.ref), np.sort(b.ref))
+    assert sorted(zip(a.pend_h.tolist(), a.pend_n.tolist(), a.pend_c.tolist())) == \
+        sorted(zip(b.pend_h.tolist(), b.pend_n.tolist(), b.pend_c.tolist()))
+    for name in ("uniq", "hits", "positions", "pos_hits", "xor_uniq", "xor_hits", "share", "xor_share"):
+        assert getattr(fused.tally, name).tolist() == getattr(rows.tally, name).tolist(), name

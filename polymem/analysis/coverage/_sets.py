@@ -13,7 +13,9 @@ np.uint64 constants (mixing uint64 and int64 in numba gives float64).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from polymem.hash._numba import _GOLDEN, _U0, _U1, _fmix64  # one fmix64 for the whole package
 
@@ -285,6 +287,191 @@ def doc_scan(
     return n_ref, n_pend
 
 
+@njit(cache=True)
+def doc_scan_ids(
+    tids, rids,  # the document's ids: target int64 [Tt], reference int64 [Tr] (in range of their vocabularies)
+    tC, tP, tspecial,  # the target's token hashes (its n-grams; and the reference's ids read as target ids)
+    rC, rP, rspecial,  # the reference's token hashes
+    mults,  # uint64 [>= N]: the XOR multipliers
+    rt,  # scratch uint64 [pow2 >= 1.5*Tr*N]: the reference set, entries (key & ~31) | (smallest order - 1)
+    tk, tv, tf,  # scratch uint64 [>= pow2(1.5*Tt)]: one target order's set: keys; count << 16 | found << 8 |
+    #              XOR hit; the XOR key of the first id n-gram with these bytes
+    tlist,  # scratch int64 [same]: slots of the distinct target entries, in insertion order
+    vt,  # scratch uint64 [same, 2]: XOR keys of further id n-grams with the same bytes (rare), hit flag
+    pos,  # scratch uint64 [>= max(Tt, Tr), 4]: per position, the current order's byte hash and XOR accumulator,
+    #       and the token's C and P (rows; see below)
+    run_t, run_r,  # scratch int64 [>= Tt], [>= Tr]: non-special tokens ending at each position
+    alive, racc, rh, rm,  # scratch bool / uint64 [>= Tr]: the XOR lookups of the reference, by position
+    record,  # True: emit distinct reference keys and the not-found target (key, order, count) for the corpus pass
+    uniq, hits, positions, pos_hits, xuniq, xhits,  # out (+=): int64 [N], [N, N], [N], [N], [N], [N]
+    ref_out, pend_h, pend_n, pend_c,  # out buffers: uint64 [>= Tr*N]; uint64/int8/int64 [>= Tt*N]
+):  # pragma: no cover - compiled
+    """:func:`doc_scan` from the ids, the same counts and outputs: the n-gram hashes, their validity and the XOR
+    keys are not materialised as [T, N] arrays but built one order at a time in place (the n-gram of order
+    n+1 ending at i is the one of order n ending at i-1 extended by token i: h = h' * P[t] + C[t]; valid while
+    the run of non-special tokens ending at i is longer than n), while each order's set is filled. The
+    reference's orders go in ascending order, so a key's first insertion is its smallest order. The target's
+    set is split into arrays (keys; counts and flags; XOR keys) so that a probe reads only keys."""
+    N = mults.shape[0]
+    Tr = rids.shape[0]
+    Tt = tids.shape[0]
+    # ---- the reference set, order by order
+    rt[:] = 0
+    rmask = np.uint64(rt.shape[0] - 1)
+    rshift = np.uint64(64 - _log2(rt.shape[0]))
+    n_ref = 0
+    r = 0
+    for i in range(Tr):
+        t = rids[i]
+        r = 0 if rspecial[t] else r + 1
+        run_r[i] = r
+        pos[i, 2] = rC[t]
+        pos[i, 3] = rP[t]
+    for m in range(N):
+        carry = _U0
+        if m > 0 and m <= Tr:
+            carry = pos[m - 1, 0]
+        for i in range(m, Tr):
+            if m == 0:
+                h = pos[i, 2]
+            else:
+                h = carry * pos[i, 3] + pos[i, 2]
+                carry = pos[i, 0]
+            pos[i, 0] = h
+            if run_r[i] <= m:
+                continue
+            hi = _key(h & _HIGH)
+            s = _probe_high(rt, hi, rmask, rshift)
+            if rt[s] == _U0:
+                rt[s] = hi | np.uint64(m)
+                if record:
+                    ref_out[n_ref] = h
+                    n_ref += 1
+    # ---- the target, one order at a time
+    n_pend = 0
+    V = tC.shape[0]
+    cap_t = _pow2(3 * Tt // 2 + 1)
+    tmask = np.uint64(cap_t - 1)
+    tshift = np.uint64(64 - _log2(cap_t))
+    r = 0
+    for i in range(Tt):
+        t = tids[i]
+        r = 0 if tspecial[t] else r + 1
+        run_t[i] = r
+        pos[i, 1] = _U0
+        pos[i, 2] = tC[t]
+        pos[i, 3] = tP[t]
+    n_var = 1  # clear vt before the first order
+    for n in range(N):
+        tk[:cap_t] = 0
+        if n_var:
+            vt[:cap_t, 0] = 0
+            n_var = 0
+        n_list = 0
+        npos = 0
+        nposhit = 0
+        gold = np.uint64(n + 1) * _GOLDEN
+        mn = mults[n]
+        carry = _U0
+        if n > 0 and n <= Tt:
+            carry = pos[n - 1, 0]
+        for i in range(n, Tt):
+            if n == 0:
+                h = pos[i, 2]
+            else:
+                h = carry * pos[i, 3] + pos[i, 2]
+                carry = pos[i, 0]
+            pos[i, 0] = h
+            xa = pos[i, 1] ^ (np.uint64(tids[i - n]) * mn)
+            pos[i, 1] = xa
+            if run_t[i] <= n:
+                continue
+            x = xa + gold
+            h = _key(h)
+            npos += 1
+            s = h >> tshift
+            while tk[s] != _U0 and tk[s] != h:
+                s = (s + _U1) & tmask
+            if tk[s] == _U0:
+                # a new unique target n-gram: look it up among the reference's n-grams of every order
+                hi = _key(h & _HIGH)
+                q = _probe_high(rt, hi, rmask, rshift)
+                f = np.int64(rt[q] & _LOW) + 1 if rt[q] != _U0 else 0
+                tk[s] = h
+                tv[s] = (_U1 << np.uint64(16)) | (np.uint64(f) << np.uint64(8))
+                tf[s] = x
+                if f:
+                    hits[n, f - 1] += 1
+                    nposhit += 1
+                tlist[n_list] = s
+                n_list += 1
+            else:
+                tv[s] += _U1 << np.uint64(16)
+                if (tv[s] >> np.uint64(8)) & np.uint64(0xFF):
+                    nposhit += 1
+                if tf[s] != x:  # the same bytes from other ids: a distinct id n-gram (if new)
+                    x = _key(x)
+                    v = _probe(vt, x, tmask)
+                    if vt[v, 0] == _U0:
+                        vt[v, 0] = x
+                        vt[v, 1] = _U0
+                        n_var += 1
+        uniq[n] += n_list
+        positions[n] += npos
+        pos_hits[n] += nposhit
+        xuniq[n] += n_list + n_var
+        # the reference's id n-grams of order n whose (n-1)-suffix matched
+        for j in range(n, Tr):
+            if n > 0 and not alive[j]:
+                continue
+            t = rids[j - n]
+            if run_r[j] <= n or t >= V or tspecial[t]:
+                alive[j] = False
+                continue
+            tu = np.uint64(t)
+            if n == 0:
+                h = tC[t]
+                mm = tP[t]
+                acc = tu * mults[0]
+            else:
+                h = tC[t] * rm[j] + rh[j]
+                mm = rm[j] * tP[t]
+                acc = racc[j] ^ (tu * mults[n])
+            rh[j] = h
+            rm[j] = mm
+            racc[j] = acc
+            x = acc + gold
+            h = _key(h)
+            s = h >> tshift
+            while tk[s] != _U0 and tk[s] != h:
+                s = (s + _U1) & tmask
+            found = False
+            if tk[s] != _U0:
+                if tf[s] == x:
+                    found = True
+                    if not tv[s] & _U1:
+                        tv[s] |= _U1
+                        xhits[n] += 1
+                elif n_var:
+                    v = _probe(vt, _key(x), tmask)
+                    if vt[v, 0] != _U0:
+                        found = True
+                        if vt[v, 1] == _U0:
+                            vt[v, 1] = _U1
+                            xhits[n] += 1
+            alive[j] = found
+        if record:
+            for j in range(n_list):
+                s = tlist[j]
+                p = tv[s]
+                if (p >> np.uint64(8)) & np.uint64(0xFF) == _U0:
+                    pend_h[n_pend] = tk[s]
+                    pend_n[n_pend] = n
+                    pend_c[n_pend] = np.int64(p >> np.uint64(16))
+                    n_pend += 1
+    return n_ref, n_pend
+
+
 @njit(cache=True, inline="always")
 def _pow2(n):  # pragma: no cover - compiled
     p = 16
@@ -526,24 +713,113 @@ def compare_token_bytes(ids, buf, offsets, text):  # pragma: no cover - compiled
 
     Returns (status, offset): status 0 exact, 1 equal to b" " + text (a dummy prefix), 2 mismatch at
     byte ``offset`` of the token stream (compared against the text, or against b" " + text when the stream
-    starts with a space the text lacks).
-    """
+    is one byte longer than the text; the offset is the length of the shorter one when one is a prefix of the
+    other).
+
+    The lengths are summed first: when they agree (the usual case) every token's bytes lie inside the text, and
+    each token is compared in one tight loop without bounds checks; otherwise :func:`_compare_unequal`."""
+    L = text.shape[0]
+    n = ids.shape[0]
     total = 0
-    for t in ids:
+    for k in range(n):
+        t = ids[k]
         total += offsets[t + 1] - offsets[t]
-    shift = 0
-    if total == text.shape[0] + 1:
-        shift = 1  # the loop below requires the extra first byte to be a space
+    shift = 1 if total == L + 1 else 0
+    if total != L + shift:
+        return _compare_unequal(ids, buf, offsets, text)
+    k = 0
+    q = 0  # bytes of the text compared so far
+    if shift:  # the stream's first byte must be the dummy prefix's space
+        while k < n:
+            t = ids[k]
+            a, b = offsets[t], offsets[t + 1]
+            k += 1
+            if b > a:
+                if buf[a] != 32:
+                    return 2, 0
+                for j in range(a + 1, b):
+                    if buf[j] != text[q]:
+                        return 2, q + 1
+                    q += 1
+                break
+    for kk in range(k, n):
+        t = ids[kk]
+        a, b = offsets[t], offsets[t + 1]
+        d = q - a
+        for j in range(a, b):
+            if buf[j] != text[j + d]:
+                return 2, j + d + shift
+        q += b - a
+    return shift, 0
+
+
+@njit(cache=True)
+def _compare_unequal(ids, buf, offsets, text):  # pragma: no cover - compiled
+    """:func:`compare_token_bytes` when the stream is neither as long as the text nor one byte longer: always a
+    mismatch, at the first differing byte or at the end of the shorter one."""
+    L = text.shape[0]
     pos = 0
     for t in ids:
         for j in range(offsets[t], offsets[t + 1]):
-            q = pos - shift
-            if q >= 0:
-                if q >= text.shape[0] or buf[j] != text[q]:
-                    return 2, pos
-            elif buf[j] != 32:
+            if pos >= L or buf[j] != text[pos]:
                 return 2, pos
             pos += 1
-    if pos - shift != text.shape[0]:
-        return 2, pos
+    return 2, pos
+
+
+PAD = 8  # bytes of zeros after the text and after the token buffer for :func:`compare_token_words`
+
+
+@intrinsic
+def _load8(typingctx, arr, idx):  # pragma: no cover - compiled
+    """The 8 bytes arr[idx:idx+8] of a uint8 array as one native-endian uint64 (an unaligned load; the caller
+    guarantees idx + 8 <= len(arr))."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.uint8 and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        i = context.cast(builder, args[1], sig.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(ary.data, [i]), ir.IntType(64).as_pointer())
+        return builder.load(ptr, align=1)
+
+    return types.uint64(arr, idx), codegen
+
+
+@njit(cache=True)
+def compare_token_words(ids, buf, offsets, text, L, shift):  # pragma: no cover - compiled
+    """:func:`compare_token_bytes` of ``text[:L]`` (the same result), 8 bytes at a time. ``buf`` and ``text``
+    each end with at least :data:`PAD` bytes beyond their data (any values), so a token's bytes and the text
+    under them are compared as masked 8-byte words, one per token of up to 8 bytes, with no inner byte loop
+    (whose exit, a different trip count per token, mispredicts about once a token). ``shift`` is a guess of the
+    status (1 for a tokenizer with a dummy prefix, else 0): the stream is compared against the text shifted by
+    it, and only a complete match, with the stream ending where the text does, is answered here (it proves
+    the stream's length is L + shift, so the status is shift); anything else goes to
+    :func:`compare_token_bytes`. Little-endian machines only (the mask keeps the low bytes); the caller checks."""
+    n = ids.shape[0]
+    ones = ~_U0
+    q = -shift  # the text byte under the token's first byte
+    for k in range(n):
+        t = ids[k]
+        a, b = offsets[t], offsets[t + 1]
+        c = a
+        if q < 0:  # the dummy prefix: the stream's first byte (q = -1) must be a space
+            if b == a:
+                continue
+            if buf[a] != 32:
+                return compare_token_bytes(ids, buf, offsets, text[:L])
+            c = a + 1
+        if q + (b - a) > L:
+            return compare_token_bytes(ids, buf, offsets, text[:L])
+        while c < b:
+            w = _load8(buf, c) ^ _load8(text, q + (c - a))
+            m = b - c
+            if m < 8:
+                w &= ~(ones << np.uint64(8 * m))
+            if w != _U0:
+                return compare_token_bytes(ids, buf, offsets, text[:L])  # a mismatch: the byte loop finds where
+            c += 8
+        q += b - a
+    if q != L:
+        return compare_token_bytes(ids, buf, offsets, text[:L])
     return shift, 0

@@ -184,6 +184,7 @@ class HashCounter:
         self._mults = xor_multipliers(max_n)
         self._mults_u64 = np.asarray(self._mults, dtype=np.uint64)
         self._rowbuf: list[Any] = [None, None]
+        self._posbuf: Any = None
         self._cap_r = self._cap_t = 0
         self._alive = np.zeros(0, dtype=np.bool_)
         self._racc = self._rh = self._rm = np.zeros(0, dtype=np.uint64)
@@ -202,6 +203,7 @@ class HashCounter:
         if cap_t > self._cap_t:
             self._cap_t = cap_t
             self._tt = np.zeros((cap_t, 3), dtype=np.uint64)
+            self._tk, self._tv, self._tf = self._tt.T.copy()  # the fused kernel's split table
             self._vt = np.zeros((cap_t, 2), dtype=np.uint64)
             self._tlist = np.zeros(cap_t, dtype=np.int64)
 
@@ -264,8 +266,53 @@ class HashCounter:
         # still more than half full after deduplicating: let the buffer grow instead of compacting again soon
         self._compact = max(self._compact, 2 * self._nref)
 
+    def _pos(self, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fused kernel's per-position scratch: uint64 [>= T, 4] and two int64 [>= T]."""
+        if self._posbuf is None or self._posbuf[0].shape[0] < T:
+            n = _pow2(T)
+            self._posbuf = (np.empty((n, 4), np.uint64), np.empty(n, np.int64), np.empty(n, np.int64))
+        return self._posbuf
+
     def add(self, target_ids: np.ndarray, reference_ids: np.ndarray) -> None:
         """Count one document, given its ids under the target and the reference tokenizer."""
+        if _own_ids(target_ids, self.target) and _own_ids(reference_ids, self.reference):
+            self._add_ids(target_ids, reference_ids)
+        else:  # anything else: checked (a clear error for bad ids) and hashed by TokenHashes.ngram_hashes
+            self._add_rows(target_ids, reference_ids)
+
+    def _add_ids(self, target_ids: np.ndarray, reference_ids: np.ndarray) -> None:
+        """:meth:`add` for a tokenizer's own ids (int64 [T], in range): one fused kernel, :func:`_sets.doc_scan_ids`."""
+        N, t = self.max_n, self.tally
+        Tt, Tr = target_ids.shape[0], reference_ids.shape[0]
+        t.tokens_target += Tt
+        t.tokens_reference += Tr
+        cr, ct = _pow2(3 * Tr * N // 2 + 1), _pow2(3 * Tt // 2 + 1)  # load ≤ 2/3; target: one order at a time
+        self._scratch(cr, ct, Tr)
+        pos, run_t, run_r = self._pos(max(Tt, Tr))
+        uniq = np.zeros(N, dtype=np.int64)
+        hits = np.zeros((N, N), dtype=np.int64)
+        xuniq = np.zeros(N, dtype=np.int64)
+        xhits = np.zeros(N, dtype=np.int64)
+        occ = self.occurrence
+        if occ:  # the document's keys go straight into the counter's buffers
+            self._room(Tr * N, Tt * N)
+            nr, npd = self._nref, self._npend
+            ref_out, pend_h, pend_n, pend_c = self._ref[nr:], self._ph[npd:], self._pn[npd:], self._pc[npd:]
+        else:
+            ref_out, pend_h, pend_n, pend_c = _EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64
+        tc, rc = self.target, self.reference
+        n_ref, n_pend = _kernels.doc_scan_ids(
+            target_ids, reference_ids, tc.C, tc.P, tc.special, rc.C, rc.P, rc.special, self._mults_u64,
+            self._rt[:cr], self._tk[:ct], self._tv[:ct], self._tf[:ct], self._tlist[:ct], self._vt[:ct], pos,
+            run_t, run_r, self._alive, self._racc, self._rh, self._rm, occ, uniq, hits, t.positions, t.pos_hits,
+            xuniq, xhits, ref_out, pend_h, pend_n, pend_c,
+        )
+        self._nref += n_ref
+        self._npend += n_pend
+        t.add_doc(uniq, hits, xuniq, xhits)
+
+    def _add_rows(self, target_ids: Any, reference_ids: Any) -> None:
+        """:meth:`add` through [T, N] arrays of hashes, validity and XOR keys (:func:`_sets.doc_scan`)."""
         N, t = self.max_n, self.tally
         tH, tV = self._hashes(self.target, target_ids, 0)  # [Tt, N]
         rH, rV = self._hashes(self.reference, reference_ids, 1)  # [Tr, N]
@@ -337,6 +384,12 @@ class HashCounter:
 
 def _pow2(n: int) -> int:
     return 1 << max(4, int(n - 1).bit_length())
+
+
+def _own_ids(ids: Any, cache: TokenHashes) -> bool:
+    """True for a tokenizer's own ids: a 1-D int64 array with every id in the vocabulary."""
+    return (isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1
+            and _kernels.ids_in_range(ids, cache.C.shape[0]))
 
 
 _EMPTY_U64 = np.empty(0, dtype=np.uint64)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 import weakref
@@ -61,14 +62,20 @@ class _Fidelity:
 
     def __init__(self, tok: Any) -> None:
         self.dummy = bool(tok.dummy_prefix)
-        self.buf, self.offsets = _packed(tok)
+        self.buf, self.offsets = _packed(tok)  # buf ends with _kernels.PAD bytes beyond the token bytes
         self.tok = tok
         self.docs = self.exact = self.prefixed = self.mismatched = 0
         self.first: str | None = None
 
-    def add(self, doc: Document, ids: np.ndarray, data: bytes) -> None:
+    def add(self, doc: Document, ids: np.ndarray, data: bytes, padded: np.ndarray | None = None) -> None:
+        """One document's ids against its UTF-8 ``data``; ``padded`` (optional): uint8 of data followed by
+        _kernels.PAD bytes, for the 8-bytes-at-a-time compare (the same answer, ~3x faster)."""
         self.docs += 1
-        status, _ = _kernels.compare_token_bytes(ids, self.buf, self.offsets, np.frombuffer(data, dtype=np.uint8))
+        if padded is not None and _LITTLE:
+            status, _ = _kernels.compare_token_words(ids, self.buf, self.offsets, padded, len(data), int(self.dummy))
+        else:
+            status, _ = _kernels.compare_token_bytes(ids, self.buf, self.offsets,
+                                                     np.frombuffer(data, dtype=np.uint8))
         if status == 0:
             self.exact += 1
         elif status == 1 and self.dummy:
@@ -95,8 +102,13 @@ def _packed(tok: Any) -> tuple[np.ndarray, np.ndarray]:
     partition: packing a 100k vocabulary costs ~0.1 s)."""
     got = _PACKED.get(tok)
     if got is None:
-        got = _PACKED[tok] = pack_token_bytes(tok.all_token_bytes())
+        buf, offsets = pack_token_bytes(tok.all_token_bytes())
+        got = _PACKED[tok] = (np.concatenate([buf, np.zeros(_kernels.PAD, dtype=np.uint8)]), offsets)
     return got
+
+
+_LITTLE = sys.byteorder == "little"  # compare_token_words' masks assume little-endian words
+_PADDING = bytes(_kernels.PAD)
 
 
 _HASHES: "weakref.WeakKeyDictionary[Any, dict[str, TokenHashes]]" = weakref.WeakKeyDictionary()
@@ -154,8 +166,9 @@ class _Job:
         t1 = time.perf_counter()
         data = doc.text.encode("utf-8")
         self.counter.add(ti, ri)
-        self.fid_t.add(doc, ti, data)
-        self.fid_r.add(doc, ri, data)
+        padded = np.frombuffer(data + _PADDING, dtype=np.uint8)
+        self.fid_t.add(doc, ti, data, padded)
+        self.fid_r.add(doc, ri, data, padded)
         self.count_s += time.perf_counter() - t1
         self.encode_s += t1 - t0
         self.nbytes += len(data)
