@@ -185,8 +185,12 @@ class HashCounter:
         self._mults_u64 = np.asarray(self._mults, dtype=np.uint64)
         self._rowbuf: list[Any] = [None, None]
         self._posbuf: Any = None
+        self._seen: Any = None  # the fused kernel's stamps per target id, and the stamp of the last document
+        self._xseen: Any = None
+        self._stamp = 0
         self._cap_r = self._cap_t = 0
         self._alive = np.zeros(0, dtype=np.bool_)
+        self._surv = np.zeros(0, dtype=np.int64)
         self._racc = self._rh = self._rm = np.zeros(0, dtype=np.uint64)
         self._compact = int(compact_keys)
         self._ref, self._ph, self._pn, self._pc = _take_buffers() if occurrence else _NO_BUFFERS
@@ -199,6 +203,7 @@ class HashCounter:
         if Tr > self._alive.shape[0]:
             n = _pow2(Tr)
             self._alive = np.zeros(n, dtype=np.bool_)
+            self._surv = np.zeros(n, dtype=np.int64)
             self._racc, self._rh, self._rm = (np.zeros(n, dtype=np.uint64) for _ in range(3))
         if cap_t > self._cap_t:
             self._cap_t = cap_t
@@ -289,6 +294,10 @@ class HashCounter:
         cr, ct = _pow2(3 * Tr * N // 2 + 1), _pow2(3 * Tt // 2 + 1)  # load ≤ 2/3; target: one order at a time
         self._scratch(cr, ct, Tr)
         pos, run_t, run_r = self._pos(max(Tt, Tr))
+        if self._seen is None:
+            V = self.target.C.shape[0]
+            self._seen, self._xseen = np.zeros(V, np.int64), np.zeros(V, np.int64)
+        self._stamp += 1
         uniq = np.zeros(N, dtype=np.int64)
         hits = np.zeros((N, N), dtype=np.int64)
         xuniq = np.zeros(N, dtype=np.int64)
@@ -304,8 +313,8 @@ class HashCounter:
         n_ref, n_pend = _kernels.doc_scan_ids(
             target_ids, reference_ids, tc.C, tc.P, tc.special, rc.C, rc.P, rc.special, self._mults_u64,
             self._rt[:cr], self._tk[:ct], self._tv[:ct], self._tf[:ct], self._tlist[:ct], self._vt[:ct], pos,
-            run_t, run_r, self._alive, self._racc, self._rh, self._rm, occ, uniq, hits, t.positions, t.pos_hits,
-            xuniq, xhits, ref_out, pend_h, pend_n, pend_c,
+            run_t, run_r, self._surv, self._racc, self._rh, self._rm, self._seen, self._xseen, self._stamp, occ,
+            uniq, hits, t.positions, t.pos_hits, xuniq, xhits, ref_out, pend_h, pend_n, pend_c,
         )
         self._nref += n_ref
         self._npend += n_pend
