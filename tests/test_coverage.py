@@ -754,6 +754,37 @@ def test_byte_fidelity_compares_equal_the_definition(ids: list[int], edit: str, 
     assert tuple(_sets.compare_token_words(arr, padded_buf, offsets, padded, len(text), int(dummy))) == want
 
 
+@settings(max_examples=300, deadline=None)
+@given(ids=st.lists(st.integers(0, len(_FID_VOCAB)), max_size=40),
+       edit=st.sampled_from(["none", "prefix", "drop-first", "flip", "append", "truncate", "other", "space"]),
+       where=st.integers(0, 10_000), other=st.binary(max_size=30), seed=st.integers(0, 3))
+def test_byte_fidelity_by_hash_answers_as_the_bytes(ids: list[int], edit: str, where: int, other: bytes,
+                                                    seed: int) -> None:
+    """stream_fidelity (the token stream's hash and length against the text's) gives 0 / 1 exactly where the
+    byte compare does, and -1 (compare the bytes) wherever the bytes differ; a special token (no bytes) counts
+    as nothing, as in compare_token_bytes."""
+    from polymem.analysis.coverage import _sets
+
+    vocab = [*_FID_VOCAB, None]  # the last id is a special token
+    stream = b"".join(vocab[i] or b"" for i in ids)
+    text = {"none": stream, "prefix": stream[1:] if stream[:1] == b" " else stream, "drop-first": stream[1:],
+            "append": stream + b"!", "truncate": stream[:-1], "other": other, "space": b" " + stream}.get(edit, stream)
+    if edit == "flip" and stream:
+        k = where % len(stream)
+        text = stream[:k] + bytes([stream[k] ^ 0x40]) + stream[k + 1:]
+    want = _compare_by_definition(stream, text)[0]
+    spec = polymem.HashSpec(byte_seed=seed)
+    cache = polymem.TokenHashes.from_token_bytes(vocab, name="t", fingerprint="t", spec=spec)
+    arr = np.array(ids, dtype=np.int64)
+    table = np.asarray(spec.effective_byte_table, dtype=np.uint64)
+    got = _sets.stream_fidelity(arr, cache.C, cache.P, arr[::-1].copy(), cache.C, cache.P,
+                                np.frombuffer(text, np.uint8), table, np.uint64(spec.base))
+    assert got[0] == (want if want < 2 else -1)
+    rev = b"".join(vocab[i] or b"" for i in ids[::-1])
+    want_rev = _compare_by_definition(rev, text)[0]
+    assert got[1] == (want_rev if want_rev < 2 else -1)
+
+
 def test_fused_kernel_hands_the_occurrence_pass_the_same_keys(mistral_v1: Tokenizer, cl100k: Tokenizer,
                                                               real_docs: list[str]) -> None:
     """HashCounter.add from a tokenizer's own ids (doc_scan_ids, built from the ids) and through the hash rows

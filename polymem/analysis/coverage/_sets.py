@@ -844,3 +844,49 @@ def compare_token_words(ids, buf, offsets, text, L, shift):  # pragma: no cover 
     if q != L:
         return compare_token_bytes(ids, buf, offsets, text[:L])
     return shift, 0
+
+
+@njit(cache=True, inline="always")
+def _stream_status(ids, C, P, h_text, h_space_text, p_len, p_len1):  # pragma: no cover - compiled
+    """0 if the token stream's bytes hash and measure as the text, 1 as b" " + text, else -1 (see
+    :func:`stream_fidelity`)."""
+    h = _U0
+    pp = _U1
+    for k in range(ids.shape[0]):
+        t = ids[k]
+        h = h * P[t] + C[t]
+        pp *= P[t]
+    if pp == p_len and h == h_text:
+        return 0
+    if pp == p_len1 and h == h_space_text:
+        return 1
+    return -1
+
+
+@njit(cache=True)
+def stream_fidelity(ti, tC, tP, ri, rC, rP, text, table, base):  # pragma: no cover - compiled
+    """Byte fidelity of both tokenizers' ids for one document, by hash: (status of ti, status of ri), each 0
+    when the token stream is the text, 1 when it is b" " + text, -1 otherwise (then :func:`compare_token_bytes`
+    says where they differ). A stream's hash and length come from the token hashes the counting has just used
+    (Hash(A‖B) = Hash(A)·base^|B| + Hash(B): the fold h·P[t] + C[t], and the product of P[t] = base^len(t),
+    equal to base^L iff the lengths are equal: base's multiplicative order is >= 2^56), the text's from its
+    bytes with the spec's byte ``table`` (uint64 [256]); the hashes must be of a spec without a normalizer.
+    Compared with the bytes themselves this reads no token bytes (a random read per token of a vocabulary-sized
+    buffer the tokenizers have just evicted from the cache); a stream answered 0 or 1 differs from the text only
+    if two different byte strings of the same length collide in 64 bits."""
+    L = text.shape[0]
+    h = _U0
+    for i in range(L):
+        h = (h + table[text[i]]) * base
+    p_len = _U1  # base^L by squaring
+    b = base
+    e = L
+    while e > 0:
+        if e & 1:
+            p_len *= b
+        b *= b
+        e >>= 1
+    p_len1 = p_len * base
+    h_space = (table[32] * base) * p_len + h  # Hash(b" " + text) = Hash(b" ")·base^L + Hash(text)
+    return (_stream_status(ti, tC, tP, h, h_space, p_len, p_len1),
+            _stream_status(ri, rC, rP, h, h_space, p_len, p_len1))

@@ -67,11 +67,15 @@ class _Fidelity:
         self.docs = self.exact = self.prefixed = self.mismatched = 0
         self.first: str | None = None
 
-    def add(self, doc: Document, ids: np.ndarray, data: bytes, padded: np.ndarray | None = None) -> None:
+    def add(self, doc: Document, ids: np.ndarray, data: bytes, padded: np.ndarray | None = None,
+            status: int = -1) -> None:
         """One document's ids against its UTF-8 ``data``; ``padded`` (optional): uint8 of data followed by
-        _kernels.PAD bytes, for the 8-bytes-at-a-time compare (the same answer, ~3x faster)."""
+        _kernels.PAD bytes, for the 8-bytes-at-a-time compare (the same answer, ~3x faster). ``status``: 0 or 1
+        when already known from the hashes (:func:`_sets.stream_fidelity`); else the bytes are compared."""
         self.docs += 1
-        if padded is not None and _LITTLE:
+        if status >= 0:
+            pass
+        elif padded is not None and _LITTLE:
             status, _ = _kernels.compare_token_words(ids, self.buf, self.offsets, padded, len(data), int(self.dummy))
         else:
             status, _ = _kernels.compare_token_bytes(ids, self.buf, self.offsets,
@@ -147,6 +151,13 @@ class _Job:
         else:
             self.counter = HashCounter(tcache, rcache, max_n, occurrence=occurrence)
         self.fid_t, self.fid_r = _Fidelity(target), _Fidelity(reference)
+        # byte fidelity from the token hashes the counting has just used, when they hash bytes as they are
+        # (no normalizer) and the ids are the tokenizers' own (checked by the counter: in range)
+        self.hashed_fidelity = None
+        if not exact and tcache.spec == rcache.spec and tcache.spec.normalizer == "none":
+            spec = tcache.spec
+            self.hashed_fidelity = (tcache, rcache, np.asarray(spec.effective_byte_table, dtype=np.uint64),
+                                    np.uint64(spec.base))
         self.skipped: list[Skipped] = []
         self.nbytes = 0
         self.encode_s = self.count_s = 0.0
@@ -166,9 +177,15 @@ class _Job:
         t1 = time.perf_counter()
         data = doc.text.encode("utf-8")
         self.counter.add(ti, ri)
-        padded = np.frombuffer(data + _PADDING, dtype=np.uint8)
-        self.fid_t.add(doc, ti, data, padded)
-        self.fid_r.add(doc, ri, data, padded)
+        st_t = st_r = -1
+        if (self.hashed_fidelity is not None and isinstance(ti, np.ndarray) and isinstance(ri, np.ndarray)
+                and ti.dtype == np.int64 and ri.dtype == np.int64):  # in range: the counter checked them
+            tc, rc, table, base = self.hashed_fidelity
+            st_t, st_r = _kernels.stream_fidelity(ti, tc.C, tc.P, ri, rc.C, rc.P, np.frombuffer(data, np.uint8),
+                                                  table, base)
+        padded = np.frombuffer(data + _PADDING, dtype=np.uint8) if st_t < 0 or st_r < 0 else None
+        self.fid_t.add(doc, ti, data, padded, st_t)
+        self.fid_r.add(doc, ri, data, padded, st_r)
         self.count_s += time.perf_counter() - t1
         self.encode_s += t1 - t0
         self.nbytes += len(data)
