@@ -355,6 +355,10 @@ class HashCounter:
         self._npend += n_pend
         t.add_doc(uniq, hits, xuniq, xhits)
 
+    def occurrence_bytes(self) -> int:
+        """Bytes :meth:`occurrence_output` would hand back now (its arrays, offsets aside)."""
+        return 8 * self._nref + 17 * self._npend + 16 * ((1 << BUCKET_BITS) + 1)
+
     def occurrence_output(self, views: bool = False) -> OccurrenceOutput:
         """Group the buffered reference keys and pending target entries by bucket and hand them back; the
         buffers are emptied. What a corpus partition gives the bucketed occurrence pass

@@ -172,17 +172,18 @@ def release() -> None:
 
 
 # ------------------------------------------------------------------------------------------------- map
-def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None, keep: bool = False) -> dict[str, Any]:
+def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None, keep: float = 0.0) -> dict[str, Any]:
     """Count one corpus partition (see the module docstring); returns its small summary.
-    ``on_doc(nbytes)`` is called after each document (in-process progress). keep: hand back the occurrence
-    output in the summary (``"occ"``) instead of writing it to the scratch directory (the in-process executor,
-    within its memory budget)."""
+    ``on_doc(nbytes)`` is called after each document (in-process progress). keep: MB of memory the occurrence
+    output may take in this process: if it fits, hand it back in the summary (``"occ"``, a copy) instead of
+    writing it to the scratch directory (the in-process executor, within its budget); else it is written
+    straight from the grouping scratch (no copy)."""
     release_reduce_buffers()  # a worker's reduce buffers of an earlier run are not needed by a map task
     with small_pages():
         return _count_partition(plan, index, part, on_doc, keep)
 
 
-def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: bool) -> dict[str, Any]:
+def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: float) -> dict[str, Any]:
     from polymem.analysis.coverage.run import _Job
 
     tok_t, tok_r, tcache, rcache, info = _tools(plan)
@@ -202,7 +203,11 @@ def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: bool)
         if on_doc is not None:
             on_doc(nbytes)
     # settles what the partition can; views of reused scratch when they are only written out
-    occ = job.counter.occurrence_output(views=not keep) if plan.occurrence else None
+    if plan.occurrence:  # kept: a copy (the scratch serves the next partition); written: views of the scratch
+        keep = keep > 0 and job.counter.occurrence_bytes() <= keep * 1e6
+        occ = job.counter.occurrence_output(views=not keep)
+    else:
+        occ = None
     out: dict[str, Any] = {"index": index, "tally": job.counter.tally, "fid_t": job.fid_t.state(),
                            "fid_r": job.fid_r.state(), "skipped": skipped + job.skipped, "bytes": job.nbytes,
                            "replaced": part.replaced, "encode_s": job.encode_s, "count_s": job.count_s,

@@ -429,15 +429,13 @@ def _run_inline(plan: dist.Plan, texts: Any, partition_mb: float, progress: Prog
     held_mb = 0.0
     keep_mb = KEEP_MB if keep_mb is None else keep_mb
     for i, part in enumerate(_timed(_partitions(texts, partition_mb), read_s)):
-        r = dist.count_partition(plan, i, part, on_doc=lambda nbytes: prog.add(1, nbytes), keep=True)
+        # an output that fits what is left of the budget stays here; the others are written by the task itself
+        r = dist.count_partition(plan, i, part, on_doc=lambda nbytes: prog.add(1, nbytes),
+                                 keep=max(0.0, keep_mb - held_mb))
         occ = r.pop("occ", None)
         if occ is not None:
-            mb = dist.held_bytes(occ) / 1e6
-            if held_mb + mb <= keep_mb:
-                held[i] = occ
-                held_mb += mb
-            else:
-                dist.write_buckets(plan, i, occ)
+            held[i] = occ
+            held_mb += dist.held_bytes(occ) / 1e6
         results.append(r)
     results[0:0] = [_empty_result(read_s[0])] if results else []
     extra = np.zeros(plan.max_n, dtype=np.int64)
