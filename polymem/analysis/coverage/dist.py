@@ -184,24 +184,29 @@ def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None, keep:
 
 
 def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: float) -> dict[str, Any]:
-    from polymem.analysis.coverage.run import _Job
+    from polymem.analysis.coverage.run import BATCH_MB, _Job
 
     tok_t, tok_r, tcache, rcache, info = _tools(plan)
     job = _Job(tok_t, tok_r, tcache, rcache, plan.max_n, False, plan.occurrence)
     skipped: list[Skipped] = []
     t_read = 0.0
     docs = part.read(skipped)
-    while True:
+    limit = BATCH_MB * 1e6
+    while True:  # a batch of documents (about BATCH_MB of text) at a time: tokenized, then counted
         t0 = time.perf_counter()
-        try:
-            doc = next(docs)
-        except StopIteration:
+        batch: list[Document] = []
+        size = 0
+        for doc in docs:
+            batch.append(doc)
+            size += len(doc.text)
+            if size >= limit:
+                break
+        t_read += time.perf_counter() - t0
+        if not batch:
             break
-        finally:
-            t_read += time.perf_counter() - t0
-        nbytes = job.run(doc)
-        if on_doc is not None:
-            on_doc(nbytes)
+        for nbytes in job.run_batch(batch):
+            if on_doc is not None:
+                on_doc(nbytes)
     # settles what the partition can; views of reused scratch when they are only written out
     if plan.occurrence:  # kept: a copy (the scratch serves the next partition); written: views of the scratch
         keep = keep > 0 and job.counter.occurrence_bytes() <= keep * 1e6
