@@ -121,6 +121,19 @@ def _probe_high(rt, hi, mask, shift):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
+def _probe_one(rt, hi, mask, shift):  # pragma: no cover - compiled
+    """:func:`_probe_high` with one branch per slot: ``a and b`` compiles to two branches, and the first one (empty
+    slot or not) goes either way at random (found or not), mispredicting; ``a | b`` is almost always true at the
+    first slot, so its branch is predicted (in-process A/B, kerneldocs: -2-7 % in each of 5 rounds)."""
+    s = hi >> shift
+    e = rt[s]
+    while not ((e == _U0) | ((e & _HIGH) == hi)):
+        s = (s + _U1) & mask
+        e = rt[s]
+    return s
+
+
+@njit(cache=True, inline="always")
 def _probe_top(tt, h, mask, shift):  # pragma: no cover - compiled
     """:func:`_probe` for byte-hash keys: the first slot is the key's top bits (see :func:`_probe_high`)."""
     s = h >> shift
@@ -349,7 +362,7 @@ def doc_scan_ids(
             if run_r[i] <= m:
                 continue
             hi = _key(h & _HIGH)
-            s = _probe_high(rt, hi, rmask, rshift)
+            s = _probe_one(rt, hi, rmask, rshift)
             if rt[s] == _U0:
                 rt[s] = hi | np.uint64(m)
                 if record:
@@ -401,9 +414,11 @@ def doc_scan_ids(
             h = _key(h)
             npos += 1
             s = h >> tshift
-            while tk[s] != _U0 and tk[s] != h:
+            e = tk[s]
+            while not ((e == _U0) | (e == h)):  # one branch (see _probe_one), taken only on a collision
                 s = (s + _U1) & tmask
-            if tk[s] == _U0:  # a new unique target n-gram (looked up in the reference set below)
+                e = tk[s]
+            if e == _U0:  # a new unique target n-gram (looked up in the reference set below)
                 tk[s] = h
                 tv[s] = _U1 << np.uint64(16)
                 tf[s] = x
@@ -423,10 +438,10 @@ def doc_scan_ids(
         for j in range(n_list):
             s = tlist[j]
             h = tk[s]
-            q = _probe_high(rt, _key(h & _HIGH), rmask, rshift)
+            e = rt[_probe_one(rt, _key(h & _HIGH), rmask, rshift)]
             c = np.int64(tv[s] >> np.uint64(16))
-            if rt[q] != _U0:
-                hits[n, np.int64(rt[q] & _LOW)] += 1
+            if e != _U0:
+                hits[n, np.int64(e & _LOW)] += 1
                 nposhit += c
             elif record:
                 pend_h[n_pend] = h
