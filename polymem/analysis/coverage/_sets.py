@@ -306,14 +306,14 @@ def doc_scan_ids(
     tids, rids,  # the document's ids: target int64 [Tt], reference int64 [Tr] (in range of their vocabularies)
     tC, tP, tspecial,  # the target's token hashes (its n-grams; and the reference's ids read as target ids)
     rC, rP, rspecial,  # the reference's token hashes
-    mults,  # uint64 [>= N]: the XOR multipliers
+    mults,  # uint64 [N]: the XOR multipliers; N = max_n, the orders counted
     rt,  # scratch uint64 [pow2 >= 1.5*Tr*N]: the reference set, entries (key & ~31) | (smallest order - 1)
     tk, tv, tf,  # scratch uint64 [>= pow2(1.5*Tt)]: one target order's set: keys; count << 16 | XOR hit; the
     #              XOR key of the first id n-gram with these bytes
     tlist,  # scratch int64 [same]: slots of the distinct target entries, in insertion order
     vt,  # scratch uint64 [same, 2]: XOR keys of further id n-grams with the same bytes (rare), hit flag
     pos,  # scratch uint64 [>= max(Tt, Tr), 4]: per position, the current order's byte hash and XOR accumulator,
-    #       and the token's C and P (rows; see below)
+    #       and the token's C and P (one row per position: what a position's update reads is one cache line)
     run_t, run_r,  # scratch int64 [>= Tt], [>= Tr]: non-special tokens ending at each position
     surv, racc, rh, rm,  # scratch int64 / uint64 [>= Tr]: the XOR lookups of the reference: the positions
     #                      still alive (a list), their target byte hash, its base power, their XOR key
