@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.typed import List
 from numba.extending import intrinsic
 
 from polymem.hash._numba import _GOLDEN, _U0, _U1, _fmix64  # one fmix64 for the whole package
@@ -673,24 +672,10 @@ def _member_top(table, k, mask, lshift, rshift):  # pragma: no cover - compiled
         s = (s + _U1) & mask
 
 
-def resolve_range(ref, ref_off, ph, pn, pc, pend_off, bits, hits):
-    """:func:`resolve_lists` with every partition's slices in one array each (ref / ph, pn, pc: the partitions'
-    slices concatenated, ref_off / pend_off int64 [P, B + 1] their absolute offsets per bucket)."""
-    lists = (List(), List(), List(), List())
-    for _ in range(ref_off.shape[0]):
-        for lst, a in zip(lists, (ref, ph, pn, pc)):
-            v = a.view()
-            v.flags.writeable = False  # one array type for the kernel (the reduce also passes mapped files)
-            lst.append(v)
-    return resolve_lists(lists[0], np.ascontiguousarray(ref_off, dtype=np.int64), lists[1], lists[2], lists[3],
-                         np.ascontiguousarray(pend_off, dtype=np.int64), bits, hits)
-
-
 @njit(cache=True)
-def resolve_lists(refs, ref_off, phs, pns, pcs, pend_off, bits, hits):  # pragma: no cover - compiled
-    """The reduce of the occurrence pass over B buckets and P partitions: partition p's reference keys are
-    refs[p] and its pending entries phs[p], pns[p], pcs[p] (typed lists of arrays: in memory, or mapped from
-    the scratch files), ref_off / pend_off int64 [P, B + 1] the offsets of its buckets in them (buckets of the
+def resolve_range(ref, ref_off, ph, pn, pc, pend_off, bits, hits):  # pragma: no cover - compiled
+    """The reduce of the occurrence pass over B buckets and P partitions: ref / ph, pn, pc are the partitions'
+    slices concatenated, ref_off / pend_off int64 [P, B + 1] their absolute offsets per bucket (buckets of the
     top ``bits`` bits). For each bucket, the union of every partition's reference keys goes into a small table,
     then every partition's pending entries of that bucket are looked up: hits[pn] += pc for those found."""
     P = ref_off.shape[0]
@@ -714,11 +699,9 @@ def resolve_lists(refs, ref_off, phs, pns, pcs, pend_off, bits, hits):  # pragma
         rshift = np.uint64(64 - _log2(cap))
         table[:cap] = 0
         for p in range(P):
-            ref = refs[p]
             for j in range(ref_off[p, b], ref_off[p, b + 1]):
                 _insert_top(table, ref[j], mask, lshift, rshift)
         for p in range(P):
-            ph, pn, pc = phs[p], pns[p], pcs[p]
             for j in range(pend_off[p, b], pend_off[p, b + 1]):
                 if _member_top(table, ph[j], mask, lshift, rshift):
                     hits[pn[j]] += pc[j]

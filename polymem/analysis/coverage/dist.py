@@ -301,83 +301,51 @@ def resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
 
 def _resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
                      held: dict[int, OccurrenceOutput] | None) -> np.ndarray:
-    from numba.typed import List
-
     from polymem.analysis.coverage.counter import release_buffers
 
     release_buffers()  # the map's spare buffers are not needed here (and would add to this task's peak memory)
     held = held or {}
     fs, root = _fs(plan) if any(p not in held for p in parts) else (None, "")
-    local = fs is not None and _is_local(fs)
-    # each partition's arrays (in memory, mapped from a local scratch file, or its slices read into a buffer)
-    # and the offsets of the range's buckets in them
-    arrays: list[tuple[np.ndarray, ...]] = []
-    ref_off, pend_off, reads = [], [], []
+    # where each partition's slices come from, and the offsets of its buckets in the concatenation
+    srcs, ref_off, pend_off = [], [], []
     nr = npd = 0
     for p in parts:
         occ = held.get(p)
         if occ is not None:
-            arrays.append(tuple(_readonly(a) for a in (occ.ref, occ.pend_h, occ.pend_n, occ.pend_c)))
-            ref_off.append(occ.ref_off[lo:hi + 1])
-            pend_off.append(occ.pend_off[lo:hi + 1])
-            continue
-        path = f"{root}/p{p:07d}.off.npy"
-        if not fs.exists(path):
-            raise FileNotFoundError(
-                f"coverage scratch file {plan.scratch}/p{p:07d}.off.npy is missing: the scratch directory must "
-                "be shared by every Dask worker (pass scratch= / --scratch with a shared path or an s3:// URL)")
-        off = _read_all(fs, path)
-        r0, r1, q0, q1 = int(off[0, lo]), int(off[0, hi]), int(off[1, lo]), int(off[1, hi])
-        if local:  # mapped, not copied: the reduce reads its slices straight from the page cache
-            arrays.append(tuple(_mapped(f"{root}/p{p:07d}.{name}.npy", need, dt) for name, need, dt in
-                                zip(_FILES, (r1, q1, q1, q1), (np.uint64, np.uint64, np.int8, np.int64))))
-            ref_off.append(off[0, lo:hi + 1])
-            pend_off.append(off[1, lo:hi + 1])
+            r0, r1, q0, q1 = (int(occ.ref_off[lo]), int(occ.ref_off[hi]), int(occ.pend_off[lo]),
+                              int(occ.pend_off[hi]))
+            ro, qo = occ.ref_off[lo:hi + 1] - r0, occ.pend_off[lo:hi + 1] - q0
         else:
-            arrays.append(())
-            reads.append((len(arrays) - 1, p, r0, r1, q0, q1, nr, npd))
-            ref_off.append(off[0, lo:hi + 1] - r0 + nr)  # offsets in the read buffers
-            pend_off.append(off[1, lo:hi + 1] - q0 + npd)
-            nr += r1 - r0
-            npd += q1 - q0
+            path = f"{root}/p{p:07d}.off.npy"
+            if not fs.exists(path):
+                raise FileNotFoundError(
+                    f"coverage scratch file {plan.scratch}/p{p:07d}.off.npy is missing: the scratch directory must "
+                    "be shared by every Dask worker (pass scratch= / --scratch with a shared path or an s3:// URL)")
+            off = _read_all(fs, path)
+            r0, r1, q0, q1 = int(off[0, lo]), int(off[0, hi]), int(off[1, lo]), int(off[1, hi])
+            ro, qo = off[0, lo:hi + 1] - r0, off[1, lo:hi + 1] - q0
+        srcs.append((p, occ, r0, r1, q0, q1, nr, npd))
+        ref_off.append(ro + nr)  # absolute offsets in the concatenation
+        pend_off.append(qo + npd)
+        nr += r1 - r0
+        npd += q1 - q0
     hits = np.zeros(plan.max_n, dtype=np.int64)
-    if reads:
-        # every slice read straight into its place in buffers this process's next reduce task reuses (fresh
-        # memory costs more than the copies)
-        ref, ph, pn, pc = _reduce_buffers(nr, npd)
-        for k, p, r0, r1, q0, q1, at_r, at_q in reads:
+    if npd == 0:
+        return hits
+    # every slice read (or copied) straight into its place: no per-partition pieces to concatenate afterwards;
+    # into buffers this process's next reduce task reuses (fresh memory costs more than the copies)
+    ref, ph, pn, pc = _reduce_buffers(nr, npd)
+    for p, occ, r0, r1, q0, q1, at_r, at_q in srcs:
+        if occ is not None:
+            ref[at_r:at_r + r1 - r0] = occ.ref[r0:r1]
+            for out, arr in ((ph, occ.pend_h), (pn, occ.pend_n), (pc, occ.pend_c)):
+                out[at_q:at_q + q1 - q0] = arr[q0:q1]
+        else:
             _read_slice_into(fs, f"{root}/p{p:07d}.ref.npy", r0, ref[at_r:at_r + r1 - r0])
             for name, out in zip(_FILES[1:], (ph, pn, pc)):
                 _read_slice_into(fs, f"{root}/p{p:07d}.{name}.npy", q0, out[at_q:at_q + q1 - q0])
-            arrays[k] = tuple(_readonly(a) for a in (ref, ph, pn, pc))
-    lists = (List(), List(), List(), List())
-    for group in arrays:
-        for lst, a in zip(lists, group):
-            lst.append(a)
-    _kernels.resolve_lists(lists[0], np.stack(ref_off).astype(np.int64), lists[1], lists[2], lists[3],
-                           np.stack(pend_off).astype(np.int64), BUCKET_BITS, hits)
+    _kernels.resolve_range(ref, np.stack(ref_off), ph, pn, pc, np.stack(pend_off), BUCKET_BITS, hits)
     return hits
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    """A read-only view (the reduce kernel takes one array type, and mapped files are read-only)."""
-    v = a.view()
-    v.flags.writeable = False
-    return v
-
-
-def _is_local(fs: Any) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    return "file" in protocol or "local" in protocol
-
-
-def _mapped(path: str, need: int, dtype: Any) -> np.ndarray:
-    """A local .npy file mapped read-only, checked to hold at least ``need`` values of ``dtype``."""
-    arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    if arr.dtype != dtype or arr.ndim != 1 or arr.shape[0] < need:
-        raise ValueError(f"coverage scratch file {path!r} holds {arr.shape} {arr.dtype} values, expected at least "
-                         f"{need} {np.dtype(dtype)}: it was overwritten or truncated; rerun")
-    return np.asarray(arr)
 
 
 _REDUCE_SPARE: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
