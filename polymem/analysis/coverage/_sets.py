@@ -151,6 +151,19 @@ def _log2(n):  # pragma: no cover - compiled
     return k
 
 
+@njit(cache=True, inline="always")
+def _variant_hit(vt, x, tmask, xhits, n):  # pragma: no cover - compiled
+    """A reference id n-gram (XOR key x) against the further target id n-grams whose bytes an entry already has
+    (``vt``): True if found; its first hit counted in xhits[n]."""
+    v = _probe(vt, _key(x), tmask)
+    if vt[v, 0] == _U0:
+        return False
+    if vt[v, 1] == _U0:
+        vt[v, 1] = _U1
+        xhits[n] += 1
+    return True
+
+
 @njit(cache=True)
 def doc_scan(
     tH, tV, tX,  # target: keys uint64 [T, N], validity bool [T, N], XOR keys uint64 [T, N] (see xor_keys)
@@ -281,12 +294,7 @@ def doc_scan(
                         tt[s, 1] |= _U1
                         xhits[n] += 1
                 elif n_var:
-                    v = _probe(vt, _key(x), tmask)
-                    if vt[v, 0] != _U0:
-                        found = True
-                        if vt[v, 1] == _U0:
-                            vt[v, 1] = _U1
-                            xhits[n] += 1
+                    found = _variant_hit(vt, x, tmask, xhits, n)
             alive[j] = found
         if record:
             for j in range(n_list):
@@ -298,6 +306,32 @@ def doc_scan(
                     pend_c[n_pend] = np.int64(p >> np.uint64(16))
                     n_pend += 1
     return n_ref, n_pend
+
+
+@njit(cache=True, inline="always")
+def _gather(ids, C, P, special, run, pos):  # pragma: no cover - compiled
+    """Per position of a document: the run of non-special tokens ending there, and the token's C and P in pos
+    columns 2 and 3 (see :func:`doc_scan_ids`)."""
+    r = 0
+    for i in range(ids.shape[0]):
+        t = ids[i]
+        r = 0 if special[t] else r + 1
+        run[i] = r
+        pos[i, 2] = C[t]
+        pos[i, 3] = P[t]
+
+
+@njit(cache=True, inline="always")
+def _extend(pos, i, m, carry):  # pragma: no cover - compiled
+    """The byte hash of the n-gram of order m+1 ending at i, from the one of order m ending at i-1 (``carry``,
+    read before it is overwritten): h = h'·P[t] + C[t]; stored in pos[i, 0]. Returns (hash, the next carry)."""
+    if m == 0:
+        h = pos[i, 2]
+    else:
+        h = carry * pos[i, 3] + pos[i, 2]
+        carry = pos[i, 0]
+    pos[i, 0] = h
+    return h, carry
 
 
 @njit(cache=True)
@@ -341,24 +375,13 @@ def doc_scan_ids(
     rmask = np.uint64(rt.shape[0] - 1)
     rshift = np.uint64(64 - _log2(rt.shape[0]))
     n_ref = 0
-    r = 0
-    for i in range(Tr):
-        t = rids[i]
-        r = 0 if rspecial[t] else r + 1
-        run_r[i] = r
-        pos[i, 2] = rC[t]
-        pos[i, 3] = rP[t]
+    _gather(rids, rC, rP, rspecial, run_r, pos)
     for m in range(N):
         carry = _U0
         if m > 0 and m <= Tr:
             carry = pos[m - 1, 0]
         for i in range(m, Tr):
-            if m == 0:
-                h = pos[i, 2]
-            else:
-                h = carry * pos[i, 3] + pos[i, 2]
-                carry = pos[i, 0]
-            pos[i, 0] = h
+            h, carry = _extend(pos, i, m, carry)
             if run_r[i] <= m:
                 continue
             hi = _key(h & _HIGH)
@@ -374,14 +397,8 @@ def doc_scan_ids(
     cap_t = _pow2(3 * Tt // 2 + 1)
     tmask = np.uint64(cap_t - 1)
     tshift = np.uint64(64 - _log2(cap_t))
-    r = 0
-    for i in range(Tt):
-        t = tids[i]
-        r = 0 if tspecial[t] else r + 1
-        run_t[i] = r
-        pos[i, 1] = _U0
-        pos[i, 2] = tC[t]
-        pos[i, 3] = tP[t]
+    _gather(tids, tC, tP, tspecial, run_t, pos)
+    pos[:Tt, 1] = _U0
     n_var = 1  # clear vt before the first order
     n_surv = 0
     for n in range(N):
@@ -398,12 +415,7 @@ def doc_scan_ids(
         if n > 0 and n <= Tt:
             carry = pos[n - 1, 0]
         for i in range(n, Tt):
-            if n == 0:
-                h = pos[i, 2]
-            else:
-                h = carry * pos[i, 3] + pos[i, 2]
-                carry = pos[i, 0]
-            pos[i, 0] = h
+            h, carry = _extend(pos, i, n, carry)
             xa = pos[i, 1] ^ (np.uint64(tids[i - n]) * mn)
             pos[i, 1] = xa
             if run_t[i] <= n:
@@ -494,12 +506,7 @@ def doc_scan_ids(
                         tv[s] |= _U1
                         xhits[n] += 1
                 elif n_var:
-                    v = _probe(vt, _key(x), tmask)
-                    if vt[v, 0] != _U0:
-                        found = True
-                        if vt[v, 1] == _U0:
-                            vt[v, 1] = _U1
-                            xhits[n] += 1
+                    found = _variant_hit(vt, x, tmask, xhits, n)
             if found:
                 surv[w] = j
                 w += 1
@@ -546,9 +553,8 @@ def _table_for(off):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _insert(table, mask, k):  # pragma: no cover - compiled
-    """Insert stored key k; True if it was new."""
-    s = _fmix64(k) & mask
+def _insert(table, s, mask, k):  # pragma: no cover - compiled
+    """Insert stored key k, probing linearly from slot s; True if it was new."""
     while True:
         t = table[s]
         if t == _U0:
@@ -560,8 +566,8 @@ def _insert(table, mask, k):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _member(table, mask, k):  # pragma: no cover - compiled
-    s = _fmix64(k) & mask
+def _member(table, s, mask, k):  # pragma: no cover - compiled
+    """True if stored key k is in the table, probing linearly from slot s."""
     while True:
         t = table[s]
         if t == _U0:
@@ -609,7 +615,7 @@ def bucket_unique(keys, n, bits):  # pragma: no cover - compiled
             table[:cap] = 0
             for j in range(lo, hi):
                 k = grouped[j]
-                if _insert(table, mask, k):
+                if _insert(table, _fmix64(k) & mask, mask, k):
                     grouped[w] = k  # w <= j: compaction in place
                     w += 1
         out_off[b + 1] = w
@@ -645,33 +651,6 @@ def bucket_group_into(keys, n, ph, pn, pc, n_pend, bits, grouped, gh, gn, gc):  
     return off, poff
 
 
-@njit(cache=True, inline="always")
-def _insert_top(table, k, mask, lshift, rshift):  # pragma: no cover - compiled
-    """:func:`_insert` with the slot taken from the key's bits just below its bucket bits (a bucket's keys share
-    their top bits; the next ones of a polynomial byte hash are well mixed): no fmix64. True if k was new."""
-    s = (k << lshift) >> rshift
-    while True:
-        t = table[s]
-        if t == _U0:
-            table[s] = k
-            return True
-        if t == k:
-            return False
-        s = (s + _U1) & mask
-
-
-@njit(cache=True, inline="always")
-def _member_top(table, k, mask, lshift, rshift):  # pragma: no cover - compiled
-    s = (k << lshift) >> rshift
-    while True:
-        t = table[s]
-        if t == _U0:
-            return False
-        if t == k:
-            return True
-        s = (s + _U1) & mask
-
-
 @njit(cache=True)
 def resolve_range(ref, ref_off, ph, pn, pc, pend_off, bits, hits):  # pragma: no cover - compiled
     """The reduce of the occurrence pass over B buckets and P partitions: ref / ph, pn, pc are the partitions'
@@ -700,10 +679,12 @@ def resolve_range(ref, ref_off, ph, pn, pc, pend_off, bits, hits):  # pragma: no
         table[:cap] = 0
         for p in range(P):
             for j in range(ref_off[p, b], ref_off[p, b + 1]):
-                _insert_top(table, ref[j], mask, lshift, rshift)
+                k = ref[j]
+                _insert(table, (k << lshift) >> rshift, mask, k)  # slot: the bits below the bucket's
         for p in range(P):
             for j in range(pend_off[p, b], pend_off[p, b + 1]):
-                if _member_top(table, ph[j], mask, lshift, rshift):
+                k = ph[j]
+                if _member(table, (k << lshift) >> rshift, mask, k):
                     hits[pn[j]] += pc[j]
     return 0
 

@@ -285,6 +285,19 @@ class HashCounter:
         else:  # anything else: checked (a clear error for bad ids) and hashed by TokenHashes.ngram_hashes
             self._add_rows(target_ids, reference_ids)
 
+    def _doc_outputs(self, Tr: int, Tt: int) -> tuple[np.ndarray, ...]:
+        """One document's counts (uniq [N], hits [N, N], xuniq [N], xhits [N], zeroed) and where its keys go:
+        straight into the counter's occurrence buffers (with room for Tr·N reference keys and Tt·N pending
+        entries), or nowhere without the occurrence metric."""
+        N = self.max_n
+        counts = (np.zeros(N, dtype=np.int64), np.zeros((N, N), dtype=np.int64), np.zeros(N, dtype=np.int64),
+                  np.zeros(N, dtype=np.int64))
+        if not self.occurrence:
+            return (*counts, _EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64)
+        self._room(Tr * N, Tt * N)
+        nr, npd = self._nref, self._npend
+        return (*counts, self._ref[nr:], self._ph[npd:], self._pn[npd:], self._pc[npd:])
+
     def _add_ids(self, target_ids: np.ndarray, reference_ids: np.ndarray) -> None:
         """:meth:`add` for a tokenizer's own ids (int64 [T], in range): one fused kernel, :func:`_sets.doc_scan_ids`."""
         N, t = self.max_n, self.tally
@@ -298,17 +311,8 @@ class HashCounter:
             V = self.target.C.shape[0]
             self._seen, self._xseen = np.zeros(V, np.int64), np.zeros(V, np.int64)
         self._stamp += 1
-        uniq = np.zeros(N, dtype=np.int64)
-        hits = np.zeros((N, N), dtype=np.int64)
-        xuniq = np.zeros(N, dtype=np.int64)
-        xhits = np.zeros(N, dtype=np.int64)
+        uniq, hits, xuniq, xhits, ref_out, pend_h, pend_n, pend_c = self._doc_outputs(Tr, Tt)
         occ = self.occurrence
-        if occ:  # the document's keys go straight into the counter's buffers
-            self._room(Tr * N, Tt * N)
-            nr, npd = self._nref, self._npend
-            ref_out, pend_h, pend_n, pend_c = self._ref[nr:], self._ph[npd:], self._pn[npd:], self._pc[npd:]
-        else:
-            ref_out, pend_h, pend_n, pend_c = _EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64
         tc, rc = self.target, self.reference
         n_ref, n_pend = _kernels.doc_scan_ids(
             target_ids, reference_ids, tc.C, tc.P, tc.special, rc.C, rc.P, rc.special, self._mults_u64,
@@ -330,17 +334,8 @@ class HashCounter:
         t.tokens_reference += Tr
         cr, ct = _pow2(3 * Tr * N // 2 + 1), _pow2(3 * Tt // 2 + 1)  # load ≤ 2/3; target: one order at a time
         self._scratch(cr, ct, Tr)
-        uniq = np.zeros(N, dtype=np.int64)
-        hits = np.zeros((N, N), dtype=np.int64)
-        xuniq = np.zeros(N, dtype=np.int64)
-        xhits = np.zeros(N, dtype=np.int64)
+        uniq, hits, xuniq, xhits, ref_out, pend_h, pend_n, pend_c = self._doc_outputs(Tr, Tt)
         occ = self.occurrence
-        if occ:  # the document's keys go straight into the counter's buffers
-            self._room(Tr * N, Tt * N)
-            nr, npd = self._nref, self._npend
-            ref_out, pend_h, pend_n, pend_c = self._ref[nr:], self._ph[npd:], self._pn[npd:], self._pc[npd:]
-        else:
-            ref_out, pend_h, pend_n, pend_c = _EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64
         # the XOR baseline: Engram's token-id mix, same multipliers for both tokenizers, order folded into the
         # key; the target's keys here, the reference's built inside doc_scan for the n-grams that can match
         tX = self._xor(target_ids, tV, 0)
