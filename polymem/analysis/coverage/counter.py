@@ -351,7 +351,7 @@ class HashCounter:
         t.add_doc(uniq, hits, xuniq, xhits)
 
     def occurrence_bytes(self) -> int:
-        """Bytes :meth:`occurrence_output` would hand back now (its arrays, offsets aside)."""
+        """Bytes :meth:`occurrence_output` would hand back now (its arrays and their offsets)."""
         return 8 * self._nref + 17 * self._npend + 16 * ((1 << BUCKET_BITS) + 1)
 
     def occurrence_output(self, views: bool = False) -> OccurrenceOutput:

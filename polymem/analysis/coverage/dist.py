@@ -3,8 +3,8 @@ occurrence-weighted metric by key bucket (shuffle + reduce). Runs in this proces
 
     partitions ──count_partition──▶ per-partition tally + key files ──resolve_buckets──▶ occurrence hits
 
-* **map** (:func:`count_partition`, one task per corpus partition): documents are counted one at a time
-  (per-document metrics need nothing else). For the occurrence-weighted metric each document's distinct
+* **map** (:func:`count_partition`, one task per corpus partition): documents are tokenized in batches of about
+  ``run.BATCH_MB`` of text and counted one at a time (per-document metrics need nothing else). For the occurrence-weighted metric each document's distinct
   reference n-gram keys, and the target n-grams that their own document's reference did not contain (key,
   order, count), are appended to flat buffers; at the end of the partition both are grouped by **key bucket**
   (the top ``BUCKET_BITS`` bits of the 64-bit byte hash; a counting sort,

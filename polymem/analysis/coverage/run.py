@@ -63,7 +63,6 @@ class _Fidelity:
 
     def __init__(self, tok: Any) -> None:
         self.dummy = bool(tok.dummy_prefix)
-        self.buf, self.offsets = _packed(tok)  # buf ends with _kernels.PAD bytes beyond the token bytes
         self.tok = tok
         self.docs = self.exact = self.prefixed = self.mismatched = 0
         self.first: str | None = None
@@ -74,13 +73,12 @@ class _Fidelity:
         _kernels.PAD bytes, for the 8-bytes-at-a-time compare (the same answer, ~3x faster). ``status``: 0 or 1
         when already known from the hashes (:func:`_sets.stream_fidelity`); else the bytes are compared."""
         self.docs += 1
-        if status >= 0:
-            pass
-        elif padded is not None and _LITTLE:
-            status, _ = _kernels.compare_token_words(ids, self.buf, self.offsets, padded, len(data), int(self.dummy))
-        else:
-            status, _ = _kernels.compare_token_bytes(ids, self.buf, self.offsets,
-                                                     np.frombuffer(data, dtype=np.uint8))
+        if status < 0:  # the token bytes themselves (packed once per tokenizer, only when needed)
+            buf, offsets = _packed(self.tok)  # buf ends with _kernels.PAD bytes beyond the token bytes
+            if padded is not None and _LITTLE:
+                status, _ = _kernels.compare_token_words(ids, buf, offsets, padded, len(data), int(self.dummy))
+            else:
+                status, _ = _kernels.compare_token_bytes(ids, buf, offsets, np.frombuffer(data, dtype=np.uint8))
         if status == 0:
             self.exact += 1
         elif status == 1 and self.dummy:
