@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 
@@ -88,7 +89,10 @@ def test_a_task_that_kills_its_worker_is_a_one_line_error() -> None:
             polymem.coverage(_Killer(os.getpid()), "bytes", docs, max_n=2, workers=2, partition_mb=1e-6)
     msg = str(e.value)
     assert "\n" not in msg and isinstance(e.value, PolymemError) and isinstance(e.value, RuntimeError)
-    assert msg.startswith("a coverage task (partition 3 of the corpus) was lost with the worker process running it")
+    # the partition with KILL (3), or another one queued on the same worker when it died (Dask fails those too,
+    # and whichever result comes back first is reported): a fresh-clone run reported partition 1
+    assert re.match(r"a coverage task \(partition [0-6] of the corpus\) was lost with the worker process running it",
+                    msg), msg
     assert "KilledWorker" in msg and "Rerun with fewer --workers" in msg
     # the same documents in this process (where KILL is harmless) give a report
     assert polymem.coverage(_Killer(os.getpid()), "bytes", docs, max_n=2).docs == 7
