@@ -1,4 +1,5 @@
-"""Benchmark: the per-document counting of `polymem coverage`, old kernels vs new, on token ids made beforehand.
+"""Benchmark: the per-document counting of `polymem coverage` on token ids made beforehand, and its byte-fidelity
+check (byte loop vs 8-byte words).
 
     python benchmarks/bench_coverage_doc.py ../shared/corpus/kerneldocs.jsonl.gz --repeat 3 \
         [--partition-docs 600] [--json out.json]
@@ -6,14 +7,15 @@
 The corpus is read and encoded once with both tokenizers (mistral-v1 target, cl100k_base reference; not timed).
 Then, per round and interleaved partition by partition (so that a load change on a shared machine hits both
 sides alike), CPU time (time.process_time) of:
-  rows     HashCounter adds through hash rows: ngram_hashes_into + xor_keys_into + doc_scan (the old path,
-           still used for ids that are not a tokenizer's own int64 array)
   fused    HashCounter adds through doc_scan_ids (built from the ids; the path `polymem coverage` takes)
   bytes    byte fidelity of both tokenizers with compare_token_bytes (byte loop)
   words    the same with compare_token_words (8-byte words; what `polymem coverage` runs)
 Counters see ``--partition-docs`` documents each (600 ≈ 4 MB of kerneldocs, a real run's partition); the
-occurrence pass after the documents is the same code for both and is not timed. The two paths' tallies are
-checked equal before timing. Medians over rounds, and their ratio.
+occurrence pass after the documents is not timed. Medians over rounds, and the fidelity ratio.
+
+The "rows" path this benchmark used to time against the fused kernel (hash rows, then a per-document kernel;
+docs/benchmarks/scaleout.md, fifth pass) was removed in session 6: every input now goes through the fused kernel.
+Its figures are reproduced by running this script from a checkout of commit aa56aa1.
 """
 
 from __future__ import annotations
@@ -58,10 +60,9 @@ def main() -> None:
 
     def count(part: list, path: str) -> tuple[float, object]:
         c = HashCounter(ct, cr, a.max_n)
-        f = c._add_rows if path == "rows" else c._add_ids
         c0 = time.process_time()
         for ti, ri, _ in part:
-            f(ti, ri)
+            c.add(ti, ri)
         dt = time.process_time() - c0
         return dt, c.finish_one()
 
@@ -81,34 +82,21 @@ def main() -> None:
                 _sets.compare_token_words(ri, *pr, padded, len(data), 0)
         return time.process_time() - c0
 
-    names = ("uniq", "hits", "positions", "pos_hits", "xor_uniq", "xor_hits", "share", "xor_share")
-    first = {}
-    for path in ("rows", "fused"):  # warm-up (compiles) and the equality check
-        tot = None
-        for part in parts:
-            _, tl = count(part, path)
-            if tot is None:
-                tot = tl
-            else:
-                tot += tl
-        first[path] = [np.asarray(getattr(tot, k)).tolist() for k in names]
-    assert first["rows"] == first["fused"], "the two paths disagree"
+    for part in parts:  # warm-up (loads the compiled kernels)
+        count(part, "fused")
     fidelity(parts[0], "bytes"), fidelity(parts[0], "words")
-    times: dict[str, list[float]] = {k: [] for k in ("rows", "fused", "bytes", "words")}
+    times: dict[str, list[float]] = {k: [] for k in ("fused", "bytes", "words")}
     for r in range(a.repeat):
         acc = dict.fromkeys(times, 0.0)
         for part in parts:
-            order = ("rows", "fused") if r % 2 == 0 else ("fused", "rows")
-            for path in order:
-                acc[path] += count(part, path)[0]
+            acc["fused"] += count(part, "fused")[0]
             for path in (("bytes", "words") if r % 2 == 0 else ("words", "bytes")):
                 acc[path] += fidelity(part, path)
         for k, v in acc.items():
             times[k].append(v)
         print(f"round {r + 1}: " + "  ".join(f"{k} {v:.2f}" for k, v in acc.items()), flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"medians (CPU-s): adds rows {med['rows']:.2f} -> fused {med['fused']:.2f} "
-          f"({med['fused'] / med['rows']:.2f}x); fidelity bytes {med['bytes']:.2f} -> words {med['words']:.2f} "
+    print(f"medians (CPU-s): adds {med['fused']:.2f}; fidelity bytes {med['bytes']:.2f} -> words {med['words']:.2f} "
           f"({med['words'] / med['bytes']:.2f}x)")
     if a.json:
         with open(a.json, "w") as fh:

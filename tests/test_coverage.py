@@ -464,8 +464,8 @@ def test_hash_counter_equals_exact_counter_on_ids_with_resegmentations(docs: lis
     """Ids given directly, with vocabularies where several id n-grams spell the same bytes (a·b = ab, aba =
     ab·a = a·ba, and two ids for b"b"), special tokens (None) and reference ids beyond the target's vocabulary:
     every count agrees with the readable counter, the XOR baseline's distinct id n-grams and hits included.
-    Both paths of HashCounter.add: int64 arrays (the fused kernel, doc_scan_ids) and lists (hash rows, then
-    doc_scan)."""
+    Both inputs of HashCounter.add: int64 arrays (straight to the fused kernel, doc_scan_ids) and lists (checked
+    and converted first)."""
     tb: list[bytes | None] = [b"a", b"b", b"ab", b"ba", b"aba", None, b"b"]
     rb: list[bytes | None] = [b"a", b"b", b"ab", None, b"bab", b"ba", b"aba", b"aa", b"b"]
     ct = polymem.TokenHashes.from_token_bytes(tb, name="t", fingerprint="t")
@@ -708,28 +708,6 @@ def test_occurrence_output_views_of_reused_scratch_equal_the_copies(mistral_v1: 
     counter.release_buffers()
 
 
-@settings(max_examples=30, deadline=None)
-@given(ids=st.lists(st.integers(0, 5), max_size=60), n=st.integers(1, 8))
-def test_kernels_into_reused_scratch_equal_the_fresh_ones(ids: list[int], n: int) -> None:
-    """The per-document hashes and XOR keys written into scratch reused across documents (dirty from the last
-    one) equal TokenHashes.ngram_hashes / xor_keys, invalid entries included (a special token: id 5)."""
-    from polymem.analysis.coverage import _sets
-    from polymem.analysis.coverage.counter import xor_keys
-    from polymem.hash.xor import xor_multipliers
-
-    cache = polymem.TokenHashes.from_token_bytes([b"a", b"bc", b"d", b" e", b"ff", None], name="t", fingerprint="t")
-    arr = np.array(ids, dtype=np.int64)
-    want_h, want_v = cache.ngram_hashes(arr, n)
-    h = np.full((len(ids) + 3, n), 7, dtype=np.uint64)  # dirty, and longer than the document
-    v = np.ones((len(ids) + 3, n), dtype=bool)
-    _sets.ngram_hashes_into(arr, cache.C, cache.P, cache.special, h[:len(ids)], v[:len(ids)])
-    assert np.array_equal(h[:len(ids)], want_h) and np.array_equal(v[:len(ids)], want_v)
-    mults = np.asarray(xor_multipliers(n), dtype=np.uint64)
-    x = np.full((len(ids) + 3, n), 9, dtype=np.uint64)
-    _sets.xor_keys_into(arr, want_v, mults, x[:len(ids)])
-    assert np.array_equal(x[:len(ids)], xor_keys(arr, want_v, xor_multipliers(n)))
-
-
 def _compare_by_definition(stream: bytes, text: bytes) -> tuple[int, int]:
     """compare_token_bytes' contract: 0 exact, 1 == b" " + text, else 2 and the first differing byte of the
     stream against the text (against b" " + text when the stream is one byte longer), or the shorter length."""
@@ -802,25 +780,47 @@ def test_byte_fidelity_by_hash_answers_as_the_bytes(ids: list[int], edit: str, w
     assert got[1] == (want_rev if want_rev < 2 else -1)
 
 
-def test_fused_kernel_hands_the_occurrence_pass_the_same_keys(mistral_v1: Tokenizer, cl100k: Tokenizer,
-                                                              real_docs: list[str]) -> None:
-    """HashCounter.add from a tokenizer's own ids (doc_scan_ids, built from the ids) and through the hash rows
-    (doc_scan) give the same tally and the same occurrence output: distinct reference keys, and pending target
-    entries (key, order, count), as sets (the order they are written in may differ)."""
+def test_any_integer_ids_give_what_the_tokenizers_own_arrays_give(mistral_v1: Tokenizer, cl100k: Tokenizer,
+                                                                   real_docs: list[str]) -> None:
+    """HashCounter.add from a tokenizer's own int64 arrays and from the same ids as Python lists / int32 arrays
+    (checked and converted, then the same fused kernel): the same tally and the same occurrence output."""
     from polymem.analysis.coverage.run import _hashes
 
     spec = polymem.HashSpec()
     tc, rc = _hashes(mistral_v1, spec), _hashes(cl100k, spec)
-    fused, rows = HashCounter(tc, rc, 7), HashCounter(tc, rc, 7)
-    for text in real_docs[:40] + ["", "x"]:
+    own, other = HashCounter(tc, rc, 7), HashCounter(tc, rc, 7)
+    for k, text in enumerate(real_docs[:40] + ["", "x"]):
         ti, ri = mistral_v1.encode(text), cl100k.encode(text)
-        assert ti.dtype == np.int64 and ri.dtype == np.int64  # the fused path's input
-        fused.add(ti, ri)
-        rows._add_rows(ti, ri)
-    a, b = fused.occurrence_output(), rows.occurrence_output()
+        assert ti.dtype == np.int64 and ri.dtype == np.int64  # the tokenizers' own arrays
+        own.add(ti, ri)
+        other.add(ti.tolist(), ri.astype(np.int32)) if k % 2 else other.add(ti.astype(np.int32), ri.tolist())
+    a, b = own.occurrence_output(), other.occurrence_output()
     assert a.ref.shape[0] > 1000 and a.pend_h.shape[0] > 1000
-    assert np.array_equal(np.sort(a.ref), np.sort(b.ref))
-    assert sorted(zip(a.pend_h.tolist(), a.pend_n.tolist(), a.pend_c.tolist())) == \
-        sorted(zip(b.pend_h.tolist(), b.pend_n.tolist(), b.pend_c.tolist()))
+    for x, y in zip((a.ref, a.ref_off, a.pend_h, a.pend_n, a.pend_c, a.pend_off),
+                    (b.ref, b.ref_off, b.pend_h, b.pend_n, b.pend_c, b.pend_off)):
+        assert np.array_equal(x, y)
     for name in ("uniq", "hits", "positions", "pos_hits", "xor_uniq", "xor_hits", "share", "xor_share"):
-        assert getattr(fused.tally, name).tolist() == getattr(rows.tally, name).tolist(), name
+        assert getattr(own.tally, name).tolist() == getattr(other.tally, name).tolist(), name
+
+
+@pytest.mark.parametrize("side, bad, match", [
+    ("target", [[1, 2], [3, 4]], r"target ids of one document must be 1-D .*shape \(2, 2\)"),
+    ("reference", "beyond", r"token id \d+ is out of range for tokenizer .*cl100k.*another tokenizer"),
+    ("target", [-1, 2], r"token id -1 is out of range"),
+    ("target", [0.5, 1.0], r"token ids must be integers, got dtype float64"),
+])
+def test_bad_ids_are_a_clear_error(mistral_v1: Tokenizer, cl100k: Tokenizer, side: str, bad: list, match: str) -> None:
+    """Ids that are not one document's in-range integers: an error naming the value and what is accepted, and the
+    counter is unchanged (nothing was counted)."""
+    from polymem.analysis.coverage.run import _hashes
+
+    spec = polymem.HashSpec()
+    tc, rc = _hashes(mistral_v1, spec), _hashes(cl100k, spec)
+    c = HashCounter(tc, rc, 3)
+    if bad == "beyond":
+        bad = [0, rc.vocab_size]
+    good = [1, 2, 3]
+    with pytest.raises(PolymemError, match=match):
+        c.add(bad, good) if side == "target" else c.add(good, bad)
+    assert c.tally.docs == 0 and c.tally.tokens_target == 0
+    assert c.occurrence_bytes() == HashCounter(tc, rc, 3).occurrence_bytes()  # no keys buffered

@@ -90,20 +90,3 @@ def test_tokenizer_bound_same_text_other_ids_other_rows() -> None:
 def test_bad_specs_are_refused(kw: dict) -> None:
     with pytest.raises(PolymemError, match="XorHashSpec.*is invalid"):
         XorHashSpec(**kw)
-
-
-@settings(max_examples=40, deadline=None)
-@given(ids=st.lists(st.integers(0, 2**20), min_size=1, max_size=40), N=st.integers(1, 7), cut=st.integers(0, 40))
-def test_coverage_xor_kernel_equals_the_definition(ids: list[int], N: int, cut: int) -> None:
-    """Coverage's fused numba kernel = xor_mixes + n·GOLDEN where valid, 0 elsewhere (validity monotone in n)."""
-    from polymem.analysis.coverage.counter import xor_keys
-    from polymem.hash.spec import GOLDEN
-
-    T = len(ids)
-    valid = np.array([[i - n >= 0 and not (i - n <= cut < i + 1 and cut % 3 == 0) for n in range(N)]
-                      for i in range(T)]).reshape(T, N)
-    valid &= np.cumprod(valid, axis=1).astype(bool)  # a longer n-gram reaches further back: monotone
-    m = xor_multipliers(N)
-    want = np.where(valid, xor_mixes(np.array(ids), m, N) + np.arange(1, N + 1, dtype=np.uint64) * np.uint64(GOLDEN),
-                    np.uint64(0))
-    np.testing.assert_array_equal(xor_keys(np.array(ids), valid, m), want)

@@ -22,72 +22,6 @@ from polymem.hash._numba import _GOLDEN, _U0, _U1, _fmix64  # one fmix64 for the
 ZERO_KEY = _GOLDEN  # any fixed non-zero key would do; a byte hash equals it with probability 2^-64
 
 
-@njit(cache=True)
-def xor_keys(ids, valid, mults):  # pragma: no cover - compiled
-    """Engram's XOR mix with its order folded in, fused for the coverage hot path (numpy's several passes cost
-    ~4x more here): X[i, n-1] = xor_mixes(ids)[i, n-1] + n·GOLDEN, 0 where invalid. The definition is
-    :func:`polymem.hash.xor.xor_mixes`; tests/test_xor.py checks this kernel against it.
-
-    ids int64 [T], valid bool [T, N] (monotone in n), mults uint64 [>= N] -> uint64 [T, N]."""
-    T, N = valid.shape
-    out = np.zeros((T, N), dtype=np.uint64)
-    for i in range(T):
-        acc = _U0
-        for n in range(N):
-            if not valid[i, n]:
-                break
-            acc ^= np.uint64(ids[i - n]) * mults[n]
-            out[i, n] = acc + np.uint64(n + 1) * _GOLDEN
-    return out
-
-
-@njit(cache=True)
-def xor_keys_into(ids, valid, mults, out):  # pragma: no cover - compiled
-    """:func:`xor_keys` written into ``out`` (uint64 [>= T, N], reused across documents: no fresh pages)."""
-    T, N = valid.shape
-    for i in range(T):
-        acc = _U0
-        for n in range(N):
-            if not valid[i, n]:
-                for k in range(n, N):
-                    out[i, k] = _U0
-                break
-            acc ^= np.uint64(ids[i - n]) * mults[n]
-            out[i, n] = acc + np.uint64(n + 1) * _GOLDEN
-    return 0
-
-
-@njit(cache=True)
-def ngram_hashes_into(ids, C, P, special, out_h, out_v):  # pragma: no cover - compiled
-    """:func:`polymem.hash._numba.ngram_hashes` of one sequence (ids int64 [T]) written into ``out_h`` (uint64
-    [>= T, N]) and ``out_v`` (bool [>= T, N]), reused across documents; invalid entries are 0 / False.
-
-    Row by row: the n-gram ending at i is the (n-1)-gram ending at i-1 followed by token i, and the byte hash of
-    a concatenation is H(s)·base^len(t) + H(t), so h[i, n] = h[i-1, n-1]·P[t] + C[t] (mod 2^64, the same value as
-    the definition's sum): one lookup of C, P, special per token instead of one per token and order."""
-    T = ids.shape[0]
-    N = out_h.shape[1]
-    for i in range(T):
-        t = ids[i]
-        n = 0
-        if not special[t]:
-            c = C[t]
-            p = P[t]
-            out_h[i, 0] = c
-            out_v[i, 0] = True
-            n = 1
-            if i > 0:
-                while n < N and out_v[i - 1, n - 1]:
-                    out_h[i, n] = out_h[i - 1, n - 1] * p + c
-                    out_v[i, n] = True
-                    n += 1
-        while n < N:
-            out_h[i, n] = _U0
-            out_v[i, n] = False
-            n += 1
-    return 0
-
-
 _LOW = np.uint64(0x1F)  # the low 5 bits of a reference-table entry hold the smallest reference order - 1
 _HIGH = ~np.uint64(0x1F)
 
@@ -109,36 +43,18 @@ def _probe(tt, h, mask):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _probe_high(rt, hi, mask, shift):  # pragma: no cover - compiled
+def _probe_one(rt, hi, mask, shift):  # pragma: no cover - compiled
     """Linear probing in the reference table, comparing the top 59 bits: the slot whose entry has the high bits
     ``hi``, or the empty slot where it would go. The first slot is the key's top bits (``shift`` = 64 - log2 of
     the table size): the top bits of a polynomial byte hash are already well mixed (its low bits are not), so
-    no fmix64 is needed here."""
-    s = hi >> shift
-    while rt[s] != _U0 and (rt[s] & _HIGH) != hi:
-        s = (s + _U1) & mask
-    return s
-
-
-@njit(cache=True, inline="always")
-def _probe_one(rt, hi, mask, shift):  # pragma: no cover - compiled
-    """:func:`_probe_high` with one branch per slot: ``a and b`` compiles to two branches, and the first one (empty
-    slot or not) goes either way at random (found or not), mispredicting; ``a | b`` is almost always true at the
-    first slot, so its branch is predicted (in-process A/B, kerneldocs: -2-7 % in each of 5 rounds)."""
+    no fmix64 is needed here. One branch per slot: ``a and b`` compiles to two branches, and the first one
+    (empty slot or not) goes either way at random (found or not), mispredicting; ``a | b`` is almost always true
+    at the first slot, so its branch is predicted (in-process A/B, kerneldocs: -2-7 % in each of 5 rounds)."""
     s = hi >> shift
     e = rt[s]
     while not ((e == _U0) | ((e & _HIGH) == hi)):
         s = (s + _U1) & mask
         e = rt[s]
-    return s
-
-
-@njit(cache=True, inline="always")
-def _probe_top(tt, h, mask, shift):  # pragma: no cover - compiled
-    """:func:`_probe` for byte-hash keys: the first slot is the key's top bits (see :func:`_probe_high`)."""
-    s = h >> shift
-    while tt[s, 0] != _U0 and tt[s, 0] != h:
-        s = (s + _U1) & mask
     return s
 
 
@@ -162,150 +78,6 @@ def _variant_hit(vt, x, tmask, xhits, n):  # pragma: no cover - compiled
         vt[v, 1] = _U1
         xhits[n] += 1
     return True
-
-
-@njit(cache=True)
-def doc_scan(
-    tH, tV, tX,  # target: keys uint64 [T, N], validity bool [T, N], XOR keys uint64 [T, N] (see xor_keys)
-    rH, rV, rids,  # reference: keys, validity, ids int64 [Tr]
-    tC, tP, tspecial,  # the target's token hashes: the reference's ids read as target ids (the XOR baseline)
-    mults,  # uint64 [>= N]: the XOR multipliers
-    rt,  # scratch uint64 [pow2 >= 1.5*Tr*N]: the reference set, entries (key & ~31) | (smallest order - 1)
-    tt,  # scratch uint64 [>= pow2(1.5*Tt), 3]: one target order's set, rows (key, count << 16 | found << 8 |
-    #      XOR hit, XOR key of the first id n-gram with these bytes)
-    tlist,  # scratch int64 [same as tt]: slots of the distinct target entries, in insertion order
-    vt,  # scratch uint64 [same as tt, 2]: XOR keys of further id n-grams with the same bytes (rare), hit flag
-    alive, racc, rh, rm,  # scratch bool / uint64 [>= Tr]: the XOR lookups of the reference, by position
-    record,  # True: emit distinct reference keys and the not-found target (key, order, count) for the corpus pass
-    uniq, hits, positions, pos_hits, xuniq, xhits,  # out (+=): int64 [N], [N, N], [N], [N], [N], [N]
-    ref_out, pend_h, pend_n, pend_c,  # out buffers: uint64 [>= Tr*N]; uint64/int8/int64 [>= Tt*N]
-):  # pragma: no cover - compiled
-    """One document: unique-set hits per (target order n, smallest matching reference order m), positions,
-    and the XOR baseline's unique-set counts (Engram's token-id mix, :func:`xor_keys`).
-
-    The reference table compares the top 59 bits of a key (its low 5 bits carry the smallest order), so one
-    probe is one 8-byte read; a false match needs two of the document's n-grams to agree on 59 random bits.
-
-    XOR baseline, in the same target tables: an id n-gram determines its bytes, so the distinct target id
-    n-grams of order n are the distinct byte n-grams (the table's entries) plus the further id n-grams that
-    spell bytes an entry already has (``vt``; rare: another segmentation of the same bytes). A reference id
-    n-gram can equal a target one only if its ids, read as target ids, spell bytes the target table has: its
-    target byte hash is built up one order at a time (``rh``, ``rm``) with its XOR key (``racc``), and looked
-    up. A reference n-gram whose (n-1)-suffix matched no target (n-1)-gram cannot match (``alive``): with two
-    unrelated id spaces almost nothing survives order 1. Equal XOR keys are taken as equal ids (64-bit keys of
-    a document's n-grams), as for the table rows of the XOR baseline.
-
-    Returns (number of distinct reference keys written to ref_out, number of pending entries written).
-    """
-    N = tH.shape[1]
-    rt[:] = 0
-    rmask = np.uint64(rt.shape[0] - 1)
-    rshift = np.uint64(64 - _log2(rt.shape[0]))
-    n_ref = 0
-    Tr = rH.shape[0]
-    for i in range(Tr):
-        for m in range(N):
-            if not rV[i, m]:
-                break  # validity is monotone in the order: a longer n-gram reaches further back
-            h = rH[i, m]
-            hi = _key(h & _HIGH)
-            s = _probe_high(rt, hi, rmask, rshift)
-            if rt[s] == _U0:
-                rt[s] = hi | np.uint64(m)
-                if record:
-                    ref_out[n_ref] = h
-                    n_ref += 1
-            elif np.uint64(m) < (rt[s] & _LOW):
-                rt[s] = hi | np.uint64(m)
-    # the target, one order at a time: the table holds one order's n-grams, so it stays cache-sized
-    n_pend = 0
-    Tt = tH.shape[0]
-    V = tC.shape[0]
-    cap_t = _pow2(3 * Tt // 2 + 1)
-    tmask = np.uint64(cap_t - 1)
-    tshift = np.uint64(64 - _log2(cap_t))
-    n_var = 1  # clear vt before the first order
-    for n in range(N):
-        tt[:cap_t, 0] = 0
-        if n_var:
-            vt[:cap_t, 0] = 0
-            n_var = 0
-        n_list = 0
-        for i in range(n, Tt):
-            if not tV[i, n]:
-                continue
-            h = _key(tH[i, n])
-            positions[n] += 1
-            s = _probe_top(tt, h, tmask, tshift)
-            if tt[s, 0] == _U0:
-                # a new unique target n-gram: look it up among the reference's n-grams of every order
-                hi = _key(h & _HIGH)
-                r = _probe_high(rt, hi, rmask, rshift)
-                f = np.int64(rt[r] & _LOW) + 1 if rt[r] != _U0 else 0
-                tt[s, 0] = h
-                tt[s, 1] = (_U1 << np.uint64(16)) | (np.uint64(f) << np.uint64(8))
-                tt[s, 2] = tX[i, n]
-                uniq[n] += 1
-                if f:
-                    hits[n, f - 1] += 1
-                    pos_hits[n] += 1
-                tlist[n_list] = s
-                n_list += 1
-            else:
-                tt[s, 1] += _U1 << np.uint64(16)
-                if (tt[s, 1] >> np.uint64(8)) & np.uint64(0xFF):
-                    pos_hits[n] += 1
-                if tt[s, 2] != tX[i, n]:  # the same bytes from other ids: a distinct id n-gram (if new)
-                    x = _key(tX[i, n])
-                    v = _probe(vt, x, tmask)
-                    if vt[v, 0] == _U0:
-                        vt[v, 0] = x
-                        vt[v, 1] = _U0
-                        n_var += 1
-        xuniq[n] += n_list + n_var
-        # the reference's id n-grams of order n whose (n-1)-suffix matched
-        gold = np.uint64(n + 1) * _GOLDEN
-        for j in range(n, Tr):
-            if n > 0 and not alive[j]:
-                continue
-            t = rids[j - n]
-            if not rV[j, n] or t >= V or tspecial[t]:
-                alive[j] = False
-                continue
-            tu = np.uint64(t)
-            if n == 0:
-                h = tC[t]
-                mm = tP[t]
-                acc = tu * mults[0]
-            else:
-                h = tC[t] * rm[j] + rh[j]
-                mm = rm[j] * tP[t]
-                acc = racc[j] ^ (tu * mults[n])
-            rh[j] = h
-            rm[j] = mm
-            racc[j] = acc
-            x = acc + gold
-            s = _probe_top(tt, _key(h), tmask, tshift)
-            found = False
-            if tt[s, 0] != _U0:
-                if tt[s, 2] == x:
-                    found = True
-                    if not tt[s, 1] & _U1:
-                        tt[s, 1] |= _U1
-                        xhits[n] += 1
-                elif n_var:
-                    found = _variant_hit(vt, x, tmask, xhits, n)
-            alive[j] = found
-        if record:
-            for j in range(n_list):
-                s = tlist[j]
-                p = tt[s, 1]
-                if (p >> np.uint64(8)) & np.uint64(0xFF) == _U0:
-                    pend_h[n_pend] = tt[s, 0]
-                    pend_n[n_pend] = n
-                    pend_c[n_pend] = np.int64(p >> np.uint64(16))
-                    n_pend += 1
-    return n_ref, n_pend
 
 
 @njit(cache=True, inline="always")
@@ -355,18 +127,35 @@ def doc_scan_ids(
     uniq, hits, positions, pos_hits, xuniq, xhits,  # out (+=): int64 [N], [N, N], [N], [N], [N], [N]
     ref_out, pend_h, pend_n, pend_c,  # out buffers: uint64 [>= Tr*N]; uint64/int8/int64 [>= Tt*N]
 ):  # pragma: no cover - compiled
-    """:func:`doc_scan` from the ids, the same counts and outputs: the n-gram hashes, their validity and the XOR
-    keys are not materialised as [T, N] arrays but built one order at a time in place (the n-gram of order
-    n+1 ending at i is the one of order n ending at i-1 extended by token i: h = h' * P[t] + C[t]; valid while
-    the run of non-special tokens ending at i is longer than n), while each order's set is filled. The
-    reference's orders go in ascending order, so a key's first insertion is its smallest order. The target's
-    set is split into arrays (keys; counts and flags; XOR keys) so that a probe reads only keys, and an order's
-    distinct n-grams are looked up in the reference set after its positions are counted (one look-up per
-    distinct n-gram, its count known: no per-position hit flag, fewer branches in the position loop).
+    """One document: unique-set hits per (target order n, smallest matching reference order m), positions,
+    the XOR baseline's unique-set counts (Engram's token-id mix, :func:`polymem.hash.xor.xor_mixes`, with the
+    order folded in: key = mix + n·GOLDEN) and, with ``record``, the document's keys for the corpus-wide
+    occurrence pass.
 
-    The XOR baseline's order 1 is "the same id": the target's ids are stamped in ``seen`` and a reference id
-    (read as a target id) is looked up there, its first hit stamped in ``xseen``; the reference positions that
-    matched are kept in a list (``surv``) and only they are extended at the next order."""
+    The n-gram hashes, their validity and the XOR keys are not materialised as [T, N] arrays but built one
+    order at a time in place (the n-gram of order n+1 ending at i is the one of order n ending at i-1 extended
+    by token i: h = h' * P[t] + C[t]; valid while the run of non-special tokens ending at i is longer than n),
+    while each order's set is filled. The reference's orders go in ascending order, so a key's first insertion
+    is its smallest order. The reference table compares the top 59 bits of a key (its low 5 bits carry the
+    smallest order), so one probe is one 8-byte read; a false match needs two of the document's n-grams to
+    agree on 59 random bits. The target's set is split into arrays (keys; counts and flags; XOR keys) so that a
+    probe reads only keys, and an order's distinct n-grams are looked up in the reference set after its
+    positions are counted (one look-up per distinct n-gram, its count known: no per-position hit flag, fewer
+    branches in the position loop).
+
+    XOR baseline, in the same target tables: an id n-gram determines its bytes, so the distinct target id
+    n-grams of order n are the distinct byte n-grams (the table's entries) plus the further id n-grams that
+    spell bytes an entry already has (``vt``; rare: another segmentation of the same bytes). A reference id
+    n-gram can equal a target one only if its ids, read as target ids, spell bytes the target table has: its
+    target byte hash is built up one order at a time (``rh``, ``rm``) with its XOR key (``racc``), and looked
+    up. Its order 1 is "the same id": the target's ids are stamped in ``seen`` and a reference id (read as a
+    target id) is looked up there, its first hit stamped in ``xseen``; the reference positions that matched are
+    kept in a list (``surv``) and only they are extended at the next order (a reference n-gram whose
+    (n-1)-suffix matched no target (n-1)-gram cannot match: with two unrelated id spaces almost nothing
+    survives order 1). Equal XOR keys are taken as equal ids (64-bit keys of a document's n-grams), as for the
+    table rows of the XOR baseline.
+
+    Returns (number of distinct reference keys written to ref_out, number of pending entries written)."""
     N = mults.shape[0]
     Tr = rids.shape[0]
     Tt = tids.shape[0]

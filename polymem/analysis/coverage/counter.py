@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from polymem.errors import PolymemError
 from polymem.hash.token_hashes import TokenHashes
 from polymem.analysis.coverage import _sets as _kernels
 from polymem.hash.reference import ngram_bytes
@@ -128,18 +129,6 @@ class Tally:
         return self
 
 
-def xor_keys(ids: np.ndarray, valid: np.ndarray, mults: tuple[int, ...]) -> np.ndarray:
-    """Engram's XOR mix of the n-gram ending at i with its order folded in (Engram's tables are disjoint per
-    order): X[i, n-1] = mix(i, n) + n·GOLDEN (mod 2^64), so equal keys mean the same mix at the same order.
-    mix is :func:`polymem.hash.xor.xor_mixes`; the numba kernel fuses it (:func:`_sets.xor_keys`).
-
-    ids int [T], valid bool [T, N] (the byte path's validity: before the start or with a special token ->
-    invalid) -> uint64 [T, N]; invalid entries are 0.
-    """
-    return _kernels.xor_keys(np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(valid),
-                             np.asarray(mults, dtype=np.uint64))
-
-
 _COMPACT_KEYS = 1 << 23  # buffered reference keys (64 MiB) before they are deduplicated in place
 _RESERVE = 1 << 23  # entries the occurrence buffers start with (address space: 64 MiB of keys)
 BUCKET_BITS = 10  # key buckets of the occurrence pass (the top bits of a stored key; see _sets.bucket_unique)
@@ -183,13 +172,11 @@ class HashCounter:
         self.tally = Tally(max_n)
         self._mults = xor_multipliers(max_n)
         self._mults_u64 = np.asarray(self._mults, dtype=np.uint64)
-        self._rowbuf: list[Any] = [None, None]
         self._posbuf: Any = None
         self._seen: Any = None  # the fused kernel's stamps per target id, and the stamp of the last document
         self._xseen: Any = None
         self._stamp = 0
         self._cap_r = self._cap_t = 0
-        self._alive = np.zeros(0, dtype=np.bool_)
         self._surv = np.zeros(0, dtype=np.int64)
         self._racc = self._rh = self._rm = np.zeros(0, dtype=np.uint64)
         self._compact = int(compact_keys)
@@ -200,47 +187,15 @@ class HashCounter:
         if cap_r > self._cap_r:
             self._cap_r = cap_r
             self._rt = np.zeros(cap_r, dtype=np.uint64)
-        if Tr > self._alive.shape[0]:
+        if Tr > self._surv.shape[0]:
             n = _pow2(Tr)
-            self._alive = np.zeros(n, dtype=np.bool_)
             self._surv = np.zeros(n, dtype=np.int64)
             self._racc, self._rh, self._rm = (np.zeros(n, dtype=np.uint64) for _ in range(3))
         if cap_t > self._cap_t:
             self._cap_t = cap_t
-            self._tt = np.zeros((cap_t, 3), dtype=np.uint64)
-            self._tk, self._tv, self._tf = self._tt.T.copy()  # the fused kernel's split table
+            self._tk, self._tv, self._tf = (np.zeros(cap_t, dtype=np.uint64) for _ in range(3))  # the target set
             self._vt = np.zeros((cap_t, 2), dtype=np.uint64)
             self._tlist = np.zeros(cap_t, dtype=np.int64)
-
-    def _rows(self, k: int, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Scratch (hashes, validity, XOR keys) [>= T, N] for side k (0 target, 1 reference), reused across
-        documents: fresh arrays for every document cost more in page faults than the hashing itself."""
-        rows = self._rowbuf[k]
-        if rows is None or rows[0].shape[0] < T:
-            n = _pow2(T)
-            rows = self._rowbuf[k] = (np.empty((n, self.max_n), np.uint64), np.empty((n, self.max_n), np.bool_),
-                                      np.empty((n, self.max_n), np.uint64))
-        return rows
-
-    def _hashes(self, cache: TokenHashes, ids: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``cache.ngram_hashes(ids, N)``; a tokenizer's own ids (int64 [T], in range) go straight to the kernel,
-        into reused scratch, without the general checks (they cost more than the hashing for a short document)."""
-        if (isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1
-                and _kernels.ids_in_range(ids, cache.C.shape[0])):
-            T = ids.shape[0]
-            h, v, _ = self._rows(k, T)
-            _kernels.ngram_hashes_into(ids, cache.C, cache.P, cache.special, h[:T], v[:T])
-            return h[:T], v[:T]
-        return cache.ngram_hashes(ids, self.max_n)
-
-    def _xor(self, ids: Any, valid: np.ndarray, k: int) -> np.ndarray:
-        T = valid.shape[0]
-        if isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1 and self._rowbuf[k] is not None \
-                and self._rowbuf[k][2].shape[0] >= T:
-            out = self._rowbuf[k][2][:T]
-            _kernels.xor_keys_into(ids, np.ascontiguousarray(valid), self._mults_u64, out)
-            return out
-        return xor_keys(ids, valid, self._mults)
 
     def _room(self, n_ref: int, n_pend: int) -> None:
         """Make the occurrence buffers hold n_ref more reference keys and n_pend more pending entries."""
@@ -278,12 +233,15 @@ class HashCounter:
             self._posbuf = (np.empty((n, 4), np.uint64), np.empty(n, np.int64), np.empty(n, np.int64))
         return self._posbuf
 
-    def add(self, target_ids: np.ndarray, reference_ids: np.ndarray) -> None:
-        """Count one document, given its ids under the target and the reference tokenizer."""
-        if _own_ids(target_ids, self.target) and _own_ids(reference_ids, self.reference):
-            self._add_ids(target_ids, reference_ids)
-        else:  # anything else: checked (a clear error for bad ids) and hashed by TokenHashes.ngram_hashes
-            self._add_rows(target_ids, reference_ids)
+    def add(self, target_ids: Any, reference_ids: Any) -> None:
+        """Count one document, given its ids under the target and the reference tokenizer: 1-D sequences of
+        integers in range of each vocabulary (a tokenizer's own int64 arrays go straight to the kernel; anything
+        else is checked, with a clear error for bad ids, and converted)."""
+        if not _own_ids(target_ids, self.target):
+            target_ids = _checked_ids(target_ids, self.target, "target")
+        if not _own_ids(reference_ids, self.reference):
+            reference_ids = _checked_ids(reference_ids, self.reference, "reference")
+        self._add_ids(target_ids, reference_ids)
 
     def _doc_outputs(self, Tr: int, Tt: int) -> tuple[np.ndarray, ...]:
         """One document's counts (uniq [N], hits [N, N], xuniq [N], xhits [N], zeroed) and where its keys go:
@@ -319,32 +277,6 @@ class HashCounter:
             self._rt[:cr], self._tk[:ct], self._tv[:ct], self._tf[:ct], self._tlist[:ct], self._vt[:ct], pos,
             run_t, run_r, self._surv, self._racc, self._rh, self._rm, self._seen, self._xseen, self._stamp, occ,
             uniq, hits, t.positions, t.pos_hits, xuniq, xhits, ref_out, pend_h, pend_n, pend_c,
-        )
-        self._nref += n_ref
-        self._npend += n_pend
-        t.add_doc(uniq, hits, xuniq, xhits)
-
-    def _add_rows(self, target_ids: Any, reference_ids: Any) -> None:
-        """:meth:`add` through [T, N] arrays of hashes, validity and XOR keys (:func:`_sets.doc_scan`)."""
-        N, t = self.max_n, self.tally
-        tH, tV = self._hashes(self.target, target_ids, 0)  # [Tt, N]
-        rH, rV = self._hashes(self.reference, reference_ids, 1)  # [Tr, N]
-        Tt, Tr = tH.shape[0], rH.shape[0]
-        t.tokens_target += Tt
-        t.tokens_reference += Tr
-        cr, ct = _pow2(3 * Tr * N // 2 + 1), _pow2(3 * Tt // 2 + 1)  # load ≤ 2/3; target: one order at a time
-        self._scratch(cr, ct, Tr)
-        uniq, hits, xuniq, xhits, ref_out, pend_h, pend_n, pend_c = self._doc_outputs(Tr, Tt)
-        occ = self.occurrence
-        # the XOR baseline: Engram's token-id mix, same multipliers for both tokenizers, order folded into the
-        # key; the target's keys here, the reference's built inside doc_scan for the n-grams that can match
-        tX = self._xor(target_ids, tV, 0)
-        rids = np.ascontiguousarray(reference_ids, dtype=np.int64)  # in range: checked by the hashing above
-        tc = self.target
-        n_ref, n_pend = _kernels.doc_scan(
-            tH, tV, tX, rH, rV, rids, tc.C, tc.P, tc.special, self._mults_u64,
-            self._rt[:cr], self._tt[:ct], self._tlist[:ct], self._vt[:ct], self._alive, self._racc, self._rh,
-            self._rm, occ, uniq, hits, t.positions, t.pos_hits, xuniq, xhits, ref_out, pend_h, pend_n, pend_c,
         )
         self._nref += n_ref
         self._npend += n_pend
@@ -392,6 +324,15 @@ class HashCounter:
 
 def _pow2(n: int) -> int:
     return 1 << max(4, int(n - 1).bit_length())
+
+
+def _checked_ids(ids: Any, cache: TokenHashes, side: str) -> np.ndarray:
+    """A document's ids as the fused kernel takes them (contiguous int64 [T], in range), or a clear error."""
+    arr = cache.check_ids(ids)
+    if arr.ndim != 1:
+        raise PolymemError(f"{side} ids of one document must be 1-D (a sequence of token ids), got shape "
+                           f"{arr.shape}; pass one document's ids per add() call")
+    return np.ascontiguousarray(arr)
 
 
 def _own_ids(ids: Any, cache: TokenHashes) -> bool:
