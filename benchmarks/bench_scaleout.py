@@ -17,6 +17,17 @@ For each corpus, back to back, each in a fresh subprocess (so its peak RSS is it
              clock (its start is timed apart); the first run (cold workers: they import polymem and load the
              tokenizers) and a second run on the same cluster (warm workers); peak RSS of the driver and of each
              worker (ru_maxrss, asked from the workers after the runs)
+  paired     (--modes paired) the one-process target measured so that the machine's drift cancels: in one
+             process, partition by partition (4 MB, as a one-process run cuts them; its documents read once, not
+             timed), the partition is tokenized with both tokenizers document by document (`tokenize`), in
+             batches (`tokenizeb`), and counted by coverage's own map task (`dist.count_partition`: tokenizing,
+             counting, key files), the three in a rotating order; then coverage's reduce; plus the fixed cost of a
+             run (`polymem.coverage` of one short document with fresh tokenizer objects). Coverage = maps + reduce + fixed cost, compared with
+             the sum of the tokenize passes (CPU and wall), with the per-partition ratios of the maps; the
+             report's numbers are checked equal to a plain `polymem.coverage` run's.
+  cli        (--modes cli) the whole command as a user runs it, cold: `polymem coverage --workers 1` and
+             `--workers 2` (its own local Dask cluster), each a fresh process (imports, tokenizer loads, kernel
+             loads and the cluster's start all inside the time), the two in alternating order round by round
 Every mode also reports the CPU seconds (user+sys) its timed region used: of the process, or for dask of the
 driver (with the scheduler) + nannies + workers.
   fork       (--fork-tree PATH, first corpus only) the whole CLI, `polymem coverage --workers 2` and `--workers 1`,
@@ -127,6 +138,8 @@ def one(mode: str, paths: list[str], partition_mb: float | None, max_n: int, sha
         r = polymem.coverage(tok_t, tok_r, corpus, max_n=max_n, partition_mb=partition_mb)
         out.update(time_s=time.perf_counter() - t0, cpu_s_timed=time.process_time() - c0, docs=r.docs,
                    bytes=r.bytes, partitions=len(corpus.partitions(partition_mb or 4.0)), report=_numbers(r))
+    elif mode == "paired":
+        out.update(_paired(tok_t, tok_r, corpus, max_n, partition_mb or 4.0))
     elif mode == "dask":
         import logging
 
@@ -148,6 +161,109 @@ def one(mode: str, paths: list[str], partition_mb: float | None, max_n: int, sha
         out.update(time_s=runs[0][0], cpu_s_timed=runs[0][1], warm_time_s=runs[1][0], warm_cpu_s_timed=runs[1][1],
                    cluster_start_s=t_start, docs=r.docs, bytes=r.bytes, partitions=runs[0][2],
                    worker_peak_rss_mb=sorted(peaks.values()), report=runs[0][3])
+    return out
+
+
+def _paired(tok_t: Any, tok_r: Any, corpus: Any, max_n: int, partition_mb: float) -> dict[str, Any]:
+    """The one-process run's steps, each partition's interleaved with tokenize-only passes over the same
+    documents (see the module docstring: mode ``paired``)."""
+    import shutil
+    import tempfile
+
+    import numpy as np
+
+    import polymem
+    from polymem.analysis.coverage import dist
+    from polymem.analysis.coverage import run as R
+    from polymem.analysis.coverage.report import CoverageReport
+    from polymem.hash.spec import HashSpec
+    from polymem.tokenizers import load_tokenizer
+
+    def clock() -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def tokenize(part: Any, batched: bool) -> None:
+        docs = [d.text for d in part.docs]
+        if batched:  # as coverage does: each tokenizer encodes a batch of about BATCH_MB of text
+            lo, size = 0, 0
+            for k, text in enumerate(docs + [None]):
+                if text is None or size >= R.BATCH_MB * 1e6:
+                    for t in docs[lo:k]:
+                        tok_t.encode(t)
+                    for t in docs[lo:k]:
+                        tok_r.encode(t)
+                    lo, size = k, 0
+                if text is not None:
+                    size += len(text)
+        else:
+            for text in docs:
+                tok_t.encode(text)
+                tok_r.encode(text)
+
+    # the fixed cost of a run: fresh tokenizer objects (token hashes, byte maps, fingerprints), scratch, report
+    fresh = load_tokenizer("mistral-v1"), load_tokenizer("cl100k_base")
+    w0, c0 = clock()
+    polymem.coverage(*fresh, ["a short document, the fixed cost of a run."], max_n=max_n)
+    w1, c1 = clock()
+    fixed = (w1 - w0, c1 - c0)
+    spec = HashSpec()
+    scratch = tempfile.mkdtemp(prefix="polymem-paired-", dir=R._scratch_parent(corpus, True))
+    plan = dist.Plan(target=tok_t, reference=tok_r, max_n=max_n, occurrence=True, spec=spec, scratch=scratch)
+    dist.preload(plan, (tok_t, tok_r, R._hashes(tok_t, spec), R._hashes(tok_r, spec)))
+    steps: dict[str, list[tuple[float, float]]] = {"tokenize": [], "tokenizeb": [], "map": []}
+    results, held, held_mb = [], {}, 0.0
+    try:
+        for i, file_part in enumerate(corpus.partitions(partition_mb)):
+            # read once, not timed: a partition of a compressed file read a second time is decompressed again
+            # from the file's start (only the next partition continues an open stream), which would add the
+            # same growing time to every step
+            part = dist.DocsPartition(tuple(file_part.read([])))
+            order = ("tokenize", "tokenizeb", "map")
+            for step in order[i % 3:] + order[:i % 3]:  # rotating: each step first, second and third in turn
+                w0, c0 = clock()
+                if step == "map":  # what R._run_inline does for partition i
+                    r = dist.count_partition(plan, i, part, keep=max(0.0, R.KEEP_MB - held_mb))
+                else:
+                    tokenize(part, step == "tokenizeb")
+                w1, c1 = clock()
+                steps[step].append((w1 - w0, c1 - c0))
+            occ = r.pop("occ", None)
+            if occ is not None:
+                held[i] = occ
+                held_mb += dist.held_bytes(occ) / 1e6
+            results.append(r)
+        w0, c0 = clock()
+        extra = np.zeros(max_n, dtype=np.int64)
+        for lo, hi in dist.bucket_ranges(sum(r["ref_keys"] for r in results)):
+            extra += dist.resolve_buckets(plan, [r["index"] for r in results], lo, hi, held)
+        w1, c1 = clock()
+        reduce = (w1 - w0, c1 - c0)
+    finally:
+        dist.release()
+        shutil.rmtree(scratch, ignore_errors=True)
+    tally = dist.merge_tallies(results, max_n)
+    tally.pos_hits += extra
+    report = CoverageReport.from_tally(
+        tally, occurrence=True, target=R._info(tok_t), reference=R._info(tok_r), method="hash",
+        bytes=sum(r["bytes"] for r in results),
+        fidelity={"target": R._merge_fidelity([r["fid_t"] for r in results]),
+                  "reference": R._merge_fidelity([r["fid_r"] for r in results])},
+        skipped=[{"source": s.source, "reason": s.reason} for r in results for s in r["skipped"]],
+        replaced_utf8=sum(r["replaced"] for r in results), elapsed_s=0.0, workers=1,
+        timing={"encode_s": 0.0, "count_s": 0.0, "read_s": 0.0}, hash_spec=spec.spec_id)
+    want = polymem.coverage(tok_t, tok_r, corpus, max_n=max_n, partition_mb=partition_mb)
+    assert _numbers(report) == _numbers(want), "the paired steps gave another report than polymem.coverage"
+    out: dict[str, Any] = {"partitions": len(results), "fixed_s": fixed[0], "fixed_cpu_s": fixed[1],
+                           "reduce_s": reduce[0], "reduce_cpu_s": reduce[1], "bytes": report.bytes}
+    for k, j in (("wall", 0), ("cpu", 1)):  # j: the index of wall / CPU time in each (wall, cpu) pair
+        tok = sum(x[j] for x in steps["tokenize"])
+        tokb = sum(x[j] for x in steps["tokenizeb"])
+        cov = sum(x[j] for x in steps["map"]) + reduce[j] + fixed[j]
+        out[f"{k}_tokenize_s"], out[f"{k}_tokenizeb_s"], out[f"{k}_coverage_s"] = tok, tokb, cov
+        out[f"{k}_over_tokenize"], out[f"{k}_over_tokenizeb"] = cov / tok, cov / tokb
+        out[f"{k}_map_over_tokenize_parts"] = [m[j] / t[j] for m, t in zip(steps["map"], steps["tokenize"])]
+    out["time_s"] = out["wall_coverage_s"]
+    out["cpu_s_timed"] = out["cpu_coverage_s"]
     return out
 
 
@@ -259,7 +375,18 @@ def main() -> None:
                 child = [sys.executable, __file__, "--one", mode, paths,
                          *(["--partition-mb", str(args.partition_mb)] if args.partition_mb else []),
                          "--max-n", str(args.max_n)]
-                if mode == "tokenize2":  # two children at once, each with half of the documents
+                if mode == "cli":  # the whole command, one worker and two, cold; alternating order
+                    got = {"mode": mode}
+                    for w in ((1, 2) if rnd % 2 == 0 else (2, 1)):
+                        cmd = [sys.executable, "-c", "from polymem.cli.app import main; main()", "coverage", "-t",
+                               "mistral-v1", "-r", "cl100k_base", *paths.split(","), "--max-n", str(args.max_n),
+                               "-q", "--workers", str(w)]
+                        t0 = time.perf_counter()
+                        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                        got[f"workers{w}_s"] = time.perf_counter() - t0
+                    got["time_s"] = got["workers1_s"]
+                    got["speedup"] = got["workers1_s"] / got["workers2_s"]
+                elif mode == "tokenize2":  # two children at once, each with half of the documents
                     t0 = time.perf_counter()
                     procs = [subprocess.Popen(child[:3] + ["tokenize"] + child[4:] + ["--share", f"{k}/2"],
                                               stdout=subprocess.PIPE, text=True) for k in range(2)]
@@ -294,6 +421,11 @@ def main() -> None:
             res["inline_over_tokenizeb_rounds"] = _ratios(rounds["inline"], rounds["tokenizeb"], "time_s", "time_s")
             res["inline_over_tokenizeb_cpu_rounds"] = _ratios(rounds["inline"], rounds["tokenizeb"], "cpu_s_timed",
                                                               "cpu_s_timed")
+        if "cli" in rounds:
+            res["cli_speedup_rounds"] = [r["speedup"] for r in rounds["cli"]]
+        if "paired" in rounds:
+            for k in ("wall_over_tokenize", "wall_over_tokenizeb", "cpu_over_tokenize", "cpu_over_tokenizeb"):
+                res[f"paired_{k}_rounds"] = [r[k] for r in rounds["paired"]]
         if "tokenize" in rounds and "tokenizeb" in rounds:
             res["tokenizeb_over_tokenize_rounds"] = _ratios(rounds["tokenizeb"], rounds["tokenize"], "time_s",
                                                             "time_s")
