@@ -12,7 +12,8 @@ occurrence-weighted metric by key bucket (shuffle + reduce). Runs in this proces
   files, fsspec URL), with each bucket's offsets. Nothing is deduplicated across documents here: the reduce's
   table does that once. A task holds one partition's keys, never the corpus's.
 * **reduce** (:func:`resolve_buckets`, one task per contiguous range of buckets): reads its buckets' slices of
-  every partition's files (range reads); then, bucket by bucket, puts the reference keys of every partition
+  every partition's files (range reads, located by the bucket offsets each map task returned in its summary, so
+  no task opens another partition's offsets file); then, bucket by bucket, puts the reference keys of every partition
   in one small table and looks up the unresolved target entries of the same bucket, summing the counts found
   per order (:func:`~polymem.analysis.coverage._sets.resolve_range`). A key lives in exactly one bucket,
   so the union over tasks is exact: a position is a hit iff its n-gram is anywhere in the corpus's reference
@@ -224,6 +225,9 @@ def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: float
             out["occ"] = occ
         else:
             write_buckets(plan, index, occ)
+            # the bucket offsets travel back in the summary (16 KiB): a reduce task then reads only data slices,
+            # not every partition's offsets file (two requests fewer per task and partition on object storage)
+            out["off"] = np.stack([occ.ref_off, occ.pend_off])
             occ.release()
     return out
 
@@ -291,16 +295,30 @@ def _read_all(fs: Any, path: str) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------------- reduce
 def resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
-                    held: dict[int, OccurrenceOutput] | None = None) -> np.ndarray:
+                    held: dict[int, OccurrenceOutput] | None = None,
+                    offsets: dict[int, np.ndarray] | None = None) -> np.ndarray:
     """Occurrence hits per order (int64 [max_n]) of the unresolved target entries in key buckets lo:hi,
     looked up in every listed partition's reference keys of the same buckets: from the scratch files, or for
-    the partitions in ``held`` (the in-process executor) from their outputs in memory."""
+    the partitions in ``held`` (the in-process executor) from their outputs in memory. ``offsets``: for a
+    partition written to files, its bucket offsets lo..hi (int64 [2, hi - lo + 1], from the map's summary:
+    :func:`range_offsets`); a partition without them has its offsets file read."""
     with small_pages():
-        return _resolve_buckets(plan, parts, lo, hi, held)
+        return _resolve_buckets(plan, parts, lo, hi, held, offsets or {})
+
+
+def range_offsets(results: Any, lo: int, hi: int) -> dict[int, np.ndarray]:
+    """The bucket offsets lo..hi of every partition whose map summary carries them (see count_partition)."""
+    return {r["index"]: r["off"][:, lo:hi + 1] for r in results if "off" in r}
+
+
+def _missing(plan: Plan, p: int, name: str) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"coverage scratch file {plan.scratch}/p{p:07d}.{name}.npy is missing: the scratch directory must be shared "
+        "by every Dask worker (pass scratch= / --scratch with a shared path or an s3:// URL)")
 
 
 def _resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
-                     held: dict[int, OccurrenceOutput] | None) -> np.ndarray:
+                     held: dict[int, OccurrenceOutput] | None, offsets: dict[int, np.ndarray]) -> np.ndarray:
     from polymem.analysis.coverage.counter import release_buffers
 
     release_buffers()  # the map's spare buffers are not needed here (and would add to this task's peak memory)
@@ -316,14 +334,14 @@ def _resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
                               int(occ.pend_off[hi]))
             ro, qo = occ.ref_off[lo:hi + 1] - r0, occ.pend_off[lo:hi + 1] - q0
         else:
-            path = f"{root}/p{p:07d}.off.npy"
-            if not fs.exists(path):
-                raise FileNotFoundError(
-                    f"coverage scratch file {plan.scratch}/p{p:07d}.off.npy is missing: the scratch directory must "
-                    "be shared by every Dask worker (pass scratch= / --scratch with a shared path or an s3:// URL)")
-            off = _read_all(fs, path)
-            r0, r1, q0, q1 = int(off[0, lo]), int(off[0, hi]), int(off[1, lo]), int(off[1, hi])
-            ro, qo = off[0, lo:hi + 1] - r0, off[1, lo:hi + 1] - q0
+            off = offsets.get(p)
+            if off is None:
+                path = f"{root}/p{p:07d}.off.npy"
+                if not fs.exists(path):
+                    raise _missing(plan, p, "off")
+                off = _read_all(fs, path)[:, lo:hi + 1]
+            r0, r1, q0, q1 = int(off[0, 0]), int(off[0, -1]), int(off[1, 0]), int(off[1, -1])
+            ro, qo = off[0] - r0, off[1] - q0
         srcs.append((p, occ, r0, r1, q0, q1, nr, npd))
         ref_off.append(ro + nr)  # absolute offsets in the concatenation
         pend_off.append(qo + npd)
@@ -341,9 +359,12 @@ def _resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
             for out, arr in ((ph, occ.pend_h), (pn, occ.pend_n), (pc, occ.pend_c)):
                 out[at_q:at_q + q1 - q0] = arr[q0:q1]
         else:
-            _read_slice_into(fs, f"{root}/p{p:07d}.ref.npy", r0, ref[at_r:at_r + r1 - r0])
-            for name, out in zip(_FILES[1:], (ph, pn, pc)):
-                _read_slice_into(fs, f"{root}/p{p:07d}.{name}.npy", q0, out[at_q:at_q + q1 - q0])
+            for name, lo_at, out in zip(_FILES, (r0, q0, q0, q0), (ref[at_r:at_r + r1 - r0], ph[at_q:at_q + q1 - q0],
+                                                                   pn[at_q:at_q + q1 - q0], pc[at_q:at_q + q1 - q0])):
+                try:
+                    _read_slice_into(fs, f"{root}/p{p:07d}.{name}.npy", lo_at, out)
+                except FileNotFoundError:
+                    raise _missing(plan, p, name) from None
     _kernels.resolve_range(ref, np.stack(ref_off), ph, pn, pc, np.stack(pend_off), BUCKET_BITS, hits)
     return hits
 

@@ -466,7 +466,7 @@ def _run_inline(plan: dist.Plan, texts: Any, partition_mb: float, progress: Prog
     if plan.occurrence and results:
         parts = [r["index"] for r in results if "index" in r]
         for lo, hi in dist.bucket_ranges(sum(r["ref_keys"] for r in results)):
-            extra += dist.resolve_buckets(plan, parts, lo, hi, held)
+            extra += dist.resolve_buckets(plan, parts, lo, hi, held, dist.range_offsets(results, lo, hi))
     return results, extra, 1
 
 
@@ -509,7 +509,8 @@ def _run_dask(client: Any, plan: dist.Plan, texts: Any, partition_mb: float,
     if plan.occurrence and results:
         parts = sorted(results)
         ranges = dist.bucket_ranges(sum(r["ref_keys"] for r in results.values()), minimum=nworkers)
-        futs = [client.submit(dist.resolve_buckets, plan, parts, lo, hi, key=f"polymem-resolve-{plan.token}-{lo}",
+        futs = [client.submit(dist.resolve_buckets, plan, parts, lo, hi, None,
+                              dist.range_offsets(results.values(), lo, hi), key=f"polymem-resolve-{plan.token}-{lo}",
                               pure=False) for lo, hi in ranges]
         for fut in futs:
             extra += _task_result(fut, "the occurrence pass")
