@@ -1,0 +1,75 @@
+"""Benchmark: the occurrence pass's reduce over an ``s3://`` scratch (a moto S3 server on 127.0.0.1).
+
+    python benchmarks/bench_reduce_s3.py ../shared/corpus/pydocs.jsonl.gz --partition-mb 1 --repeat 1
+
+One process, `polymem.coverage(..., scratch="s3://…")`: every partition writes its key files to the server and the
+reduce tasks read them back with range requests. Prints the whole run's wall time and the time spent in the
+reduce tasks (`dist.resolve_buckets`). To compare two versions of polymem, run it from each checkout in turn
+(``PYTHONPATH=<checkout>``), alternating; docs/benchmarks/scaleout.md (sixth pass) has the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import time
+import warnings
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("corpus")
+    ap.add_argument("--docs", type=int, default=0, help="only the first N documents (0: all)")
+    ap.add_argument("--partition-mb", type=float, default=1.0)
+    ap.add_argument("--repeat", type=int, default=1)
+    a = ap.parse_args()
+    warnings.simplefilter("ignore")
+    os.environ.update({"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"})
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    import polymem
+    from polymem.analysis.coverage import dist
+    from polymem.corpus import Corpus
+    from polymem.tokenizers import load_tokenizer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        s3fs.S3FileSystem(endpoint_url=endpoint).mkdir("scratch")
+        tt, tr = load_tokenizer("mistral-v1"), load_tokenizer("cl100k_base")
+        polymem.coverage(load_tokenizer("mistral-v1"), load_tokenizer("cl100k_base"), ["warm-up"], max_n=7)
+        spent = [0.0, 0]
+        resolve = dist.resolve_buckets
+
+        def timed(*args, **kw):  # type: ignore[no-untyped-def]
+            t0 = time.perf_counter()
+            try:
+                return resolve(*args, **kw)
+            finally:
+                spent[0] += time.perf_counter() - t0
+                spent[1] += 1
+
+        dist.resolve_buckets = timed
+        docs = [d.text for d in Corpus([a.corpus])]
+        docs = docs[:a.docs] if a.docs else docs
+        for rep in range(a.repeat):
+            spent[:] = [0.0, 0]
+            t0 = time.perf_counter()
+            polymem.coverage(tt, tr, docs, max_n=7, scratch=f"s3://scratch/run{rep}", partition_mb=a.partition_mb)
+            print(f"run {rep}: whole run {time.perf_counter() - t0:.2f} s, reduce {spent[0]:.2f} s "
+                  f"in {spent[1]} tasks", flush=True)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
