@@ -11,9 +11,6 @@ reduce tasks (`dist.resolve_buckets`). To compare two versions of polymem, run i
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import socket
 import time
 import warnings
 
@@ -26,25 +23,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     a = ap.parse_args()
     warnings.simplefilter("ignore")
-    os.environ.update({"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"})
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
     import polymem
+    from _moto import local_s3
     from polymem.analysis.coverage import dist
     from polymem.corpus import Corpus
     from polymem.tokenizers import load_tokenizer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        os.environ["AWS_ENDPOINT_URL"] = endpoint
-        s3fs.S3FileSystem(endpoint_url=endpoint).mkdir("scratch")
+    with local_s3("scratch"):
         tt, tr = load_tokenizer("mistral-v1"), load_tokenizer("cl100k_base")
         polymem.coverage(load_tokenizer("mistral-v1"), load_tokenizer("cl100k_base"), ["warm-up"], max_n=7)
         spent = [0.0, 0]
@@ -67,8 +52,6 @@ def main() -> None:
             polymem.coverage(tt, tr, docs, max_n=7, scratch=f"s3://scratch/run{rep}", partition_mb=a.partition_mb)
             print(f"run {rep}: whole run {time.perf_counter() - t0:.2f} s, reduce {spent[0]:.2f} s "
                   f"in {spent[1]} tasks", flush=True)
-    finally:
-        server.stop()
 
 
 if __name__ == "__main__":

@@ -293,29 +293,14 @@ def _ratios(a: list[dict[str, Any]], b: list[dict[str, Any]], ka: str, kb: str) 
 def s3_pages(n_pages: int, threads: int) -> dict[str, Any]:
     """pages/s reading an asset from a local moto S3 server: one read_pages call (parallel range requests) vs
     one page at a time."""
-    import socket
     import tempfile
 
-    import logging
-
     import numpy as np
-    import s3fs
-    from moto.server import ThreadedMotoServer
 
     import polymem
+    from _moto import local_s3
 
-    os.environ.update({"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        os.environ["AWS_ENDPOINT_URL"] = endpoint
-        fs = s3fs.S3FileSystem(endpoint_url=endpoint)
-        fs.mkdir("bench")
+    with local_s3("bench") as (_, fs):
         with tempfile.TemporaryDirectory() as d:
             layout = polymem.Layout(pages=4096, heads=4, slots=4, head_dim=64)  # 2 KiB pages (float16)
             rng = np.random.default_rng(0)
@@ -336,8 +321,6 @@ def s3_pages(n_pages: int, threads: int) -> dict[str, Any]:
         return {"pages": len(ids), "page_bytes": int(batch[0].nbytes), "parallel_s": t_par, "one_at_a_time_s": t_one,
                 "pages_per_s_parallel": len(ids) / t_par, "pages_per_s_one": len(ids) / t_one,
                 "speedup": t_one / t_par}
-    finally:
-        server.stop()
 
 
 def main() -> None:
