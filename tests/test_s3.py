@@ -133,6 +133,34 @@ def test_aws_endpoint_url_is_honoured_and_scratch_can_be_s3(endpoint: str, shard
     assert fs.find(f"{BUCKET}/scratch/run1") and all(p.endswith(".npy") for p in fs.find(f"{BUCKET}/scratch/run1"))
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_scratch_slices_read_back_exactly_and_bad_files_are_clear_errors(where: str, fs: Any,
+                                                                        tmp_path: Path) -> None:
+    """The reduce's slice reads (on S3: a header request and one for exactly the slice) return the rows asked for;
+    a truncated file or one of another dtype is an error that names the file and says to rerun."""
+    import numpy as np
+    import fsspec
+    from polymem.analysis.coverage import dist
+
+    arr = np.arange(10_000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    if where == "s3":
+        sfs, root = fs, f"{BUCKET}/slices"
+    else:
+        sfs, root = fsspec.filesystem("file"), str(tmp_path)
+    dist._save(sfs, f"{root}/a.npy", arr)
+    out = np.zeros(1234, dtype=np.uint64)
+    dist._read_slice_into(sfs, f"{root}/a.npy", 4321, out)
+    assert np.array_equal(out, arr[4321:4321 + 1234])
+    with pytest.raises(ValueError, match=r"a\.npy' holds 10000 uint64 values, expected at least 10001 uint64"):
+        dist._read_slice_into(sfs, f"{root}/a.npy", 8767, np.zeros(1234, dtype=np.uint64))
+    with pytest.raises(ValueError, match=r"holds 10000 uint64 values, expected at least 1234 int64.*rerun"):
+        dist._read_slice_into(sfs, f"{root}/a.npy", 0, np.zeros(1234, dtype=np.int64))
+    whole = sfs.cat_file(f"{root}/a.npy")
+    sfs.pipe_file(f"{root}/t.npy", whole[:len(whole) - 8 * 100])  # the header still says 10000 values
+    with pytest.raises(ValueError, match=r"t\.npy' ends early: it was truncated; rerun"):
+        dist._read_slice_into(sfs, f"{root}/t.npy", 9000, np.zeros(1000, dtype=np.uint64))
+
+
 # ------------------------------------------------------------------------------------------- assets in S3
 def _table(layout: Any, seed: int = 0) -> Any:
     import numpy as np

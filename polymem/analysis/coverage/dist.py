@@ -26,6 +26,7 @@ lost with a killed worker is simply run again by Dask; the result does not chang
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import threading
 import time
@@ -266,19 +267,26 @@ def _save(fs: Any, path: str, arr: np.ndarray) -> None:
     fs.mv(tmp, path)
 
 
+_HEADER_PROBE = 4096  # bytes read for a .npy header on object storage (a 1-D array's header is ~128 bytes)
+
+
 def _read_slice_into(fs: Any, path: str, lo: int, out: np.ndarray) -> None:
-    """Rows lo:lo+len(out) of a 1-D .npy file read into ``out`` (one range request, no intermediate copy)."""
+    """Rows lo:lo+len(out) of a 1-D .npy file read into ``out``. A local file: one read straight into ``out``. On
+    object storage: two range requests (the header, then exactly the slice) — a file object opened there would
+    first fetch a read-ahead block (s3fs: up to 50 MB from the file's start) for the header."""
     if out.shape[0] == 0:
         return
+    protocol = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    if "file" not in protocol:
+        head = io.BytesIO(fs.cat_file(path, start=0, end=_HEADER_PROBE))
+        start = _check_header(path, head, lo, out) + lo * out.dtype.itemsize
+        data = fs.cat_file(path, start=start, end=start + out.nbytes)
+        if len(data) != out.nbytes:
+            raise ValueError(f"coverage scratch file {path!r} ends early: it was truncated; rerun")
+        out[...] = np.frombuffer(data, dtype=out.dtype)
+        return
     with fs.open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                       else np.lib.format.read_array_header_2_0)
-        shape, _, dtype = read_header(f)
-        if dtype != out.dtype or lo + out.shape[0] > shape[0]:
-            raise ValueError(f"coverage scratch file {path!r} holds {shape[0]} {dtype} values, expected at least "
-                             f"{lo + out.shape[0]} {out.dtype}: it was overwritten or truncated; rerun")
-        f.seek(f.tell() + lo * dtype.itemsize)
+        f.seek(_check_header(path, f, lo, out) + lo * out.dtype.itemsize)
         buf = memoryview(out).cast("B")
         got = 0
         while got < len(buf):
@@ -286,6 +294,19 @@ def _read_slice_into(fs: Any, path: str, lo: int, out: np.ndarray) -> None:
             if not n:
                 raise ValueError(f"coverage scratch file {path!r} ends early: it was truncated; rerun")
             got += n
+
+
+def _check_header(path: str, f: Any, lo: int, out: np.ndarray) -> int:
+    """Read a .npy header from ``f`` and check that it holds rows lo:lo+len(out) of out's dtype; returns where the
+    data starts."""
+    version = np.lib.format.read_magic(f)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, _, dtype = read_header(f)
+    if dtype != out.dtype or lo + out.shape[0] > shape[0]:
+        raise ValueError(f"coverage scratch file {path!r} holds {shape[0]} {dtype} values, expected at least "
+                         f"{lo + out.shape[0]} {out.dtype}: it was overwritten or truncated; rerun")
+    return int(f.tell())
 
 
 def _read_all(fs: Any, path: str) -> np.ndarray:
