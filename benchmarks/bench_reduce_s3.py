@@ -76,7 +76,7 @@ def main() -> None:
             t0 = time.perf_counter()
             polymem.coverage(tt, tr, docs, max_n=7, scratch=f"s3://scratch/run{rep}", partition_mb=a.partition_mb)
             wall = time.perf_counter() - t0
-            held = sum(fs.info(f)["size"] for f in fs.find(f"scratch/run{rep}") if not f.endswith(".off.npy"))
+            held = sum(fs.info(f)["size"] for f in fs.find(f"scratch/run{rep}"))
             print(f"run {rep}: whole run {wall:.2f} s, reduce {spent[0]:.2f} s in {spent[1]} tasks, fetched "
                   f"{fetched['bytes'] / 1e6:.1f} MB in {fetched['reads']} ranged reads (key files: {held / 1e6:.1f} MB)",
                   flush=True)

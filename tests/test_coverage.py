@@ -828,9 +828,9 @@ def test_bad_ids_are_a_clear_error(mistral_v1: Tokenizer, cl100k: Tokenizer, sid
 
 def test_reduce_reads_only_data_slices_with_the_offsets_from_the_map(mistral_v1: Tokenizer, cl100k: Tokenizer,
                                                                      real_docs: list[str], tmp_path: Path) -> None:
-    """The map's summary carries each written partition's bucket offsets; a reduce task given them reads only the
-    data slices and finds what it finds reading the offsets files. A data file the task cannot see (a scratch
-    directory that is not shared) is an error naming the file and the fix."""
+    """Written partitions leave only their data files; the bucket offsets come back in the map's summary, and a
+    reduce task given them finds what it finds with the outputs held in memory. A data file the task cannot see
+    (a scratch directory that is not shared) is an error naming the file and the fix."""
     from polymem.analysis.coverage import dist
     from polymem.analysis.coverage.run import _hashes
 
@@ -840,21 +840,24 @@ def test_reduce_reads_only_data_slices_with_the_offsets_from_the_map(mistral_v1:
     dist.preload(plan, (mistral_v1, cl100k, _hashes(mistral_v1, spec), _hashes(cl100k, spec)))
     try:
         half = len(real_docs) // 2
-        results = [dist.count_partition(plan, i, dist.DocsPartition(tuple(polymem.corpus.as_documents(docs))))
-                   for i, docs in enumerate((real_docs[:half], real_docs[half:]))]
-        assert all(r["off"].shape == (2, (1 << 10) + 1) for r in results)
-        ranges = dist.bucket_ranges(sum(r["ref_keys"] for r in results), minimum=4)
-        from_files = [dist.resolve_buckets(plan, [0, 1], lo, hi) for lo, hi in ranges]
-        for p in (0, 1):  # with the offsets from the summaries, the offsets files are not needed
-            (tmp_path / "scratch" / f"p{p:07d}.off.npy").unlink()
-        with_off = [dist.resolve_buckets(plan, [0, 1], lo, hi, None, dist.range_offsets(results, lo, hi))
-                    for lo, hi in ranges]
-        assert [h.tolist() for h in with_off] == [h.tolist() for h in from_files]
-        assert sum(int(h.sum()) for h in with_off) > 0
+        halves = [dist.DocsPartition(tuple(polymem.corpus.as_documents(docs)))
+                  for docs in (real_docs[:half], real_docs[half:])]
+        written = [dist.count_partition(plan, i, part) for i, part in enumerate(halves)]
+        kept = [dist.count_partition(plan, i, part, keep=1e6) for i, part in enumerate(halves)]
+        held = {r["index"]: r["occ"] for r in kept}
+        assert all(r["off"].shape == (2, (1 << 10) + 1) and "occ" not in r for r in written)
+        assert sorted(p.name for p in (tmp_path / "scratch").iterdir()) == [
+            f"p{i:07d}.{name}.npy" for i in (0, 1) for name in ("pc", "ph", "pn", "ref")]
+        ranges = dist.bucket_ranges(sum(r["ref_keys"] for r in written), minimum=4)
+        from_files = [dist.resolve_buckets(plan, [0, 1], lo, hi, None, dist.range_offsets(written, lo, hi))
+                      for lo, hi in ranges]
+        in_memory = [dist.resolve_buckets(plan, [0, 1], lo, hi, held) for lo, hi in ranges]
+        assert [h.tolist() for h in from_files] == [h.tolist() for h in in_memory]
+        assert sum(int(h.sum()) for h in from_files) > 0
         (tmp_path / "scratch" / "p0000001.ref.npy").unlink()
         with pytest.raises(FileNotFoundError, match=r"p0000001\.ref\.npy is missing: the scratch directory must be "
                                                     r"shared by every Dask worker \(pass scratch= / --scratch"):
             for lo, hi in ranges:
-                dist.resolve_buckets(plan, [0, 1], lo, hi, None, dist.range_offsets(results, lo, hi))
+                dist.resolve_buckets(plan, [0, 1], lo, hi, None, dist.range_offsets(written, lo, hi))
     finally:
         dist.release()

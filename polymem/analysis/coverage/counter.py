@@ -243,19 +243,6 @@ class HashCounter:
             reference_ids = _checked_ids(reference_ids, self.reference, "reference")
         self._add_ids(target_ids, reference_ids)
 
-    def _doc_outputs(self, Tr: int, Tt: int) -> tuple[np.ndarray, ...]:
-        """One document's counts (uniq [N], hits [N, N], xuniq [N], xhits [N], zeroed) and where its keys go:
-        straight into the counter's occurrence buffers (with room for Tr·N reference keys and Tt·N pending
-        entries), or nowhere without the occurrence metric."""
-        N = self.max_n
-        counts = (np.zeros(N, dtype=np.int64), np.zeros((N, N), dtype=np.int64), np.zeros(N, dtype=np.int64),
-                  np.zeros(N, dtype=np.int64))
-        if not self.occurrence:
-            return (*counts, _EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64)
-        self._room(Tr * N, Tt * N)
-        nr, npd = self._nref, self._npend
-        return (*counts, self._ref[nr:], self._ph[npd:], self._pn[npd:], self._pc[npd:])
-
     def _add_ids(self, target_ids: np.ndarray, reference_ids: np.ndarray) -> None:
         """:meth:`add` for a tokenizer's own ids (int64 [T], in range): one fused kernel, :func:`_sets.doc_scan_ids`."""
         N, t = self.max_n, self.tally
@@ -269,8 +256,15 @@ class HashCounter:
             V = self.target.C.shape[0]
             self._seen, self._xseen = np.zeros(V, np.int64), np.zeros(V, np.int64)
         self._stamp += 1
-        uniq, hits, xuniq, xhits, ref_out, pend_h, pend_n, pend_c = self._doc_outputs(Tr, Tt)
+        uniq, xuniq, xhits = (np.zeros(N, dtype=np.int64) for _ in range(3))
+        hits = np.zeros((N, N), dtype=np.int64)
         occ = self.occurrence
+        if occ:  # the document's keys go straight into the counter's buffers (room for Tr·N and Tt·N)
+            self._room(Tr * N, Tt * N)
+            nr, npd = self._nref, self._npend
+            ref_out, pend_h, pend_n, pend_c = self._ref[nr:], self._ph[npd:], self._pn[npd:], self._pc[npd:]
+        else:
+            ref_out, pend_h, pend_n, pend_c = _EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64
         tc, rc = self.target, self.reference
         n_ref, n_pend = _kernels.doc_scan_ids(
             target_ids, reference_ids, tc.C, tc.P, tc.special, rc.C, rc.P, rc.special, self._mults_u64,

@@ -9,11 +9,11 @@ occurrence-weighted metric by key bucket (shuffle + reduce). Runs in this proces
   order, count), are appended to flat buffers; at the end of the partition both are grouped by **key bucket**
   (the top ``BUCKET_BITS`` bits of the 64-bit byte hash; a counting sort,
   :func:`~polymem.analysis.coverage._sets.bucket_group_into`) and written to the scratch directory (``.npy``
-  files, fsspec URL), with each bucket's offsets. Nothing is deduplicated across documents here: the reduce's
+  files, fsspec URL); each bucket's offsets go back in the task's summary. Nothing is deduplicated across documents here: the reduce's
   table does that once. A task holds one partition's keys, never the corpus's.
 * **reduce** (:func:`resolve_buckets`, one task per contiguous range of buckets): reads its buckets' slices of
-  every partition's files (range reads, located by the bucket offsets each map task returned in its summary, so
-  no task opens another partition's offsets file); then, bucket by bucket, puts the reference keys of every partition
+  every partition's files (range reads, located by the bucket offsets each map task returned in its summary);
+  then, bucket by bucket, puts the reference keys of every partition
   in one small table and looks up the unresolved target entries of the same bucket, summing the counts found
   per order (:func:`~polymem.analysis.coverage._sets.resolve_range`). A key lives in exactly one bucket,
   so the union over tasks is exact: a position is a hit iff its n-gram is anywhere in the corpus's reference
@@ -44,7 +44,7 @@ from polymem.hash.spec import HashSpec
 
 REDUCE_KEYS = 1 << 22  # aim for about this many reference keys (summed over partitions) per reduce task
 # a partition's files: distinct reference keys, the unresolved target entries (keys, orders, counts: three
-# arrays written as they are, no repacking copy) and, written last, the per-bucket offsets of both
+# arrays written as they are, no repacking copy); their per-bucket offsets travel in the task's summary
 _FILES = ("ref", "ph", "pn", "pc")
 
 
@@ -226,9 +226,7 @@ def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: float
             out["occ"] = occ
         else:
             write_buckets(plan, index, occ)
-            # the bucket offsets travel back in the summary (16 KiB): a reduce task then reads only data slices,
-            # not every partition's offsets file (two requests fewer per task and partition on object storage)
-            out["off"] = np.stack([occ.ref_off, occ.pend_off])
+            out["off"] = np.stack([occ.ref_off, occ.pend_off])  # the bucket offsets (16 KiB): range_offsets
             occ.release()
     return out
 
@@ -239,12 +237,12 @@ def held_bytes(occ: OccurrenceOutput) -> int:
 
 
 def write_buckets(plan: Plan, index: int, occ: OccurrenceOutput) -> None:
+    """The partition's key files (each renamed into place). Their bucket offsets are not written: they travel
+    in the task's summary, which exists only once every file is in place."""
     fs, root = _fs(plan)
     fs.makedirs(root, exist_ok=True)
-    # offsets last: a reader that finds a partition's offsets finds its data (each file renamed into place)
     for name, arr in zip(_FILES, (occ.ref, occ.pend_h, occ.pend_n, occ.pend_c)):
         _save(fs, f"{root}/p{index:07d}.{name}.npy", arr)
-    _save(fs, f"{root}/p{index:07d}.off.npy", np.stack([occ.ref_off, occ.pend_off]))
 
 
 def _fs(plan: Plan) -> tuple[Any, str]:
@@ -309,20 +307,15 @@ def _check_header(path: str, f: Any, lo: int, out: np.ndarray) -> int:
     return int(f.tell())
 
 
-def _read_all(fs: Any, path: str) -> np.ndarray:
-    with fs.open(path, "rb") as f:
-        return np.load(f, allow_pickle=False)
-
-
 # ----------------------------------------------------------------------------------------------- reduce
 def resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
                     held: dict[int, OccurrenceOutput] | None = None,
                     offsets: dict[int, np.ndarray] | None = None) -> np.ndarray:
     """Occurrence hits per order (int64 [max_n]) of the unresolved target entries in key buckets lo:hi,
     looked up in every listed partition's reference keys of the same buckets: from the scratch files, or for
-    the partitions in ``held`` (the in-process executor) from their outputs in memory. ``offsets``: for a
+    the partitions in ``held`` (the in-process executor) from their outputs in memory. ``offsets``: for each
     partition written to files, its bucket offsets lo..hi (int64 [2, hi - lo + 1], from the map's summary:
-    :func:`range_offsets`); a partition without them has its offsets file read."""
+    :func:`range_offsets`)."""
     with small_pages():
         return _resolve_buckets(plan, parts, lo, hi, held, offsets or {})
 
@@ -355,12 +348,7 @@ def _resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
                               int(occ.pend_off[hi]))
             ro, qo = occ.ref_off[lo:hi + 1] - r0, occ.pend_off[lo:hi + 1] - q0
         else:
-            off = offsets.get(p)
-            if off is None:
-                path = f"{root}/p{p:07d}.off.npy"
-                if not fs.exists(path):
-                    raise _missing(plan, p, "off")
-                off = _read_all(fs, path)[:, lo:hi + 1]
+            off = offsets[p]
             r0, r1, q0, q1 = int(off[0, 0]), int(off[0, -1]), int(off[1, 0]), int(off[1, -1])
             ro, qo = off[0] - r0, off[1] - q0
         srcs.append((p, occ, r0, r1, q0, q1, nr, npd))
