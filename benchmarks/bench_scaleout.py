@@ -13,6 +13,8 @@ For each corpus, back to back, each in a fresh subprocess (so its peak RSS is it
   tokenize2  the same split over 2 processes at once (even / odd documents): what 2 processes can gain on this
              machine for the same work (the ceiling for the 2-worker target)
   inline     polymem.coverage(..., workers=1): the same partitions and tasks, one after the other
+  threads    polymem.coverage(..., workers=2): a local cluster of one worker with 2 threads in this process, started
+             by the call (inside the time), the tokenizers loaded as for `inline`; peak RSS is the whole process's
   dask       polymem.coverage(..., client=LocalCluster(2 processes x 1 thread)): the cluster is started before the
              clock (its start is timed apart); the first run (cold workers: they import polymem and load the
              tokenizers) and a second run on the same cluster (warm workers); peak RSS of the driver and of each
@@ -25,9 +27,10 @@ For each corpus, back to back, each in a fresh subprocess (so its peak RSS is it
              run (`polymem.coverage` of one short document with fresh tokenizer objects). Coverage = maps + reduce + fixed cost, compared with
              the sum of the tokenize passes (CPU and wall), with the per-partition ratios of the maps; the
              report's numbers are checked equal to a plain `polymem.coverage` run's.
-  cli        (--modes cli) the whole command as a user runs it, cold: `polymem coverage --workers 1` and
-             `--workers 2` (its own local Dask cluster), each a fresh process (imports, tokenizer loads, kernel
-             loads and the cluster's start all inside the time), the two in alternating order round by round
+  cli        (--modes cli) the whole command as a user runs it, cold: `polymem coverage --workers 1`,
+             `--workers 2` (2 threads) and `--workers 2 --processes` (2 worker processes), each a fresh process
+             (imports, tokenizer loads, kernel loads and the cluster's start all inside the time), the order
+             rotating round by round
 Every mode also reports the CPU seconds (user+sys) its timed region used: of the process, or for dask of the
 driver (with the scheduler) + nannies + workers.
   fork       (--fork-tree PATH, first corpus only) the whole CLI, `polymem coverage --workers 2` and `--workers 1`,
@@ -140,6 +143,13 @@ def one(mode: str, paths: list[str], partition_mb: float | None, max_n: int, sha
                    bytes=r.bytes, partitions=len(corpus.partitions(partition_mb or 4.0)), report=_numbers(r))
     elif mode == "paired":
         out.update(_paired(tok_t, tok_r, corpus, max_n, partition_mb or 4.0))
+    elif mode == "threads":
+        t0, c0 = time.perf_counter(), time.process_time()
+        parts: list[int] = []
+        r = polymem.coverage(tok_t, tok_r, corpus, max_n=max_n, partition_mb=partition_mb, workers=2,
+                             progress=lambda n, b: parts.append(n))
+        out.update(time_s=time.perf_counter() - t0, cpu_s_timed=time.process_time() - c0, docs=r.docs,
+                   bytes=r.bytes, partitions=len(parts), report=_numbers(r))
     elif mode == "dask":
         import logging
 
@@ -360,15 +370,19 @@ def main() -> None:
                          "--max-n", str(args.max_n)]
                 if mode == "cli":  # the whole command, one worker and two, cold; alternating order
                     got = {"mode": mode}
-                    for w in ((1, 2) if rnd % 2 == 0 else (2, 1)):
+                    kinds = {"workers1": ["--workers", "1"], "workers2": ["--workers", "2"],
+                             "processes2": ["--workers", "2", "--processes"]}
+                    order = list(kinds)[rnd % 3:] + list(kinds)[:rnd % 3]
+                    for kind in order:
                         cmd = [sys.executable, "-c", "from polymem.cli.app import main; main()", "coverage", "-t",
                                "mistral-v1", "-r", "cl100k_base", *paths.split(","), "--max-n", str(args.max_n),
-                               "-q", "--workers", str(w)]
+                               "-q", *kinds[kind]]
                         t0 = time.perf_counter()
                         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                        got[f"workers{w}_s"] = time.perf_counter() - t0
+                        got[f"{kind}_s"] = time.perf_counter() - t0
                     got["time_s"] = got["workers1_s"]
                     got["speedup"] = got["workers1_s"] / got["workers2_s"]
+                    got["speedup_processes"] = got["workers1_s"] / got["processes2_s"]
                 elif mode == "tokenize2":  # two children at once, each with half of the documents
                     t0 = time.perf_counter()
                     procs = [subprocess.Popen(child[:3] + ["tokenize"] + child[4:] + ["--share", f"{k}/2"],
@@ -385,6 +399,7 @@ def main() -> None:
                 rounds.setdefault(mode, []).append(got)
                 print(name, mode, json.dumps({k: v for k, v in got.items() if k != "report"}), flush=True)
         res: dict[str, Any] = {mode: _median_run(runs) for mode, runs in rounds.items()}
+        inline_report = rounds["inline"][0].get("report") if "inline" in rounds else None
         if "inline" in rounds and "dask" in rounds:
             want = rounds["inline"][0]["report"]
             assert all(r.pop("report") == want for r in rounds["inline"] + rounds["dask"]), "dask changed the result"
@@ -406,6 +421,13 @@ def main() -> None:
                                                               "cpu_s_timed")
         if "cli" in rounds:
             res["cli_speedup_rounds"] = [r["speedup"] for r in rounds["cli"]]
+            res["cli_speedup_processes_rounds"] = [r["speedup_processes"] for r in rounds["cli"]]
+        if "inline" in rounds and "threads" in rounds:
+            assert all(r.pop("report") == inline_report for r in rounds["threads"]), "threads changed the result"
+            res["threads_speedup"] = res["inline"]["time_s"] / res["threads"]["time_s"]
+            res["threads_speedup_rounds"] = _ratios(rounds["inline"], rounds["threads"], "time_s", "time_s")
+            res["threads_cpu_over_inline_rounds"] = _ratios(rounds["threads"], rounds["inline"], "cpu_s_timed",
+                                                            "cpu_s_timed")
         if "paired" in rounds:
             for k in ("wall_over_tokenize", "wall_over_tokenizeb", "cpu_over_tokenize", "cpu_over_tokenizeb"):
                 res[f"paired_{k}_rounds"] = [r[k] for r in rounds["paired"]]

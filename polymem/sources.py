@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -311,22 +312,23 @@ def jsonl_lines(fh: Any, piece: Piece, state: LineState | None = None) -> Iterat
 
 
 class OpenStreams:
-    """The decompressed stream of a compressed JSONL file that a finished piece left open, kept (one per process)
+    """The decompressed stream of a compressed JSONL file that a finished piece left open, kept (one per thread)
     so that a later piece of the same file, in the same partitioning, goes on from there instead of
-    decompressing the file from its start again (reading partitions in order decompresses each file once)."""
+    decompressing the file from its start again (reading partitions in order decompresses each file once). Per
+    thread: the tasks of a Dask worker with several threads each go on with their own stream."""
 
-    _left: tuple[Any, Piece, Any, Any, LineState] | None = None
+    _local = threading.local()
 
     @classmethod
     def keep(cls, token: Any, piece: Piece, raw: Any, f: Any, state: LineState) -> None:
         cls.close()
-        cls._left = (token, piece, raw, f, state)
+        cls._local.left = (token, piece, raw, f, state)
 
     @classmethod
     def take(cls, token: Any, piece: Piece) -> tuple[Any, Any, LineState] | None:
         """(raw, decompressed stream, its state) left by an earlier piece of this file at or before
         ``piece.start``, or None (and whatever was kept is closed)."""
-        left, cls._left = cls._left, None
+        left, cls._local.left = getattr(cls._local, "left", None), None
         if left is not None:
             t, prev, raw, f, state = left
             if t == token and prev.file == piece.file and prev.stop is not None and prev.stop <= piece.start:
@@ -336,8 +338,15 @@ class OpenStreams:
         return None
 
     @classmethod
+    def kept(cls) -> Piece | None:
+        """The piece whose stream this thread keeps open, or None."""
+        left = getattr(cls._local, "left", None)
+        return None if left is None else left[1]
+
+    @classmethod
     def close(cls) -> None:
-        left, cls._left = cls._left, None
+        """Close this thread's kept stream (if any)."""
+        left, cls._local.left = getattr(cls._local, "left", None), None
         if left is not None:
             left[3].close()
             left[2].close()

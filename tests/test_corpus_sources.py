@@ -173,9 +173,9 @@ def test_compressed_partitions_go_on_from_the_stream_left_open(tmp_path: Path, c
     got = []
     for i, q in enumerate(parts):
         got.append([d.text for d in q.read([])])
-        left = OpenStreams._left
+        left = OpenStreams.kept()
         if i < len(parts) - 1:  # a range that ended before the file did leaves its stream for the next one
-            assert left is not None and left[1].stop == q.pieces[-1].stop
+            assert left is not None and left.stop == q.pieces[-1].stop
         else:
             assert left is None
     assert got == want
@@ -185,3 +185,45 @@ def test_compressed_partitions_go_on_from_the_stream_left_open(tmp_path: Path, c
         assert [d.text for d in parts[i].read([])] == want[i]
         assert [d.text for d in other[min(i, len(other) - 1)].read([])] == alone(other[min(i, len(other) - 1)])
     OpenStreams.close()
+
+
+def test_each_thread_goes_on_from_its_own_stream(tmp_path: Path) -> None:
+    """Threads reading partitions of one compressed file at the same time (a Dask worker with several threads)
+    each keep their own stream: every partition yields exactly its documents, and a thread's next partition goes
+    on from where its previous one ended, whatever the other thread read meanwhile."""
+    import threading
+
+    from polymem.sources import OpenStreams
+
+    p = tmp_path / "c.jsonl.gz"
+    p.write_bytes(gzip.compress(jsonl(DOCS * 8), mtime=0))
+    parts = Corpus([p]).partitions(0.0003)
+    assert len(parts) >= 8
+    want = []
+    for q in parts:
+        OpenStreams.close()
+        want.append([d.text for d in q.read([])])
+    OpenStreams.close()
+    got: dict[int, list[str]] = {}
+    went_on: list[bool] = []
+    barrier = threading.Barrier(2)
+
+    def reader(first: int) -> None:
+        for i in range(first, len(parts) - len(parts) % 2, 2):  # thread 0: partitions 0, 2, ...; 1: 1, 3, ...
+            barrier.wait(timeout=60)  # both threads read at the same time
+            before = OpenStreams.kept()
+            got[i] = [d.text for d in parts[i].read([])]
+            went_on.append(before is None or before.stop <= parts[i].pieces[0].start)
+        OpenStreams.close()
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if len(parts) % 2:
+        got[len(parts) - 1] = [d.text for d in parts[-1].read([])]
+        went_on.append(True)
+        OpenStreams.close()
+    assert [got[i] for i in range(len(parts))] == want
+    assert all(went_on) and len(went_on) == len(parts)

@@ -1,5 +1,6 @@
-"""polymem.coverage on a Dask cluster (2 worker processes, shared by this module): every number of the JSON
-equals the single-process run; a worker killed mid-run is retried and changes nothing; the CLI options."""
+"""polymem.coverage on a Dask cluster (2 worker processes, shared by this module; and a local cluster of worker
+threads): every number of the JSON equals the single-process run; a worker killed mid-run is retried and changes
+nothing; the CLI options."""
 
 from __future__ import annotations
 
@@ -175,7 +176,82 @@ def test_cli_rejects_dask_with_workers(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_workers_start_a_local_cluster(docs: list[str], single: CoverageReport) -> None:
-    r = polymem.coverage("mistral-v1", "cl100k_base", docs, max_n=5, partition_mb=_mb(docs) / 6, workers=2)
+def test_workers_start_a_local_cluster_of_processes(docs: list[str], single: CoverageReport) -> None:
+    r = polymem.coverage("mistral-v1", "cl100k_base", docs, max_n=5, partition_mb=_mb(docs) / 6, workers=2,
+                         processes=True)
     assert r.workers == 2 and numbers(r) == numbers(single)
+
+
+def test_worker_threads_equal_one_process(tmp_path: Path, docs: list[str]) -> None:
+    """workers=2 (a local cluster whose worker runs 2 threads in this process): every number of the JSON equals
+    the one-process run's, on files read by the tasks themselves (a compressed JSONL file cut into ranges that
+    the two threads read at the same time, each going on from its own stream; a plain text file), with the
+    occurrence pass's reduce tasks running side by side too."""
+    import gzip
+
+    from polymem.corpus import Corpus
+
+    (tmp_path / "c.jsonl.gz").write_bytes(
+        gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in docs).encode(), mtime=0))
+    (tmp_path / "t.txt").write_text(docs[0] * 3, encoding="utf-8")
+    mb = _mb(docs) / 8
+    parts: list[int] = []
+    r = polymem.coverage("mistral-v1", "cl100k_base", Corpus([tmp_path]), max_n=5, partition_mb=mb, workers=2,
+                         progress=lambda n, b: parts.append(n))
+    one = polymem.coverage("mistral-v1", "cl100k_base", Corpus([tmp_path]), max_n=5, partition_mb=mb)
+    assert len(parts) >= 6 and r.workers == 2 and one.workers == 1
+    assert numbers(r) == numbers(one)
+
+
+def test_reduce_tasks_in_threads_get_their_own_buffers() -> None:
+    """Two reduce tasks in flight in one process (a worker's threads) never get the same buffers; a task's
+    buffers handed back serve the next one."""
+    import numpy as np
+
+    from polymem.analysis.coverage import dist
+
+    dist.release_reduce_buffers()
+    a = dist._reduce_buffers(1000, 500)
+    b = dist._reduce_buffers(800, 400)  # a is still in use
+    assert all(not np.shares_memory(x, y) for x in a for y in b)
+    assert a[0].shape[0] >= 1000 and a[1].shape[0] >= 500 and b[0].shape[0] >= 800 and b[3].shape[0] >= 400
+    dist._REDUCE_SPARE.append(a)
+    c = dist._reduce_buffers(900, 450)
+    assert c[0] is a[0]  # reused: no fresh memory
+    dist.release_reduce_buffers()
+
+
+def test_worker_threads_load_the_tools_once() -> None:
+    """The first tasks of a worker's threads, started together, load the tokenizers and token hashes once."""
+    import threading
+
+    from polymem.analysis.coverage import dist
+
+    dist.release()
+    plan = dist.Plan(target="bytes", reference="cl100k_base", max_n=2, occurrence=False, spec=polymem.HashSpec(),
+                     scratch="unused")
+    before = dist.LOADS[0]
+    barrier = threading.Barrier(4)
+    got: list[Any] = []
+
+    def task() -> None:
+        barrier.wait(timeout=60)
+        got.append(dist._tools(plan))
+
+    threads = [threading.Thread(target=task) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert dist.LOADS[0] - before == 1 and len(got) == 4 and all(g is got[0] for g in got)
+    dist.release()
+
+
+def test_processes_must_be_a_bool_and_needs_workers(tmp_path: Path) -> None:
+    with pytest.raises(PolymemError, match="processes='yes' must be True"):
+        polymem.coverage(TA, TB, ["aabb"], max_n=2, workers=2, processes="yes")  # type: ignore[arg-type]
+    (tmp_path / "a.txt").write_text("hello", encoding="utf-8")
+    res = CliRunner().invoke(app, ["coverage", "-t", "bytes", "-r", "bytes", str(tmp_path / "a.txt"),
+                                   "--processes"])
+    assert res.exit_code == 2 and "--processes" in res.output and "--workers N" in res.output
 

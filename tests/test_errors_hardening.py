@@ -86,7 +86,8 @@ def test_a_task_that_kills_its_worker_is_a_one_line_error() -> None:
     docs = ["plain text"] * 3 + ["KILL"] + ["more text"] * 3
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):  # give up after the first death
         with pytest.raises(WorkerError) as e:
-            polymem.coverage(_Killer(os.getpid()), "bytes", docs, max_n=2, workers=2, partition_mb=1e-6)
+            polymem.coverage(_Killer(os.getpid()), "bytes", docs, max_n=2, workers=2, processes=True,
+                             partition_mb=1e-6)
     msg = str(e.value)
     assert "\n" not in msg and isinstance(e.value, PolymemError) and isinstance(e.value, RuntimeError)
     # the partition with KILL (3), or another one queued on the same worker when it died (Dask fails those too,

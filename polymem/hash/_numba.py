@@ -50,7 +50,7 @@ def _finalize(h, stream):  # pragma: no cover - compiled
     return _fmix64(h + np.uint64(stream + 1) * _GOLDEN)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def token_hashes(buf, offsets, table, base):  # pragma: no cover - compiled
     """C[t] = Horner hash of buf[offsets[t]:offsets[t+1]] with byte table ``table``."""
     V = offsets.shape[0] - 1
@@ -66,7 +66,7 @@ def token_hashes(buf, offsets, table, base):  # pragma: no cover - compiled
 # Row kernels write a planar [K, M] array: one simple loop per head over all n-grams, which LLVM vectorises
 # (AVX-512 has native 64-bit multiplies); the per-n-gram [M, K] order did not vectorise and ran ~6× slower.
 # Callers get a [M, K] view of it (a transpose, no copy).
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rows_planar(h, valid, kind, heads, slots, pages):  # pragma: no cover - compiled
     """h uint64 [M], valid bool [M] -> rows int64 [heads, M] (-1 where invalid)."""
     M = h.shape[0]
@@ -110,7 +110,7 @@ def rows_planar(h, valid, kind, heads, slots, pages):  # pragma: no cover - comp
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def ngram_hashes(ids, C, P, special, max_n):  # pragma: no cover - compiled
     """ids int64 [B, T] -> (hashes uint64 [B, T, max_n], valid bool [B, T, max_n]).
 

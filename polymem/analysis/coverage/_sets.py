@@ -7,7 +7,8 @@ to every key, so it can only ever merge two n-grams that the 64-bit hash already
 per-document byte-hash tables start at the key's top bits (a polynomial byte hash mixes upwards: its top bits
 are uniform, its low bits are not); the XOR tables and the bucketed sets at ``fmix64(key) & mask`` (XOR mixes
 of small token ids have structured bits; a bucket's keys share their top bits). All arithmetic is uint64 with
-np.uint64 constants (mixing uint64 and int64 in numba gives float64).
+np.uint64 constants (mixing uint64 and int64 in numba gives float64). The kernels release the GIL
+(``nogil``): a Dask worker's threads count documents side by side.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _extend(pos, i, m, carry):  # pragma: no cover - compiled
     return h, carry
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def doc_scan_ids(
     tids, rids,  # the document's ids: target int64 [Tt], reference int64 [Tr] (in range of their vocabularies)
     tC, tP, tspecial,  # the target's token hashes (its n-grams; and the reference's ids read as target ids)
@@ -320,7 +321,7 @@ def _pow2(n):  # pragma: no cover - compiled
 # table of hundreds of MiB.
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _bucket_counts(keys, n, bits):  # pragma: no cover - compiled
     """Offsets int64 [2^bits + 1] of the stored keys _key(keys[:n]) grouped by their top ``bits`` bits."""
     shift = np.uint64(64 - bits)
@@ -332,7 +333,7 @@ def _bucket_counts(keys, n, bits):  # pragma: no cover - compiled
     return off
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _table_for(off):  # pragma: no cover - compiled
     """A zeroed scratch table big enough for the largest bucket at load <= 1/2."""
     big = 0
@@ -366,14 +367,14 @@ def _member(table, s, mask, k):  # pragma: no cover - compiled
         s = (s + _U1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _group_keys(keys, n, bits):  # pragma: no cover - compiled
     """Counting sort of the stored keys of keys[:n] by bucket (top ``bits`` bits): (grouped keys, offsets)."""
     grouped = np.empty(n, dtype=np.uint64)
     return grouped, _group_keys_into(keys, n, bits, grouped)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _group_keys_into(keys, n, bits, grouped):  # pragma: no cover - compiled
     """:func:`_group_keys` into ``grouped`` (uint64 [>= n], reused scratch); returns the offsets."""
     shift = np.uint64(64 - bits)
@@ -387,7 +388,7 @@ def _group_keys_into(keys, n, bits, grouped):  # pragma: no cover - compiled
     return off
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def bucket_unique(keys, n, bits):  # pragma: no cover - compiled
     """The distinct stored keys of keys[:n] (raw hashes; 0 is stored as ZERO_KEY) grouped by bucket:
     (keys uint64 [d], offsets int64 [2^bits + 1]); bucket b = keys[offsets[b]:offsets[b+1]]."""
@@ -411,7 +412,7 @@ def bucket_unique(keys, n, bits):  # pragma: no cover - compiled
     return grouped[:w].copy(), out_off
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _group_into(ph, pn, pc, n, bits, gh, gn, gc):  # pragma: no cover - compiled
     """Counting sort of (stored key, order, count) entries by bucket into gh, gn, gc (scratch, >= n each);
     returns the offsets."""
@@ -427,7 +428,7 @@ def _group_into(ph, pn, pc, n, bits, gh, gn, gc):  # pragma: no cover - compiled
     return off
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def bucket_group_into(keys, n, ph, pn, pc, n_pend, bits, grouped, gh, gn, gc):  # pragma: no cover - compiled
     """The map side of the occurrence pass: the stored keys of keys[:n] and the pending target entries (stored
     keys ph, order-1 pn, counts pc; first n_pend) grouped by bucket (counting sorts) into scratch reused across
@@ -440,7 +441,7 @@ def bucket_group_into(keys, n, ph, pn, pc, n_pend, bits, grouped, gh, gn, gc):  
     return off, poff
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def resolve_range(ref, ref_off, ph, pn, pc, pend_off, bits, hits):  # pragma: no cover - compiled
     """The reduce of the occurrence pass over B buckets and P partitions: ref / ph, pn, pc are the partitions'
     slices concatenated, ref_off / pend_off int64 [P, B + 1] their absolute offsets per bucket (buckets of the
@@ -478,7 +479,7 @@ def resolve_range(ref, ref_off, ph, pn, pc, pend_off, bits, hits):  # pragma: no
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def ids_in_range(ids, vocab):  # pragma: no cover - compiled
     """True if every id of the 1-D int64 ``ids`` is in [0, vocab)."""
     for i in range(ids.shape[0]):
@@ -487,7 +488,7 @@ def ids_in_range(ids, vocab):  # pragma: no cover - compiled
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def tally_doc(uniq, hits, xuniq, xhits, t_uniq, t_hits, t_docs_with, p_share, p_share_by_ref, t_xuniq, t_xhits,
               t_xdocs_with, p_xshare, one):  # pragma: no cover - compiled
     """One document's counts into a Tally (:meth:`polymem.analysis.coverage.counter.Tally.add_doc`): the integer
@@ -513,7 +514,7 @@ def tally_doc(uniq, hits, xuniq, xhits, t_uniq, t_hits, t_docs_with, p_share, p_
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def compare_token_bytes(ids, buf, offsets, text):  # pragma: no cover - compiled
     """Compare the concatenated token bytes of ``ids`` (token t = buf[offsets[t]:offsets[t+1]]) with ``text``.
 
@@ -559,7 +560,7 @@ def compare_token_bytes(ids, buf, offsets, text):  # pragma: no cover - compiled
     return shift, 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _compare_unequal(ids, buf, offsets, text):  # pragma: no cover - compiled
     """:func:`compare_token_bytes` when the stream is neither as long as the text nor one byte longer: always a
     mismatch, at the first differing byte or at the end of the shorter one."""
@@ -592,7 +593,7 @@ def _load8(typingctx, arr, idx):  # pragma: no cover - compiled
     return types.uint64(arr, idx), codegen
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def compare_token_words(ids, buf, offsets, text, L, shift):  # pragma: no cover - compiled
     """:func:`compare_token_bytes` of ``text[:L]`` (the same result), 8 bytes at a time. ``buf`` and ``text``
     each end with at least :data:`PAD` bytes beyond their data (any values), so a token's bytes and the text
@@ -648,7 +649,7 @@ def _stream_status(ids, C, P, h_text, h_space_text, p_len, p_len1):  # pragma: n
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def stream_fidelity(ti, tC, tP, ri, rC, rP, text, table, base):  # pragma: no cover - compiled
     """Byte fidelity of both tokenizers' ids for one document, by hash: (status of ti, status of ri), each 0
     when the token stream is the text, 1 when it is b" " + text, -1 otherwise (then :func:`compare_token_bytes`

@@ -21,6 +21,10 @@ occurrence-weighted metric by key bucket (shuffle + reduce). Runs in this proces
 
 Tasks are pure functions of their arguments (files are written under a temporary name and renamed), so a task
 lost with a killed worker is simply run again by Dask; the result does not change.
+
+A worker may run tasks in several threads (``workers=N`` runs N threads in one process): the kernels release
+the GIL, and what a process keeps between tasks is either shared read-only (the tools), taken by one task at a
+time (the spare buffers), or per thread (a compressed file's open stream, :class:`polymem.sources.OpenStreams`).
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ class DocsPartition:
 # specs stay the same). One entry at a time, so old tokenizers do not pile up.
 _TOOLS: dict[Any, Any] = {}
 LOADS = [0]  # how many times this process loaded tools (the tests read it on the workers)
+_TOOLS_LOCK = threading.Lock()
 
 
 def _tools_key(plan: Plan) -> Any:
@@ -136,6 +141,14 @@ def _tools(plan: Plan) -> Any:
     """(target, reference, target hashes, reference hashes, their TokenizerInfo pair), loaded once per process
     while the specs stay the same."""
     key = _tools_key(plan)
+    got = _TOOLS.get(key)
+    if got is not None:
+        return got
+    with _TOOLS_LOCK:  # a worker's threads: the first task loads them, the others wait for it
+        return _load_tools(plan, key)
+
+
+def _load_tools(plan: Plan, key: Any) -> Any:
     got = _TOOLS.get(key)
     if got is None:
         from polymem.hash.token_hashes import TokenHashes
@@ -361,7 +374,18 @@ def _resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
         return hits
     # every slice read (or copied) straight into its place: no per-partition pieces to concatenate afterwards;
     # into buffers this process's next reduce task reuses (fresh memory costs more than the copies)
-    ref, ph, pn, pc = _reduce_buffers(nr, npd)
+    bufs = _reduce_buffers(nr, npd)  # this task's alone until it hands them back (a worker may run tasks in threads)
+    try:
+        _fill_and_resolve(plan, fs, root, srcs, nr, npd, bufs, ref_off, pend_off, hits)
+    finally:
+        _REDUCE_SPARE.append(bufs)
+    return hits
+
+
+def _fill_and_resolve(plan: Plan, fs: Any, root: str, srcs: list[Any], nr: int, npd: int, bufs: Any,
+                      ref_off: list[np.ndarray], pend_off: list[np.ndarray], hits: np.ndarray) -> None:
+    """The reduce's slices read (or copied) into this task's buffers, then looked up."""
+    ref, ph, pn, pc = bufs[0][:nr], bufs[1][:npd], bufs[2][:npd], bufs[3][:npd]
     for p, occ, r0, r1, q0, q1, at_r, at_q in srcs:
         if occ is not None:
             ref[at_r:at_r + r1 - r0] = occ.ref[r0:r1]
@@ -375,25 +399,28 @@ def _resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
                 except FileNotFoundError:
                     raise _missing(plan, p, name) from None
     _kernels.resolve_range(ref, np.stack(ref_off), ph, pn, pc, np.stack(pend_off), BUCKET_BITS, hits)
-    return hits
 
 
 _REDUCE_SPARE: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
 
 def _reduce_buffers(nr: int, npd: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(ref uint64 [nr], ph uint64 [npd], pn int8 [npd], pc int64 [npd]): views of buffers kept for the next
-    reduce task in this process (grown when too small). The first touch of fresh memory is what costs here: a
-    new array per task page-faulted ~8 bytes per key of the corpus again (docs/benchmarks/scaleout.md)."""
-    got = _REDUCE_SPARE.pop() if _REDUCE_SPARE else None
+    """Buffers for a reduce task of nr reference keys and npd pending entries: (ref uint64, ph uint64, pn int8,
+    pc int64), each at least that long, taken from those an earlier reduce task in this process handed back
+    (grown when too small); the caller hands them back (``_REDUCE_SPARE.append``) when done. The first touch of
+    fresh memory is what costs here: a new array per task page-faulted ~8 bytes per key of the corpus again
+    (docs/benchmarks/scaleout.md). Taken, not shared: tasks running in threads of one worker each get their own."""
+    try:
+        got = _REDUCE_SPARE.pop()  # atomic: two threads never get the same buffers
+    except IndexError:
+        got = None
     if got is None or got[0].shape[0] < nr or got[1].shape[0] < npd:
         got = None  # drop the old ones before allocating bigger ones
         r = max(nr, int(nr * 1.25))
         q = max(npd, int(npd * 1.25))
         got = (np.empty(r, dtype=np.uint64), np.empty(q, dtype=np.uint64), np.empty(q, dtype=np.int8),
                np.empty(q, dtype=np.int64))
-    _REDUCE_SPARE.append(got)
-    return got[0][:nr], got[1][:npd], got[2][:npd], got[3][:npd]
+    return got
 
 
 def release_reduce_buffers() -> None:

@@ -2,8 +2,8 @@
 
 Streaming in partitions: documents are grouped into partitions (``partition_mb`` of text each) and counted one
 at a time, partition by partition, in this process or as tasks on a Dask cluster (``client=``, or
-``workers=N`` for a local cluster of N processes); the corpus-wide occurrence-weighted metric is settled by
-key bucket (:mod:`polymem.analysis.coverage.dist`). Memory per process: one partition's distinct n-gram keys
+``workers=N`` for a local cluster of N threads or processes); the corpus-wide occurrence-weighted metric is
+settled by key bucket (:mod:`polymem.analysis.coverage.dist`). Memory per process: one partition's distinct n-gram keys
 and one document's scratch, never the corpus's.
 
 Byte fidelity of both tokenizers is checked on every document as it goes (token bytes vs the text's UTF-8,
@@ -226,6 +226,7 @@ def coverage(
     exact_bytes: bool = False,
     occurrence: bool = True,
     workers: int = 1,
+    processes: bool = False,
     client: Any = None,
     partition_mb: float | None = None,
     scratch: str | None = None,
@@ -241,7 +242,9 @@ def coverage(
     exact_bytes: compare byte strings instead of 64-bit hashes (slow; the reference path; one process).
     occurrence: also compute the corpus-level occurrence-weighted coverage.
     client: a ``distributed.Client``: count the partitions as tasks on its cluster. workers: without a
-    client, N > 1 starts a local Dask cluster of N worker processes (1 thread each) for this call.
+    client, N > 1 starts a local Dask cluster for this call: one worker with N threads in this process (the
+    tokenizers and counting kernels release the GIL; no start-up, one copy of the tokenizers), or with
+    ``processes=True`` N worker processes of one thread each (no shared interpreter; ~3 s of start-up).
     partition_mb: MB of text per partition (the unit of work and of memory; default PARTITION_MB = 4 in this
     process, DASK_PARTITION_MB = 2 on Dask). scratch: directory or fsspec URL
     for the occurrence pass's key files (default: a temporary directory here; a cluster spanning machines
@@ -253,7 +256,10 @@ def coverage(
     t_start = time.perf_counter()
     max_n = check_max_n(max_n)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise PolymemError(f"workers={workers!r} must be an integer ≥ 1 (Dask worker processes; 1 = this process)")
+        raise PolymemError(f"workers={workers!r} must be an integer ≥ 1 (Dask workers; 1 = this process)")
+    if not isinstance(processes, bool):
+        raise PolymemError(f"processes={processes!r} must be True (worker processes) or False (threads in this "
+                           "process)")
     if partition_mb is None:
         partition_mb = DASK_PARTITION_MB if (client is not None or workers > 1) else PARTITION_MB
     if isinstance(partition_mb, bool) or not isinstance(partition_mb, (int, float)) or not partition_mb > 0:
@@ -267,7 +273,7 @@ def coverage(
         raise PolymemError("exact_bytes runs in one process (it is the slow reference path that checks the hash "
                            "path); drop workers/client (--workers/--dask), or drop exact_bytes")
     spec = spec or HashSpec()
-    remote = client is not None or workers > 1
+    remote = client is not None or (workers > 1 and processes)  # the tasks run in other processes
     if remote and _known_spec(target) and _known_spec(reference):
         # the workers load them (and report what they loaded): the driver need not spend the time
         tok_t = tok_r = None
@@ -291,7 +297,9 @@ def coverage(
             if client is not None:
                 results, extra, nproc = _run_dask(client, plan, texts, partition_mb, progress)
             elif workers > 1:
-                with _local_cluster(workers) as local:
+                if not processes:  # the tasks run in this process's threads: the tools loaded here serve them
+                    dist.preload(plan, (tok_t, tok_r, _hashes(tok_t, spec), _hashes(tok_r, spec)))
+                with _local_cluster(workers, processes) as local:
                     results, extra, nproc = _run_dask(local, plan, texts, partition_mb, progress)
             else:
                 dist.preload(plan, (tok_t, tok_r, _hashes(tok_t, spec), _hashes(tok_r, spec)))
@@ -482,7 +490,7 @@ def _run_dask(client: Any, plan: dist.Plan, texts: Any, partition_mb: float,
     reduce task per bucket range. A task lost with a worker is rerun by Dask."""
     from distributed import as_completed
 
-    nworkers = max(1, len(client.nthreads()))
+    nworkers = max(1, sum(client.nthreads().values()))  # task slots: threads, over all workers
     prog = _Progress(progress)
     read_s = [0.0]
     results: dict[int, dict[str, Any]] = {}
@@ -533,8 +541,9 @@ def _task_result(fut: Any, what: str) -> Any:
 
 
 @contextlib.contextmanager
-def _local_cluster(workers: int) -> Iterator[Any]:
-    """A Dask LocalCluster of ``workers`` processes with one thread each, for one call."""
+def _local_cluster(workers: int, processes: bool = False) -> Iterator[Any]:
+    """A Dask LocalCluster for one call: one worker in this process with ``workers`` threads, or ``workers``
+    processes with one thread each."""
     import logging
 
     from polymem._optional import optional_import
@@ -544,7 +553,8 @@ def _local_cluster(workers: int) -> Iterator[Any]:
     Client, LocalCluster = distributed.Client, distributed.LocalCluster
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+    n, threads = (workers, 1) if processes else (1, workers)
+    with LocalCluster(n_workers=n, threads_per_worker=threads, processes=processes, dashboard_address=":0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         yield client
 
