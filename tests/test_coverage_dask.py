@@ -247,6 +247,17 @@ def test_worker_threads_load_the_tools_once() -> None:
     dist.release()
 
 
+def test_tools_held_by_another_process_are_a_clear_error() -> None:
+    """A plan whose tokenizers the starting process holds (workers=N threads) cannot be served elsewhere."""
+    from polymem.analysis.coverage import dist
+
+    dist.release()
+    plan = dist.Plan(target=dist.InProcess("target"), reference=dist.InProcess("reference"), max_n=2,
+                     occurrence=False, spec=polymem.HashSpec(), scratch="unused")
+    with pytest.raises(PolymemError, match="loaded by the process that started it"):
+        dist._tools(plan)
+
+
 def test_processes_must_be_a_bool_and_needs_workers(tmp_path: Path) -> None:
     with pytest.raises(PolymemError, match="processes='yes' must be True"):
         polymem.coverage(TA, TB, ["aabb"], max_n=2, workers=2, processes="yes")  # type: ignore[arg-type]

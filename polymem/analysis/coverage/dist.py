@@ -44,6 +44,7 @@ import numpy as np
 from polymem.analysis.coverage import _sets as _kernels
 from polymem.analysis.coverage.counter import BUCKET_BITS, OccurrenceOutput, Tally
 from polymem.corpus import Document, Skipped
+from polymem.errors import PolymemError
 from polymem.hash.spec import HashSpec
 
 REDUCE_KEYS = 1 << 22  # aim for about this many reference keys (summed over partitions) per reduce task
@@ -99,6 +100,16 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class InProcess:
+    """Stands in a Plan for a tokenizer that the process which started the run loaded and preloaded
+    (:func:`preload`), when the tasks run in that process's threads: Dask pickles a task's arguments even for a
+    worker in the same process, and a tokenizer object sent with each task would be rebuilt by each (tiktoken's
+    ~0.3 s and its tables' memory per task)."""
+
+    role: str  # "target" or "reference"
+
+
+@dataclass(frozen=True)
 class DocsPartition:
     """A partition whose documents travel with the task (strings, stdin, or a Corpus read by the driver)."""
 
@@ -150,6 +161,10 @@ def _tools(plan: Plan) -> Any:
 
 def _load_tools(plan: Plan, key: Any) -> Any:
     got = _TOOLS.get(key)
+    if got is None and isinstance(plan.target, InProcess):
+        raise PolymemError("this run's tokenizers were loaded by the process that started it, and its tasks went to "
+                           "another process: run them on a cluster whose workers are threads of that process "
+                           "(coverage(workers=N)), or name the tokenizers so that each worker loads them")
     if got is None:
         from polymem.hash.token_hashes import TokenHashes
         from polymem.tokenizers import load_tokenizer

@@ -288,9 +288,12 @@ def coverage(
         own_scratch = scratch is None
         scratch_dir = (tempfile.mkdtemp(prefix="polymem-coverage-", dir=_scratch_parent(texts, occurrence))
                        if own_scratch else str(scratch))
-        # on a cluster, send what the caller named (workers load it themselves) rather than loaded objects
-        plan = dist.Plan(target=_portable(target) if remote else tok_t,
-                         reference=_portable(reference) if remote else tok_r,
+        # on a cluster, send what the caller named (workers load it themselves) rather than loaded objects; to
+        # this process's threads, only a marker (the tools are preloaded here: Dask would pickle them per task)
+        threads = client is None and workers > 1 and not processes
+        plan = dist.Plan(target=_portable(target) if remote else dist.InProcess("target") if threads else tok_t,
+                         reference=(_portable(reference) if remote else dist.InProcess("reference") if threads
+                                    else tok_r),
                          max_n=max_n, occurrence=occurrence, spec=spec, scratch=scratch_dir,
                          storage_options=dict(storage_options or {}))
         try:
