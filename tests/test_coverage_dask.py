@@ -152,20 +152,20 @@ def test_exact_bytes_stays_in_one_process(client: Any) -> None:
         polymem.coverage(TA, TB, ["aabb"], max_n=2, exact_bytes=True, client=client)
 
 
-def test_cli_dask_address_equals_in_process(client: Any, tmp_path: Path, docs: list[str]) -> None:
+def test_cli_dask_address_and_worker_threads_equal_in_process(client: Any, tmp_path: Path, docs: list[str]) -> None:
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:40]), encoding="utf-8")
     outs = []
-    for extra in ([], ["--dask", client.scheduler.address]):
+    for extra in ([], ["--dask", client.scheduler.address], ["--workers", "2"]):
         out = tmp_path / f"r{len(outs)}.json"
         res = CliRunner().invoke(app, ["coverage", "-t", "bytes", "-r", "cl100k_base", "--max-n", "3", str(corpus),
                                        "--partition-mb", "0.002", "--json", str(out), "-q", *extra])
         assert res.exit_code == 0, res.output
         outs.append(json.loads(out.read_text()))
-    assert outs[1].pop("workers") == 2 and outs[0].pop("workers") == 1
+    assert outs[1].pop("workers") == 2 and outs[2].pop("workers") == 2 and outs[0].pop("workers") == 1
     for d in outs:
         d.pop("elapsed_s"), d.pop("timing")
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] == outs[2]
 
 
 def test_cli_rejects_dask_with_workers(tmp_path: Path) -> None:
