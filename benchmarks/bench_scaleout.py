@@ -249,7 +249,7 @@ def _paired(tok_t: Any, tok_r: Any, corpus: Any, max_n: int, partition_mb: float
         w1, c1 = clock()
         reduce = (w1 - w0, c1 - c0)
     finally:
-        dist.release()
+        dist.release(plan)
         shutil.rmtree(scratch, ignore_errors=True)
     tally = dist.merge_tallies(results, max_n)
     tally.pos_hits += extra

@@ -247,6 +247,71 @@ def test_worker_threads_load_the_tools_once() -> None:
     dist.release()
 
 
+def test_runs_at_once_keep_their_own_preloaded_tools() -> None:
+    """Two runs started in one process at the same time (threads of a notebook or a service): one ending does not
+    take the other's tools away."""
+    from polymem.analysis.coverage import dist
+    from polymem.analysis.coverage.run import _hashes
+    from polymem.tokenizers import load_tokenizer
+
+    spec = polymem.HashSpec()
+    tok = load_tokenizer("bytes")
+    tools = (tok, tok, _hashes(tok, spec), _hashes(tok, spec))
+    a, b = (dist.Plan(target=dist.InProcess("target"), reference=dist.InProcess("reference"), max_n=2,
+                      occurrence=False, spec=spec, scratch="unused") for _ in range(2))
+    dist.preload(a, tools)
+    dist.preload(b, tools)
+    dist.release(b)
+    assert dist._tools(a)[0] is tok
+    dist.release(a)
+    with pytest.raises(PolymemError, match="loaded by the process that started it"):
+        dist._tools(a)
+
+
+def test_a_reduce_task_holds_its_buffers_until_it_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a reduce task looks its entries up, its buffers are not among the spares another task could take;
+    afterwards they are (the next task reuses them)."""
+    import numpy as np
+
+    from polymem.analysis.coverage import counter as C
+    from polymem.analysis.coverage import dist
+    from polymem.analysis.coverage.run import _hashes
+    from polymem.tokenizers import load_tokenizer
+
+    spec = polymem.HashSpec()
+    tt, tr = load_tokenizer("bytes"), load_tokenizer("cl100k_base")
+    c = C.HashCounter(_hashes(tt, spec), _hashes(tr, spec), 3)
+    for text in ("the cat sat on the mat", "a dog, another dog; dogs!"):
+        c.add(tt.encode(text), tr.encode(text))
+    occ = c.occurrence_output()
+    assert occ.pend_h.shape[0] > 0
+    plan = dist.Plan(target=tt, reference=tr, max_n=3, occurrence=True, spec=spec, scratch="unused")
+    seen: list[bool] = []
+    real = dist._kernels.resolve_range
+
+    def looking_up(ref: Any, *args: Any) -> Any:
+        seen.append(all(not np.shares_memory(ref, spare[0]) for spare in dist._REDUCE_SPARE))
+        return real(ref, *args)
+
+    dist.release_reduce_buffers()
+    monkeypatch.setattr(dist._kernels, "resolve_range", looking_up)
+    want = dist.resolve_buckets(plan, [0], 0, 1 << C.BUCKET_BITS, {0: occ})
+    assert seen == [True] and len(dist._REDUCE_SPARE) == 1  # held while in use, handed back after
+    assert np.array_equal(dist.resolve_buckets(plan, [0], 0, 1 << C.BUCKET_BITS, {0: occ}), want)
+    dist.release_reduce_buffers()
+
+
+def test_worker_threads_have_no_memory_limit() -> None:
+    """Dask's memory monitor would measure the whole process (the caller's data too) and pause a worker at 80 %
+    of the machine's memory, silently: the in-process worker runs without a limit."""
+    from polymem.analysis.coverage.run import _local_cluster
+
+    with _local_cluster(2) as c:
+        workers = list(c.cluster.workers.values())
+        assert len(workers) == 1 and sum(c.nthreads().values()) == 2
+        assert not workers[0].memory_manager.memory_limit
+
+
 def test_tools_held_by_another_process_are_a_clear_error() -> None:
     """A plan whose tokenizers the starting process holds (workers=N threads) cannot be served elsewhere."""
     from polymem.analysis.coverage import dist
@@ -258,11 +323,18 @@ def test_tools_held_by_another_process_are_a_clear_error() -> None:
         dist._tools(plan)
 
 
-def test_processes_must_be_a_bool_and_needs_workers(tmp_path: Path) -> None:
+def test_processes_must_be_a_bool_and_needs_workers(client: Any, tmp_path: Path) -> None:
     with pytest.raises(PolymemError, match="processes='yes' must be True"):
         polymem.coverage(TA, TB, ["aabb"], max_n=2, workers=2, processes="yes")  # type: ignore[arg-type]
+    with pytest.raises(PolymemError, match="pass workers=N, or drop processes"):
+        polymem.coverage(TA, TB, ["aabb"], max_n=2, processes=True)
+    with pytest.raises(PolymemError, match="a client's cluster has the workers it has"):
+        polymem.coverage(TA, TB, ["aabb"], max_n=2, processes=True, client=client)
     (tmp_path / "a.txt").write_text("hello", encoding="utf-8")
     res = CliRunner().invoke(app, ["coverage", "-t", "bytes", "-r", "bytes", str(tmp_path / "a.txt"),
                                    "--processes"])
     assert res.exit_code == 2 and "--processes" in res.output and "--workers N" in res.output
+    res = CliRunner().invoke(app, ["coverage", "-t", "bytes", "-r", "bytes", str(tmp_path / "a.txt"),
+                                   "--processes", "--dask", "tcp://127.0.0.1:1"])
+    assert res.exit_code == 2 and "drop --processes" in res.output and "add --workers" not in res.output
 

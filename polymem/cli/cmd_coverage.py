@@ -45,8 +45,9 @@ def coverage_cmd(
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a stacked-bar PNG like seed 002's Fig. 2.")]
     = None,
     workers: Annotated[int, typer.Option("--workers", "-j", min=1, help="Count on a local Dask cluster of N "
-                                         "workers: N threads in this process (the tokenizers and kernels release "
-                                         "the GIL); 1 = in this process, no Dask.")] = 1,
+                                         "workers: N threads in this process (the SentencePiece and tiktoken "
+                                         "tokenizers and the kernels release the GIL); 1 = in this process, no "
+                                         "Dask.")] = 1,
     processes: Annotated[bool, typer.Option("--processes", help="With --workers N: N worker processes instead of "
                                             "threads (no shared interpreter; ~3 s of start-up).")] = False,
     dask: Annotated[str | None, typer.Option("--dask", metavar="ADDRESS", help="Count on an existing Dask "
@@ -87,13 +88,16 @@ def coverage_cmd(
     from polymem._io import check_output_paths
 
     check_max_n(max_n)
-    if processes and workers == 1:
-        raise typer.BadParameter("--processes chooses how --workers N runs its N workers; add --workers N (N ≥ 2) "
-                                 "or drop --processes", param_hint="'--processes'")
     if dask is not None and workers != 1:
         raise typer.BadParameter(f"--dask {dask} and --workers {workers} both choose where to count; pass one "
                                  "(--dask for an existing cluster, --workers N for a local one)",
                                  param_hint="'--dask' / '--workers'")
+    if processes and dask is not None:
+        raise typer.BadParameter(f"--processes chooses how --workers N runs a local cluster; the cluster at {dask} "
+                                 "has the workers it has: drop --processes", param_hint="'--processes'")
+    if processes and workers == 1:
+        raise typer.BadParameter("--processes chooses how --workers N runs its N workers; add --workers N (N ≥ 2) "
+                                 "or drop --processes", param_hint="'--processes'")
     from polymem.cli._options import parse_storage_options
 
     options = parse_storage_options(storage_options)

@@ -152,7 +152,7 @@ class OccurrenceOutput:
         """Hand the pooled buffers these arrays view back for the next partition in this process (the arrays
         must not be used afterwards); nothing for an output that owns its arrays."""
         if self.scratch is not None:
-            if len(_GROUP_SPARE) < 2:
+            if len(_GROUP_SPARE) < SPARES[0]:
                 _GROUP_SPARE.append(self.scratch)
             self.scratch = None
 
@@ -296,10 +296,10 @@ class HashCounter:
         if not views:
             out = OccurrenceOutput(out.ref.copy(), ref_off, out.pend_h.copy(), out.pend_n.copy(), out.pend_c.copy(),
                                    pend_off)
-            if len(_GROUP_SPARE) < 2:
+            if len(_GROUP_SPARE) < SPARES[0]:
                 _GROUP_SPARE.append(g)
         if self._ref.shape[0]:  # the next counter in this process reuses the buffers (no regrowth, no page faults)
-            if len(_SPARE) < 2:
+            if len(_SPARE) < SPARES[0]:
                 _SPARE.append((self._ref, self._ph, self._pn, self._pc))
         self._ref, self._ph, self._pn, self._pc = _NO_BUFFERS
         self._nref = self._npend = 0
@@ -339,8 +339,10 @@ _EMPTY_U64 = np.empty(0, dtype=np.uint64)
 _EMPTY_I8 = np.empty(0, dtype=np.int8)
 _EMPTY_I64 = np.empty(0, dtype=np.int64)
 _NO_BUFFERS = (_EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64)
-# occurrence buffers finished counters left for the next ones in this process (a partition's each, at most 2)
+# occurrence buffers finished counters left for the next ones in this process (a partition's each; at most
+# SPARES[0]: 2, or as many as map tasks have run at once here, a worker's threads)
 _SPARE: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+SPARES = [2]
 
 
 def _take_buffers() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -130,6 +130,9 @@ class DocsPartition:
 _TOOLS: dict[Any, Any] = {}
 LOADS = [0]  # how many times this process loaded tools (the tests read it on the workers)
 _TOOLS_LOCK = threading.Lock()
+# tools a run started in this process loaded itself (the in-process executor, worker threads), by run token:
+# only that run adds and removes its entry, so runs going on at the same time in one process do not clear each other's
+_PRELOADED: dict[str, Any] = {}
 
 
 def _tools_key(plan: Plan) -> Any:
@@ -151,6 +154,9 @@ def _tools_key(plan: Plan) -> Any:
 def _tools(plan: Plan) -> Any:
     """(target, reference, target hashes, reference hashes, their TokenizerInfo pair), loaded once per process
     while the specs stay the same."""
+    got = _PRELOADED.get(plan.token)
+    if got is not None:
+        return got
     key = _tools_key(plan)
     got = _TOOLS.get(key)
     if got is not None:
@@ -184,17 +190,20 @@ def _with_info(tools: Any) -> Any:
 
 
 def preload(plan: Plan, tools: Any) -> None:
-    """Seed this process's cache with tools the caller already loaded (the in-process executor)."""
-    _TOOLS.clear()
-    _TOOLS[_tools_key(plan)] = _with_info(tools)
+    """Serve this run's tasks in this process with tools the caller already loaded (the in-process executor,
+    worker threads); :func:`release` with the same plan forgets them."""
+    _PRELOADED[plan.token] = _with_info(tools)
 
 
-def release() -> None:
-    """Forget this process's run state: cached tools and spare occurrence buffers (the in-process executor's
-    end of run)."""
+def release(plan: Plan | None = None) -> None:
+    """The end of a run started in this process: forget its preloaded tools (``plan``), the tools cached by
+    name, and the spare buffers (which a task still running takes or hands back as it likes: only the spares
+    are dropped)."""
     from polymem.analysis.coverage.counter import release_buffers
     from polymem.sources import OpenStreams
 
+    if plan is not None:
+        _PRELOADED.pop(plan.token, None)
     _TOOLS.clear()
     release_buffers()
     release_reduce_buffers()
@@ -208,9 +217,23 @@ def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None, keep:
     output may take in this process: if it fits, hand it back in the summary (``"occ"``, a copy) instead of
     writing it to the scratch directory (the in-process executor, within its budget); else it is written
     straight from the grouping scratch (no copy)."""
+    from polymem.analysis.coverage import counter
+
     release_reduce_buffers()  # a worker's reduce buffers of an earlier run are not needed by a map task
-    with small_pages():
-        return _count_partition(plan, index, part, on_doc, keep)
+    with _ACTIVE_LOCK:  # keep as many spare buffers as map tasks have run at once in this process (its threads)
+        _ACTIVE[0] += 1
+        _ACTIVE[1] = max(_ACTIVE[1], _ACTIVE[0])
+        counter.SPARES[0] = max(counter.SPARES[0], _ACTIVE[1])
+    try:
+        with small_pages():
+            return _count_partition(plan, index, part, on_doc, keep)
+    finally:
+        with _ACTIVE_LOCK:
+            _ACTIVE[0] -= 1
+
+
+_ACTIVE = [0, 0]  # map tasks running in this process now, and the most at once so far
+_ACTIVE_LOCK = threading.Lock()
 
 
 def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: float) -> dict[str, Any]:

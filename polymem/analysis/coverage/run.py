@@ -260,6 +260,10 @@ def coverage(
     if not isinstance(processes, bool):
         raise PolymemError(f"processes={processes!r} must be True (worker processes) or False (threads in this "
                            "process)")
+    if processes and (client is not None or workers == 1):
+        raise PolymemError("processes=True chooses how workers=N (N ≥ 2) runs its local cluster's workers; "
+                           + ("a client's cluster has the workers it has: drop processes" if client is not None
+                              else "pass workers=N, or drop processes"))
     if partition_mb is None:
         partition_mb = DASK_PARTITION_MB if (client is not None or workers > 1) else PARTITION_MB
     if isinstance(partition_mb, bool) or not isinstance(partition_mb, (int, float)) or not partition_mb > 0:
@@ -310,7 +314,7 @@ def coverage(
                 results, extra, nproc = _run_inline(plan, texts, partition_mb, progress,
                                                     keep_mb=None if own_scratch else 0.0)
         finally:
-            dist.release()
+            dist.release(plan)
             if own_scratch:
                 shutil.rmtree(scratch_dir, ignore_errors=True)
         tally = dist.merge_tallies(results, max_n)
@@ -557,8 +561,11 @@ def _local_cluster(workers: int, processes: bool = False) -> Iterator[Any]:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     n, threads = (workers, 1) if processes else (1, workers)
+    # worker threads: no memory limit — Dask's monitor would measure this whole process (the caller's data too)
+    # and pause the worker at 80 % of the machine's memory, its warning silenced: the call would wait forever
+    limit = {} if processes else {"memory_limit": 0}
     with LocalCluster(n_workers=n, threads_per_worker=threads, processes=processes, dashboard_address=":0",
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+                      silence_logs=logging.ERROR, **limit) as cluster, Client(cluster) as client:
         yield client
 
 
