@@ -24,9 +24,10 @@ For each corpus, back to back, each in a fresh subprocess (so its peak RSS is it
              timed), the partition is tokenized with both tokenizers document by document (`tokenize`), in
              batches (`tokenizeb`), and counted by coverage's own map task (`dist.count_partition`: tokenizing,
              counting, key files), the three in a rotating order; then coverage's reduce; plus the fixed cost of a
-             run (`polymem.coverage` of one short document with fresh tokenizer objects). Coverage = maps + reduce + fixed cost, compared with
-             the sum of the tokenize passes (CPU and wall), with the per-partition ratios of the maps; the
-             report's numbers are checked equal to a plain `polymem.coverage` run's.
+             run (`polymem.coverage` of one short document with fresh tokenizer objects). Coverage = maps +
+             reduce + fixed cost, compared with the sum of the tokenize passes (CPU and wall), with the
+             per-partition ratios of the maps; the report's numbers are checked equal to a plain
+             `polymem.coverage` run's.
   cli        (--modes cli) the whole command as a user runs it, cold: `polymem coverage --workers 1`,
              `--workers 2` (2 threads) and `--workers 2 --processes` (2 worker processes), each a fresh process
              (imports, tokenizer loads, kernel loads and the cluster's start all inside the time), the order

@@ -9,8 +9,8 @@ occurrence-weighted metric by key bucket (shuffle + reduce). Runs in this proces
   order, count), are appended to flat buffers; at the end of the partition both are grouped by **key bucket**
   (the top ``BUCKET_BITS`` bits of the 64-bit byte hash; a counting sort,
   :func:`~polymem.analysis.coverage._sets.bucket_group_into`) and written to the scratch directory (``.npy``
-  files, fsspec URL); each bucket's offsets go back in the task's summary. Nothing is deduplicated across documents here: the reduce's
-  table does that once. A task holds one partition's keys, never the corpus's.
+  files, fsspec URL); each bucket's offsets go back in the task's summary. Nothing is deduplicated across
+  documents here: the reduce's table does that once. A task holds one partition's keys, never the corpus's.
 * **reduce** (:func:`resolve_buckets`, one task per contiguous range of buckets): reads its buckets' slices of
   every partition's files (range reads, located by the bucket offsets each map task returned in its summary);
   then, bucket by bucket, puts the reference keys of every partition
@@ -222,8 +222,7 @@ def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None, keep:
     release_reduce_buffers()  # a worker's reduce buffers of an earlier run are not needed by a map task
     with _ACTIVE_LOCK:  # keep as many spare buffers as map tasks have run at once in this process (its threads)
         _ACTIVE[0] += 1
-        _ACTIVE[1] = max(_ACTIVE[1], _ACTIVE[0])
-        counter.SPARES[0] = max(counter.SPARES[0], _ACTIVE[1])
+        counter.SPARES[0] = max(counter.SPARES[0], _ACTIVE[0])
     try:
         with small_pages():
             return _count_partition(plan, index, part, on_doc, keep)
@@ -232,7 +231,7 @@ def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None, keep:
             _ACTIVE[0] -= 1
 
 
-_ACTIVE = [0, 0]  # map tasks running in this process now, and the most at once so far
+_ACTIVE = [0]  # map tasks running in this process now
 _ACTIVE_LOCK = threading.Lock()
 
 
