@@ -28,6 +28,9 @@ For each corpus, back to back, each in a fresh subprocess (so its peak RSS is it
              reduce + fixed cost, compared with the sum of the tokenize passes (CPU and wall), with the
              per-partition ratios of the maps; the report's numbers are checked equal to a plain
              `polymem.coverage` run's.
+  spin2      a pure-Python arithmetic loop (no memory traffic, nothing of polymem), one process alone (`spin`,
+             timed in the same round) and 2 processes at once: what this machine gives 2 processes of perfectly
+             parallel work right now (`alu_ceiling`); the 2-worker speed-ups are also quoted as a fraction of it
   cli        (--modes cli) the whole command as a user runs it, cold: `polymem coverage --workers 1`,
              `--workers 2` (2 threads) and `--workers 2 --processes` (2 worker processes), each a fresh process
              (imports, tokenizer loads, kernel loads and the cluster's start all inside the time), the order
@@ -85,8 +88,22 @@ def _cpu_tree() -> float:
     return total
 
 
+SPIN = 8_000_000  # iterations of the spin loop (about 1 s of one core)
+
+
+def spin() -> dict[str, Any]:
+    """A pure-Python arithmetic loop (the `spin2` ceiling): L1-resident, nothing shared between processes."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    x = 0
+    for i in range(SPIN):
+        x += i * i & 7
+    return {"mode": "spin", "time_s": time.perf_counter() - t0, "cpu_s_timed": time.process_time() - c0, "x": x}
+
+
 def one(mode: str, paths: list[str], partition_mb: float | None, max_n: int, share: str = "") -> dict[str, Any]:
     """Runs inside the child process."""
+    if mode == "spin":
+        return spin()
     import warnings
 
     warnings.simplefilter("ignore")
@@ -384,6 +401,15 @@ def main() -> None:
                     got["time_s"] = got["workers1_s"]
                     got["speedup"] = got["workers1_s"] / got["workers2_s"]
                     got["speedup_processes"] = got["workers1_s"] / got["processes2_s"]
+                elif mode == "spin2":  # the loop alone, then two at once (each as much work as the one alone)
+                    alone = run_child(child[:3] + ["spin"] + child[4:])
+                    t0 = time.perf_counter()
+                    procs = [subprocess.Popen(child[:3] + ["spin"] + child[4:], stdout=subprocess.PIPE, text=True)
+                             for _ in range(2)]
+                    both = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+                    got = {"mode": mode, "alone_s": alone["time_s"], "time_s": max(b["time_s"] for b in both),
+                           "wall_s": time.perf_counter() - t0}
+                    got["alu_ceiling"] = 2 * got["alone_s"] / got["time_s"]
                 elif mode == "tokenize2":  # two children at once, each with half of the documents
                     t0 = time.perf_counter()
                     procs = [subprocess.Popen(child[:3] + ["tokenize"] + child[4:] + ["--share", f"{k}/2"],
@@ -429,6 +455,12 @@ def main() -> None:
             res["threads_speedup_rounds"] = _ratios(rounds["inline"], rounds["threads"], "time_s", "time_s")
             res["threads_cpu_over_inline_rounds"] = _ratios(rounds["threads"], rounds["inline"], "cpu_s_timed",
                                                             "cpu_s_timed")
+        if "spin2" in rounds:
+            res["alu_ceiling_rounds"] = [r["alu_ceiling"] for r in rounds["spin2"]]
+            for k in ("threads", "dask"):
+                if f"{k}_speedup_rounds" in res:  # the speed-up as a fraction of what the machine gave right then
+                    res[f"{k}_of_alu_ceiling_rounds"] = [s / c for s, c in zip(res[f"{k}_speedup_rounds"],
+                                                                              res["alu_ceiling_rounds"])]
         if "paired" in rounds:
             for k in ("wall_over_tokenize", "wall_over_tokenizeb", "cpu_over_tokenize", "cpu_over_tokenizeb"):
                 res[f"paired_{k}_rounds"] = [r[k] for r in rounds["paired"]]
