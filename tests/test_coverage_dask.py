@@ -312,6 +312,27 @@ def test_worker_threads_have_no_memory_limit() -> None:
         assert not workers[0].memory_manager.memory_limit
 
 
+def test_the_local_cluster_runs_quiet_and_leaves_the_dask_config_alone() -> None:
+    """The cluster a call starts runs without Dask's statistical profiler (it samples the worker threads' stacks
+    every 10 ms, holding the GIL) and with a slower health tick, in its worker processes too; the process's Dask
+    config is what it was before, during the run and after."""
+    import dask
+
+    from polymem.analysis.coverage.run import _local_cluster
+
+    keys = ("distributed.worker.profile.enabled", "distributed.admin.tick.interval",
+            "distributed.admin.system-monitor.interval")
+    before = [dask.config.get(k) for k in keys]
+    with _local_cluster(2) as c:
+        worker = next(iter(c.cluster.workers.values()))
+        assert "profile" not in worker.periodic_callbacks and worker._tick_interval == 1.0
+        assert [dask.config.get(k) for k in keys] == before
+    with _local_cluster(2, processes=True) as c:
+        got = c.run(lambda: [dask.config.get(k) for k in keys])
+        assert len(got) == 2 and all(v == [False, "1s", "5s"] for v in got.values())
+    assert [dask.config.get(k) for k in keys] == before and before[0] is True
+
+
 def test_tools_held_by_another_process_are_a_clear_error() -> None:
     """A plan whose tokenizers the starting process holds (workers=N threads) cannot be served elsewhere."""
     from polymem.analysis.coverage import dist

@@ -557,15 +557,30 @@ def _local_cluster(workers: int, processes: bool = False) -> Iterator[Any]:
     distributed = optional_import("distributed", extra="dask", purpose=f"coverage with workers={workers} (a local "
                                   "Dask cluster; or use workers=1)")
     Client, LocalCluster = distributed.Client, distributed.LocalCluster
+    import dask
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     n, threads = (workers, 1) if processes else (1, workers)
     # worker threads: no memory limit — Dask's monitor would measure this whole process (the caller's data too)
     # and pause the worker at 80 % of the machine's memory, its warning silenced: the call would wait forever
     limit = {} if processes else {"memory_limit": 0}
-    with LocalCluster(n_workers=n, threads_per_worker=threads, processes=processes, dashboard_address=":0",
-                      silence_logs=logging.ERROR, **limit) as cluster, Client(cluster) as client:
+    with contextlib.ExitStack() as stack:
+        with dask.config.set(QUIET_CLUSTER):  # read as the cluster starts (its worker processes get it too);
+            # set only meanwhile, as dask.config is the whole process's
+            cluster = stack.enter_context(LocalCluster(n_workers=n, threads_per_worker=threads,
+                                                       processes=processes, dashboard_address=":0",
+                                                       silence_logs=logging.ERROR, **limit))
+            client = stack.enter_context(Client(cluster))
         yield client
+
+
+# Dask settings of the local cluster a call starts (nobody watches its dashboard): no statistical profiler (it
+# samples the stacks of the worker threads every 10 ms, holding the GIL), the event loop's health tick every
+# second instead of every 20 ms, the system monitor every 5 s instead of 0.5 s. The thread running Dask's event
+# loop used 0.35-0.50 CPU-s of a pydocs run with 2 worker threads, 0.15-0.17 with these
+# (docs/benchmarks/scaleout.md, eighth pass)
+QUIET_CLUSTER = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
+                 "distributed.admin.system-monitor.interval": "5s"}
 
 
 def _run_exact(tok_t: Any, tok_r: Any, max_n: int, occurrence: bool, texts: Any,
