@@ -124,6 +124,41 @@ def test_vocab_sizes_and_special_tokens(cl100k: Tokenizer, mistral_v1: Tokenizer
     assert cl100k.decode_bytes(cl100k.encode("<|endoftext|>")) == b"<|endoftext|>"
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.lists(st.one_of(st.text(max_size=40), st.sampled_from(
+    ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|endofprompt|>", "<|endoftext",
+     " \n\n  ", "123456", "héllo", "世界", "👩\u200d💻"])), max_size=8).map("".join))
+def test_tiktoken_ids_are_encode_ordinary(cl100k: Tokenizer, text: str) -> None:
+    """The adapter takes tiktoken's ids as a numpy buffer; they are exactly encode_ordinary's (special-token strings
+    encoded as text), as int64."""
+    import tiktoken
+
+    from polymem.tokenizers.base import check_text
+    from polymem.errors import TokenizerError
+
+    tok = cl100k
+    try:
+        check_text(text)
+    except TokenizerError:
+        return  # lone surrogates: refused before tiktoken (tested elsewhere)
+    want = tok.encoding.encode_ordinary(text)
+    got = tok.encode(text)
+    assert got.dtype == np.int64 and got.tolist() == want
+    assert isinstance(tok.encoding, tiktoken.Encoding)
+
+
+def test_tiktoken_without_numpy_buffers_encodes_the_same(cl100k: Tokenizer) -> None:
+    """tiktoken before 0.8 has no encode_to_numpy: the adapter falls back to encode_ordinary, same ids."""
+    from polymem.tokenizers.tiktoken_adapter import TiktokenTokenizer
+
+    old = TiktokenTokenizer(cl100k.encoding)
+    old._to_numpy = None  # as built on a tiktoken without it
+    text = "Grüße <|endoftext|> 世界!\n\n    def f(x): return x ** 2  # 👩\u200d💻"
+    got = old.encode(text)
+    assert got.dtype == np.int64 and got.tolist() == cl100k.encode(text).tolist()
+    assert 100257 not in got.tolist()
+
+
 def test_mistral_v3_control_tokens() -> None:
     tok = load_tokenizer("mistral-v3")
     assert tok.vocab_size == 32768 and tok.dummy_prefix
