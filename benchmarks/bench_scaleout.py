@@ -263,7 +263,8 @@ def _paired(tok_t: Any, tok_r: Any, corpus: Any, max_n: int, partition_mb: float
         w0, c0 = clock()
         extra = np.zeros(max_n, dtype=np.int64)
         for lo, hi in dist.bucket_ranges(sum(r["ref_keys"] for r in results)):
-            extra += dist.resolve_buckets(plan, [r["index"] for r in results], lo, hi, held)
+            extra += dist.resolve_buckets(plan, [r["index"] for r in results], lo, hi, held,
+                                          dist.range_offsets(results, lo, hi))
         w1, c1 = clock()
         reduce = (w1 - w0, c1 - c0)
     finally:
