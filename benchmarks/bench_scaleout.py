@@ -73,6 +73,15 @@ def run_child(args: list[str], env: dict[str, str] | None = None) -> dict[str, A
     return res
 
 
+def _at_once(commands: list[list[str]]) -> list[dict[str, Any]]:
+    """Children started together (the 2-process modes); each one's JSON line, once all have ended."""
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for cmd in commands]
+    outs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"{commands[0]} failed (status {[p.returncode for p in procs]})")
+    return [json.loads(out.strip().splitlines()[-1]) for out in outs]
+
+
 def _cpu_tree() -> float:
     """CPU seconds (user+sys) of this process and all its live descendants."""
     import psutil
@@ -405,19 +414,13 @@ def main() -> None:
                 elif mode == "spin2":  # the loop alone, then two at once (each as much work as the one alone)
                     alone = run_child(child[:3] + ["spin"] + child[4:])
                     t0 = time.perf_counter()
-                    procs = [subprocess.Popen(child[:3] + ["spin"] + child[4:], stdout=subprocess.PIPE, text=True)
-                             for _ in range(2)]
-                    both = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+                    both = _at_once([child[:3] + ["spin"] + child[4:]] * 2)
                     got = {"mode": mode, "alone_s": alone["time_s"], "time_s": max(b["time_s"] for b in both),
                            "wall_s": time.perf_counter() - t0}
                     got["alu_ceiling"] = 2 * got["alone_s"] / got["time_s"]
                 elif mode == "tokenize2":  # two children at once, each with half of the documents
                     t0 = time.perf_counter()
-                    procs = [subprocess.Popen(child[:3] + ["tokenize"] + child[4:] + ["--share", f"{k}/2"],
-                                              stdout=subprocess.PIPE, text=True) for k in range(2)]
-                    halves = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
-                    if any(p.returncode for p in procs):
-                        raise RuntimeError("tokenize2 failed")
+                    halves = _at_once([child[:3] + ["tokenize"] + child[4:] + ["--share", f"{k}/2"] for k in range(2)])
                     got = {"mode": mode, "time_s": max(h["time_s"] for h in halves),
                            "cpu_s_timed": sum(h["cpu_s_timed"] for h in halves),
                            "docs": sum(h["docs"] for h in halves), "wall_s": time.perf_counter() - t0}
