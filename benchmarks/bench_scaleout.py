@@ -13,8 +13,11 @@ For each corpus, back to back, each in a fresh subprocess (so its peak RSS is it
   tokenize2  the same split over 2 processes at once (even / odd documents): what 2 processes can gain on this
              machine for the same work (the ceiling for the 2-worker target)
   inline     polymem.coverage(..., workers=1): the same partitions and tasks, one after the other
-  threads    polymem.coverage(..., workers=2): a local cluster of one worker with 2 threads in this process, started
-             by the call (inside the time), the tokenizers loaded as for `inline`; peak RSS is the whole process's
+  threads    polymem.coverage(..., workers=2): the partitions counted on 2 threads of this process, the tokenizers
+             loaded as for `inline`; peak RSS is the whole process's
+  threads_old  (with --old-tree PATH) the `threads` mode run with the polymem of another checkout, e.g. one
+             before the ninth pass, whose workers=2 started a Dask LocalCluster of one worker with 2 threads in
+             this process inside the call (`threads_over_old_rounds`: this tree's time / the old one's)
   dask       polymem.coverage(..., client=LocalCluster(2 processes x 1 thread)): the cluster is started before the
              clock (its start is timed apart); the first run (cold workers: they import polymem and load the
              tokenizers) and a second run on the same cluster (warm workers); peak RSS of the driver and of each
@@ -34,7 +37,7 @@ For each corpus, back to back, each in a fresh subprocess (so its peak RSS is it
   cli        (--modes cli) the whole command as a user runs it, cold: `polymem coverage --workers 1`,
              `--workers 2` (2 threads) and `--workers 2 --processes` (2 worker processes), each a fresh process
              (imports, tokenizer loads, kernel loads and the cluster's start all inside the time), the order
-             rotating round by round
+             rotating round by round; with --old-tree also `--workers 2` of that checkout (`workers2_old`)
 Every mode also reports the CPU seconds (user+sys) its timed region used: of the process, or for dask of the
 driver (with the scheduler) + nannies + workers.
   fork       (--fork-tree PATH, first corpus only) the whole CLI, `polymem coverage --workers 2` and `--workers 1`,
@@ -371,6 +374,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="rounds of all modes, interleaved; each mode's median "
                     "run is reported, with every round's times and same-round ratios")
     ap.add_argument("--fork-tree", help="a checkout with the old fork pool (measured on the first corpus)")
+    ap.add_argument("--old-tree", help="a checkout whose workers=2 the modes threads_old and cli also time")
     ap.add_argument("--s3-pages", type=int, default=0, help="also time this many page reads from a moto S3 server")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--one", nargs=2, metavar=("MODE", "PATHS"), help=argparse.SUPPRESS)
@@ -400,17 +404,22 @@ def main() -> None:
                     got = {"mode": mode}
                     kinds = {"workers1": ["--workers", "1"], "workers2": ["--workers", "2"],
                              "processes2": ["--workers", "2", "--processes"]}
-                    order = list(kinds)[rnd % 3:] + list(kinds)[:rnd % 3]
+                    if args.old_tree:
+                        kinds["workers2_old"] = ["--workers", "2"]
+                    order = list(kinds)[rnd % len(kinds):] + list(kinds)[:rnd % len(kinds)]
                     for kind in order:
                         cmd = [sys.executable, "-c", "from polymem.cli.app import main; main()", "coverage", "-t",
                                "mistral-v1", "-r", "cl100k_base", *paths.split(","), "--max-n", str(args.max_n),
                                "-q", *kinds[kind]]
+                        env = dict(os.environ, PYTHONPATH=args.old_tree) if kind.endswith("_old") else None
                         t0 = time.perf_counter()
-                        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
                         got[f"{kind}_s"] = time.perf_counter() - t0
                     got["time_s"] = got["workers1_s"]
                     got["speedup"] = got["workers1_s"] / got["workers2_s"]
                     got["speedup_processes"] = got["workers1_s"] / got["processes2_s"]
+                    if args.old_tree:
+                        got["speedup_old"] = got["workers1_s"] / got["workers2_old_s"]
                 elif mode == "spin2":  # the loop alone, then two at once (each as much work as the one alone)
                     alone = run_child(child[:3] + ["spin"] + child[4:])
                     t0 = time.perf_counter()
@@ -424,6 +433,12 @@ def main() -> None:
                     got = {"mode": mode, "time_s": max(h["time_s"] for h in halves),
                            "cpu_s_timed": sum(h["cpu_s_timed"] for h in halves),
                            "docs": sum(h["docs"] for h in halves), "wall_s": time.perf_counter() - t0}
+                elif mode == "threads_old":  # this script's `threads` mode on the other checkout's polymem
+                    if not args.old_tree:
+                        raise SystemExit("--modes threads_old needs --old-tree PATH")
+                    got = run_child(child[:3] + ["threads"] + child[4:],
+                                    env=dict(os.environ, PYTHONPATH=os.path.abspath(args.old_tree)))
+                    got["mode"] = mode
                 else:
                     got = run_child(child)
                 got["round"] = rnd
@@ -453,15 +468,22 @@ def main() -> None:
         if "cli" in rounds:
             res["cli_speedup_rounds"] = [r["speedup"] for r in rounds["cli"]]
             res["cli_speedup_processes_rounds"] = [r["speedup_processes"] for r in rounds["cli"]]
+            if args.old_tree:
+                res["cli_speedup_old_rounds"] = [r["speedup_old"] for r in rounds["cli"]]
         if "inline" in rounds and "threads" in rounds:
             assert all(r.pop("report") == inline_report for r in rounds["threads"]), "threads changed the result"
             res["threads_speedup"] = res["inline"]["time_s"] / res["threads"]["time_s"]
             res["threads_speedup_rounds"] = _ratios(rounds["inline"], rounds["threads"], "time_s", "time_s")
             res["threads_cpu_over_inline_rounds"] = _ratios(rounds["threads"], rounds["inline"], "cpu_s_timed",
                                                             "cpu_s_timed")
+        if "inline" in rounds and "threads_old" in rounds:
+            assert all(r.pop("report") == inline_report for r in rounds["threads_old"]), "the old tree's threads differ"
+            res["threads_old_speedup_rounds"] = _ratios(rounds["inline"], rounds["threads_old"], "time_s", "time_s")
+            if "threads" in rounds:
+                res["threads_over_old_rounds"] = _ratios(rounds["threads"], rounds["threads_old"], "time_s", "time_s")
         if "spin2" in rounds:
             res["alu_ceiling_rounds"] = [r["alu_ceiling"] for r in rounds["spin2"]]
-            for k in ("threads", "dask"):
+            for k in ("threads", "threads_old", "dask"):
                 if f"{k}_speedup_rounds" in res:  # the speed-up as a fraction of what the machine gave right then
                     res[f"{k}_of_alu_ceiling_rounds"] = [s / c for s, c in zip(res[f"{k}_speedup_rounds"],
                                                                               res["alu_ceiling_rounds"])]

@@ -1,6 +1,6 @@
 """polymem.coverage on a Dask cluster (2 worker processes, shared by this module; and a local cluster of worker
-threads): every number of the JSON equals the single-process run; a worker killed mid-run is retried and changes
-nothing; the CLI options."""
+processes started by the call): every number of the JSON equals the single-process run; a worker killed mid-run
+is retried and changes nothing; the CLI options. Worker threads (no Dask): test_coverage_threads.py."""
 
 from __future__ import annotations
 
@@ -182,140 +182,10 @@ def test_workers_start_a_local_cluster_of_processes(docs: list[str], single: Cov
     assert r.workers == 2 and numbers(r) == numbers(single)
 
 
-def test_worker_threads_equal_one_process(tmp_path: Path, docs: list[str]) -> None:
-    """workers=2 (a local cluster whose worker runs 2 threads in this process): every number of the JSON equals
-    the one-process run's, on files read by the tasks themselves (a compressed JSONL file cut into ranges that
-    the two threads read at the same time, each going on from its own stream; a plain text file), with the
-    occurrence pass's reduce tasks running side by side too."""
-    import gzip
-
-    from polymem.corpus import Corpus
-
-    (tmp_path / "c.jsonl.gz").write_bytes(
-        gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in docs).encode(), mtime=0))
-    (tmp_path / "t.txt").write_text(docs[0] * 3, encoding="utf-8")
-    mb = _mb(docs) / 8
-    parts: list[int] = []
-    r = polymem.coverage("mistral-v1", "cl100k_base", Corpus([tmp_path]), max_n=5, partition_mb=mb, workers=2,
-                         progress=lambda n, b: parts.append(n))
-    one = polymem.coverage("mistral-v1", "cl100k_base", Corpus([tmp_path]), max_n=5, partition_mb=mb)
-    assert len(parts) >= 6 and r.workers == 2 and one.workers == 1
-    assert numbers(r) == numbers(one)
-
-
-def test_reduce_tasks_in_threads_get_their_own_buffers() -> None:
-    """Two reduce tasks in flight in one process (a worker's threads) never get the same buffers; a task's
-    buffers handed back serve the next one."""
-    import numpy as np
-
-    from polymem.analysis.coverage import dist
-
-    dist.release_reduce_buffers()
-    a = dist._reduce_buffers(1000, 500)
-    b = dist._reduce_buffers(800, 400)  # a is still in use
-    assert all(not np.shares_memory(x, y) for x in a for y in b)
-    assert a[0].shape[0] >= 1000 and a[1].shape[0] >= 500 and b[0].shape[0] >= 800 and b[3].shape[0] >= 400
-    dist._REDUCE_SPARE.append(a)
-    c = dist._reduce_buffers(900, 450)
-    assert c[0] is a[0]  # reused: no fresh memory
-    dist.release_reduce_buffers()
-
-
-def test_worker_threads_load_the_tools_once() -> None:
-    """The first tasks of a worker's threads, started together, load the tokenizers and token hashes once."""
-    import threading
-
-    from polymem.analysis.coverage import dist
-
-    dist.release()
-    plan = dist.Plan(target="bytes", reference="cl100k_base", max_n=2, occurrence=False, spec=polymem.HashSpec(),
-                     scratch="unused")
-    before = dist.LOADS[0]
-    barrier = threading.Barrier(4)
-    got: list[Any] = []
-
-    def task() -> None:
-        barrier.wait(timeout=60)
-        got.append(dist._tools(plan))
-
-    threads = [threading.Thread(target=task) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert dist.LOADS[0] - before == 1 and len(got) == 4 and all(g is got[0] for g in got)
-    dist.release()
-
-
-def test_runs_at_once_keep_their_own_preloaded_tools() -> None:
-    """Two runs started in one process at the same time (threads of a notebook or a service): one ending does not
-    take the other's tools away."""
-    from polymem.analysis.coverage import dist
-    from polymem.analysis.coverage.run import _hashes
-    from polymem.tokenizers import load_tokenizer
-
-    spec = polymem.HashSpec()
-    tok = load_tokenizer("bytes")
-    tools = (tok, tok, _hashes(tok, spec), _hashes(tok, spec))
-    a, b = (dist.Plan(target=dist.InProcess("target"), reference=dist.InProcess("reference"), max_n=2,
-                      occurrence=False, spec=spec, scratch="unused") for _ in range(2))
-    dist.preload(a, tools)
-    dist.preload(b, tools)
-    dist.release(b)
-    assert dist._tools(a)[0] is tok
-    dist.release(a)
-    with pytest.raises(PolymemError, match="loaded by the process that started it"):
-        dist._tools(a)
-
-
-def test_a_reduce_task_holds_its_buffers_until_it_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
-    """While a reduce task looks its entries up, its buffers are not among the spares another task could take;
-    afterwards they are (the next task reuses them)."""
-    import numpy as np
-
-    from polymem.analysis.coverage import counter as C
-    from polymem.analysis.coverage import dist
-    from polymem.analysis.coverage.run import _hashes
-    from polymem.tokenizers import load_tokenizer
-
-    spec = polymem.HashSpec()
-    tt, tr = load_tokenizer("bytes"), load_tokenizer("cl100k_base")
-    c = C.HashCounter(_hashes(tt, spec), _hashes(tr, spec), 3)
-    for text in ("the cat sat on the mat", "a dog, another dog; dogs!"):
-        c.add(tt.encode(text), tr.encode(text))
-    occ = c.occurrence_output()
-    assert occ.pend_h.shape[0] > 0
-    plan = dist.Plan(target=tt, reference=tr, max_n=3, occurrence=True, spec=spec, scratch="unused")
-    seen: list[bool] = []
-    real = dist._kernels.resolve_range
-
-    def looking_up(ref: Any, *args: Any) -> Any:
-        seen.append(all(not np.shares_memory(ref, spare[0]) for spare in dist._REDUCE_SPARE))
-        return real(ref, *args)
-
-    dist.release_reduce_buffers()
-    monkeypatch.setattr(dist._kernels, "resolve_range", looking_up)
-    want = dist.resolve_buckets(plan, [0], 0, 1 << C.BUCKET_BITS, {0: occ})
-    assert seen == [True] and len(dist._REDUCE_SPARE) == 1  # held while in use, handed back after
-    assert np.array_equal(dist.resolve_buckets(plan, [0], 0, 1 << C.BUCKET_BITS, {0: occ}), want)
-    dist.release_reduce_buffers()
-
-
-def test_worker_threads_have_no_memory_limit() -> None:
-    """Dask's memory monitor would measure the whole process (the caller's data too) and pause a worker at 80 %
-    of the machine's memory, silently: the in-process worker runs without a limit."""
-    from polymem.analysis.coverage.run import _local_cluster
-
-    with _local_cluster(2) as c:
-        workers = list(c.cluster.workers.values())
-        assert len(workers) == 1 and sum(c.nthreads().values()) == 2
-        assert not workers[0].memory_manager.memory_limit
-
-
 def test_the_local_cluster_runs_quiet_and_leaves_the_dask_config_alone() -> None:
-    """The cluster a call starts runs without Dask's statistical profiler (it samples the worker threads' stacks
-    every 10 ms, holding the GIL) and with a slower health tick, in its worker processes too; the process's Dask
-    config is what it was before, during the run and after."""
+    """The cluster a call starts (processes=True) runs without Dask's statistical profiler (it samples the
+    worker threads' stacks every 10 ms, holding the GIL) and with a slower health tick, in its worker processes;
+    the process's Dask config is what it was before, during the run and after."""
     import dask
 
     from polymem.analysis.coverage.run import _local_cluster
@@ -324,24 +194,10 @@ def test_the_local_cluster_runs_quiet_and_leaves_the_dask_config_alone() -> None
             "distributed.admin.system-monitor.interval")
     before = [dask.config.get(k) for k in keys]
     with _local_cluster(2) as c:
-        worker = next(iter(c.cluster.workers.values()))
-        assert "profile" not in worker.periodic_callbacks and worker._tick_interval == 1.0
-        assert [dask.config.get(k) for k in keys] == before
-    with _local_cluster(2, processes=True) as c:
         got = c.run(lambda: [dask.config.get(k) for k in keys])
         assert len(got) == 2 and all(v == [False, "1s", "5s"] for v in got.values())
+        assert [dask.config.get(k) for k in keys] == before
     assert [dask.config.get(k) for k in keys] == before and before[0] is True
-
-
-def test_tools_held_by_another_process_are_a_clear_error() -> None:
-    """A plan whose tokenizers the starting process holds (workers=N threads) cannot be served elsewhere."""
-    from polymem.analysis.coverage import dist
-
-    dist.release()
-    plan = dist.Plan(target=dist.InProcess("target"), reference=dist.InProcess("reference"), max_n=2,
-                     occurrence=False, spec=polymem.HashSpec(), scratch="unused")
-    with pytest.raises(PolymemError, match="loaded by the process that started it"):
-        dist._tools(plan)
 
 
 def test_processes_must_be_a_bool_and_needs_workers(client: Any, tmp_path: Path) -> None:

@@ -44,12 +44,12 @@ def coverage_cmd(
     csv_out: Annotated[Path | None, typer.Option("--csv", help="Write one row per target order as CSV.")] = None,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a stacked-bar PNG like seed 002's Fig. 2.")]
     = None,
-    workers: Annotated[int, typer.Option("--workers", "-j", min=1, help="Count on a local Dask cluster of N "
-                                         "workers: N threads in this process (the SentencePiece and tiktoken "
-                                         "tokenizers and the kernels release the GIL); 1 = in this process, no "
-                                         "Dask.")] = 1,
-    processes: Annotated[bool, typer.Option("--processes", help="With --workers N: N worker processes instead of "
-                                            "threads (no shared interpreter; ~3 s of start-up).")] = False,
+    workers: Annotated[int, typer.Option("--workers", "-j", min=1, help="Count on N threads of this process "
+                                         "(the SentencePiece and tiktoken tokenizers and the kernels release the "
+                                         "GIL; no Dask needed); 1 = one after the other.")] = 1,
+    processes: Annotated[bool, typer.Option("--processes", help="With --workers N: a local Dask cluster of N "
+                                            "worker processes instead of threads (no shared interpreter; ~3 s of "
+                                            "start-up; needs polymem[dask]).")] = False,
     dask: Annotated[str | None, typer.Option("--dask", metavar="ADDRESS", help="Count on an existing Dask "
                                              "cluster, e.g. tcp://scheduler:8786.")] = None,
     partition_mb: Annotated[float | None, typer.Option("--partition-mb", help="MB of text per partition (the "

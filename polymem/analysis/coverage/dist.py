@@ -44,7 +44,6 @@ import numpy as np
 from polymem.analysis.coverage import _sets as _kernels
 from polymem.analysis.coverage.counter import BUCKET_BITS, OccurrenceOutput, Tally
 from polymem.corpus import Document, Skipped
-from polymem.errors import PolymemError
 from polymem.hash.spec import HashSpec
 
 REDUCE_KEYS = 1 << 22  # aim for about this many reference keys (summed over partitions) per reduce task
@@ -97,16 +96,6 @@ class Plan:
     scratch: str  # directory (local path or fsspec URL) for the key files, shared by all workers
     storage_options: dict[str, Any] = field(default_factory=dict)
     token: str = field(default_factory=lambda: uuid.uuid4().hex)  # names this run's cached tools per process
-
-
-@dataclass(frozen=True)
-class InProcess:
-    """Stands in a Plan for a tokenizer that the process which started the run loaded and preloaded
-    (:func:`preload`), when the tasks run in that process's threads: Dask pickles a task's arguments even for a
-    worker in the same process, and a tokenizer object sent with each task would be rebuilt by each (tiktoken's
-    ~0.3 s and its tables' memory per task)."""
-
-    role: str  # "target" or "reference"
 
 
 @dataclass(frozen=True)
@@ -167,10 +156,6 @@ def _tools(plan: Plan) -> Any:
 
 def _load_tools(plan: Plan, key: Any) -> Any:
     got = _TOOLS.get(key)
-    if got is None and isinstance(plan.target, InProcess):
-        raise PolymemError("this run's tokenizers were loaded by the process that started it, and its tasks went to "
-                           "another process: run them on a cluster whose workers are threads of that process "
-                           "(coverage(workers=N)), or name the tokenizers so that each worker loads them")
     if got is None:
         from polymem.hash.token_hashes import TokenHashes
         from polymem.tokenizers import load_tokenizer
@@ -211,12 +196,29 @@ def release(plan: Plan | None = None) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- map
-def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None, keep: float = 0.0) -> dict[str, Any]:
+class Budget:
+    """Bytes of memory that the occurrence outputs of a run's tasks on threads of this process may keep in all:
+    each task claims its output's size when it has counted its partition; what does not fit goes to files."""
+
+    def __init__(self, mb: float) -> None:
+        self.left = int(mb * 1e6)
+        self._lock = threading.Lock()
+
+    def claim(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.left <= 0 or nbytes > self.left:
+                return False
+            self.left -= nbytes
+            return True
+
+
+def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None,
+                    keep: float | Budget = 0.0) -> dict[str, Any]:
     """Count one corpus partition (see the module docstring); returns its small summary.
     ``on_doc(nbytes)`` is called after each document (in-process progress). keep: MB of memory the occurrence
-    output may take in this process: if it fits, hand it back in the summary (``"occ"``, a copy) instead of
-    writing it to the scratch directory (the in-process executor, within its budget); else it is written
-    straight from the grouping scratch (no copy)."""
+    output may take in this process, or a :class:`Budget` shared by the tasks on its threads: if it fits, hand
+    it back in the summary (``"occ"``, a copy) instead of writing it to the scratch directory (the in-process
+    executors, within their budget); else it is written straight from the grouping scratch (no copy)."""
     from polymem.analysis.coverage import counter
 
     release_reduce_buffers()  # a worker's reduce buffers of an earlier run are not needed by a map task
@@ -235,7 +237,7 @@ _ACTIVE = [0]  # map tasks running in this process now
 _ACTIVE_LOCK = threading.Lock()
 
 
-def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: float) -> dict[str, Any]:
+def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: float | Budget) -> dict[str, Any]:
     from polymem.analysis.coverage.run import BATCH_MB, _Job
 
     tok_t, tok_r, tcache, rcache, info = _tools(plan)
@@ -261,7 +263,8 @@ def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: float
                 on_doc(nbytes)
     # settles what the partition can; views of reused scratch when they are only written out
     if plan.occurrence:  # kept: a copy (the scratch serves the next partition); written: views of the scratch
-        keep = keep > 0 and job.counter.occurrence_bytes() <= keep * 1e6
+        need = job.counter.occurrence_bytes()
+        keep = keep.claim(need) if isinstance(keep, Budget) else keep > 0 and need <= keep * 1e6
         occ = job.counter.occurrence_output(views=not keep)
     else:
         occ = None

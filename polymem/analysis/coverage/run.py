@@ -242,9 +242,10 @@ def coverage(
     exact_bytes: compare byte strings instead of 64-bit hashes (slow; the reference path; one process).
     occurrence: also compute the corpus-level occurrence-weighted coverage.
     client: a ``distributed.Client``: count the partitions as tasks on its cluster. workers: without a
-    client, N > 1 starts a local Dask cluster for this call: one worker with N threads in this process (the
-    tokenizers and counting kernels release the GIL; ≈ 0.5 s to start, one copy of the tokenizers), or with
-    ``processes=True`` N worker processes of one thread each (no shared interpreter; ~3 s of start-up).
+    client, N > 1 counts the partitions on N threads of this process (the tokenizers and counting kernels
+    release the GIL; one copy of the tokenizers; no Dask: a local Dask cluster of threads was measured 1.13x
+    slower, docs/coverage.md), or with ``processes=True`` on a local Dask cluster of N worker processes of one
+    thread each, started for this call (no shared interpreter; ~3 s of start-up).
     partition_mb: MB of text per partition (the unit of work and of memory; default PARTITION_MB = 4 in this
     process, DASK_PARTITION_MB = 2 on Dask). scratch: directory or fsspec URL
     for the occurrence pass's key files (default: a temporary directory here; a cluster spanning machines
@@ -292,22 +293,21 @@ def coverage(
         own_scratch = scratch is None
         scratch_dir = (tempfile.mkdtemp(prefix="polymem-coverage-", dir=_scratch_parent(texts, occurrence))
                        if own_scratch else str(scratch))
-        # on a cluster, send what the caller named (workers load it themselves) rather than loaded objects; to
-        # this process's threads, only a marker (the tools are preloaded here: Dask would pickle them per task)
-        threads = client is None and workers > 1 and not processes
-        plan = dist.Plan(target=_portable(target) if remote else dist.InProcess("target") if threads else tok_t,
-                         reference=(_portable(reference) if remote else dist.InProcess("reference") if threads
-                                    else tok_r),
-                         max_n=max_n, occurrence=occurrence, spec=spec, scratch=scratch_dir,
+        # on a cluster, send what the caller named (workers load it themselves) rather than loaded objects
+        plan = dist.Plan(target=_portable(target) if remote else tok_t,
+                         reference=_portable(reference) if remote else tok_r, max_n=max_n, occurrence=occurrence, spec=spec, scratch=scratch_dir,
                          storage_options=dict(storage_options or {}))
         try:
-            if not remote:  # the tasks run in this process (in line, or its threads): its tools serve them
+            if not remote:  # the tasks run in this process (in line, or on its threads): its tools serve them
                 dist.preload(plan, (tok_t, tok_r, _hashes(tok_t, spec), _hashes(tok_r, spec)))
             if client is not None:
                 results, extra, nproc = _run_dask(client, plan, texts, partition_mb, progress)
-            elif workers > 1:
-                with _local_cluster(workers, processes) as local:
+            elif processes:
+                with _local_cluster(workers) as local:
                     results, extra, nproc = _run_dask(local, plan, texts, partition_mb, progress)
+            elif workers > 1:
+                results, extra, nproc = _run_threads(plan, texts, partition_mb, progress, workers,
+                                                     keep_mb=None if own_scratch else 0.0)
             else:
                 # a scratch the caller named gets the key files; the default one only what KEEP_MB does not hold
                 results, extra, nproc = _run_inline(plan, texts, partition_mb, progress,
@@ -484,6 +484,53 @@ def _run_inline(plan: dist.Plan, texts: Any, partition_mb: float, progress: Prog
     return results, extra, 1
 
 
+def _run_threads(plan: dist.Plan, texts: Any, partition_mb: float, progress: ProgressFn | None, workers: int,
+                 keep_mb: float | None = None) -> tuple[list[dict[str, Any]], np.ndarray, int]:
+    """The same tasks as on Dask, on ``workers`` threads of this process: at most 2 partitions per thread in
+    flight (as on Dask), then the reduce tasks side by side. As in line, the partitions' occurrence outputs stay
+    in memory while they add up to at most ``keep_mb`` MB (each task claims its output's size from the shared
+    :class:`~polymem.analysis.coverage.dist.Budget`), the others go to the scratch directory. Progress is
+    reported per partition, from this thread."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    prog = _Progress(progress)
+    read_s = [0.0]
+    results: dict[int, dict[str, Any]] = {}
+    held: dict[int, Any] = {}  # partition -> occurrence output kept in memory
+    budget = dist.Budget(KEEP_MB if keep_mb is None else keep_mb)
+    inflight: set[Any] = set()
+
+    def collect(fut: Any) -> None:
+        inflight.discard(fut)
+        r = fut.result()
+        occ = r.pop("occ", None)
+        if occ is not None:
+            held[r["index"]] = occ
+        results[r["index"]] = r
+        prog.add(r["tally"].docs, r["bytes"])
+
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="polymem-coverage")
+    try:
+        for i, part in enumerate(_timed(_dask_partitions(texts, partition_mb, workers), read_s)):
+            inflight.add(pool.submit(dist.count_partition, plan, i, part, keep=budget))
+            while len(inflight) >= 2 * workers:
+                for fut in wait(inflight, return_when=FIRST_COMPLETED).done:
+                    collect(fut)
+        for fut in wait(inflight).done:
+            collect(fut)
+        extra = np.zeros(plan.max_n, dtype=np.int64)
+        if plan.occurrence and results:
+            parts = sorted(results)
+            ranges = dist.bucket_ranges(sum(r["ref_keys"] for r in results.values()), minimum=workers)
+            futs = [pool.submit(dist.resolve_buckets, plan, parts, lo, hi, held,
+                                dist.range_offsets(results.values(), lo, hi)) for lo, hi in ranges]
+            for fut in futs:
+                extra += fut.result()
+    finally:  # on an error (a task's, or Ctrl-C here): the tasks not started are dropped, the running ones end
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [_empty_result(read_s[0])] + [results[i] for i in sorted(results)], extra, workers
+
+
 def _empty_result(read_s: float) -> dict[str, Any]:
     """Driver-side time (reading documents into partitions), as a result with nothing counted."""
     return {"tally": None, "fid_t": None, "fid_r": None, "skipped": [], "bytes": 0, "encode_s": 0.0,
@@ -547,38 +594,32 @@ def _task_result(fut: Any, what: str) -> Any:
 
 
 @contextlib.contextmanager
-def _local_cluster(workers: int, processes: bool = False) -> Iterator[Any]:
-    """A Dask LocalCluster for one call: one worker in this process with ``workers`` threads, or ``workers``
-    processes with one thread each."""
+def _local_cluster(workers: int) -> Iterator[Any]:
+    """A Dask LocalCluster for one call (``processes=True``): ``workers`` processes with one thread each."""
     import logging
 
     from polymem._optional import optional_import
 
-    distributed = optional_import("distributed", extra="dask", purpose=f"coverage with workers={workers} (a local "
-                                  "Dask cluster; or use workers=1)")
+    distributed = optional_import("distributed", extra="dask", purpose=f"coverage with workers={workers}, "
+                                  "processes=True (a local Dask cluster; or drop processes: threads of this process)")
     Client, LocalCluster = distributed.Client, distributed.LocalCluster
     import dask
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    n, threads = (workers, 1) if processes else (1, workers)
-    # worker threads: no memory limit — Dask's monitor would measure this whole process (the caller's data too)
-    # and pause the worker at 80 % of the machine's memory, its warning silenced: the call would wait forever
-    limit = {} if processes else {"memory_limit": 0}
     with contextlib.ExitStack() as stack:
         with dask.config.set(QUIET_CLUSTER):  # read as the cluster starts (its worker processes get it too);
             # set only meanwhile, as dask.config is the whole process's
-            cluster = stack.enter_context(LocalCluster(n_workers=n, threads_per_worker=threads,
-                                                       processes=processes, dashboard_address=":0",
-                                                       silence_logs=logging.ERROR, **limit))
+            cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                                       dashboard_address=":0", silence_logs=logging.ERROR))
             client = stack.enter_context(Client(cluster))
         yield client
 
 
 # Dask settings of the local cluster a call starts (nobody watches its dashboard): no statistical profiler (it
 # samples the stacks of the worker threads every 10 ms, holding the GIL), the event loop's health tick every
-# second instead of every 20 ms, the system monitor every 5 s instead of 0.5 s. The thread running Dask's event
-# loop used 0.35-0.50 CPU-s of a pydocs run with 2 worker threads, 0.15-0.17 with these
-# (docs/benchmarks/scaleout.md, eighth pass)
+# second instead of every 20 ms, the system monitor every 5 s instead of 0.5 s. With the worker threads in this
+# process (before the ninth pass), the thread running Dask's event loop used 0.35-0.50 CPU-s of a pydocs run,
+# 0.15-0.17 with these (docs/benchmarks/scaleout.md, eighth pass)
 QUIET_CLUSTER = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
                  "distributed.admin.system-monitor.interval": "5s"}
 
