@@ -476,11 +476,16 @@ def main() -> None:
             res["threads_speedup_rounds"] = _ratios(rounds["inline"], rounds["threads"], "time_s", "time_s")
             res["threads_cpu_over_inline_rounds"] = _ratios(rounds["threads"], rounds["inline"], "cpu_s_timed",
                                                             "cpu_s_timed")
-        if "inline" in rounds and "threads_old" in rounds:
-            assert all(r.pop("report") == inline_report for r in rounds["threads_old"]), "the old tree's threads differ"
-            res["threads_old_speedup_rounds"] = _ratios(rounds["inline"], rounds["threads_old"], "time_s", "time_s")
+        if "threads_old" in rounds:
+            want = inline_report or (rounds["threads"][0].get("report") if "threads" in rounds else None)
+            assert all(r.pop("report") == want for r in rounds["threads_old"]), "the old tree's threads differ"
+            if "inline" in rounds:
+                res["threads_old_speedup_rounds"] = _ratios(rounds["inline"], rounds["threads_old"], "time_s",
+                                                            "time_s")
             if "threads" in rounds:
                 res["threads_over_old_rounds"] = _ratios(rounds["threads"], rounds["threads_old"], "time_s", "time_s")
+                res["threads_over_old_cpu_rounds"] = _ratios(rounds["threads"], rounds["threads_old"], "cpu_s_timed",
+                                                             "cpu_s_timed")
         if "spin2" in rounds:
             res["alu_ceiling_rounds"] = [r["alu_ceiling"] for r in rounds["spin2"]]
             for k in ("threads", "threads_old", "dask"):

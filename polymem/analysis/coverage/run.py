@@ -1,8 +1,8 @@
 """`coverage()`: tokenise each document with the target and the reference tokenizer, count, report.
 
 Streaming in partitions: documents are grouped into partitions (``partition_mb`` of text each) and counted one
-at a time, partition by partition, in this process or as tasks on a Dask cluster (``client=``, or
-``workers=N`` for a local cluster of N threads or processes); the corpus-wide occurrence-weighted metric is
+at a time, partition by partition: in this process, on N threads of it (``workers=N``), or as tasks on a Dask
+cluster (``client=``, or ``workers=N, processes=True`` for a local one); the corpus-wide occurrence-weighted metric is
 settled by key bucket (:mod:`polymem.analysis.coverage.dist`). Memory per process: one partition's distinct n-gram keys
 and one document's scratch, never the corpus's.
 
@@ -243,7 +243,7 @@ def coverage(
     occurrence: also compute the corpus-level occurrence-weighted coverage.
     client: a ``distributed.Client``: count the partitions as tasks on its cluster. workers: without a
     client, N > 1 counts the partitions on N threads of this process (the tokenizers and counting kernels
-    release the GIL; one copy of the tokenizers; no Dask: a local Dask cluster of threads was measured 1.13x
+    release the GIL; one copy of the tokenizers; no Dask: a local Dask cluster of threads was measured ~1.1x
     slower, docs/coverage.md), or with ``processes=True`` on a local Dask cluster of N worker processes of one
     thread each, started for this call (no shared interpreter; ~3 s of start-up).
     partition_mb: MB of text per partition (the unit of work and of memory; default PARTITION_MB = 4 in this
