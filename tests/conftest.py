@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,3 +144,22 @@ def corpus(tmp_path_factory) -> Path:
             f.write(json.dumps({"id": str(i), "text": "\n".join(lines[i % len(lines):] + lines[: i % len(lines)])}) + "\n")
     return path
 
+
+@pytest.fixture(scope="session")
+def docs() -> list[str]:
+    """Real and generated text cut into ~900 small documents (coverage on threads and on Dask vs one process)."""
+    text = sample_text() + "\n" + generated_text(4000, seed=5)
+    lines = text.splitlines(keepends=True)
+    return ["".join(lines[i:i + 5]) for i in range(0, len(lines), 5)]
+
+
+def numbers(r: Any) -> dict[str, Any]:
+    """A coverage report's JSON without how the run went (elapsed_s, workers, timing): what it measured."""
+    d = r.to_dict()
+    for k in ("elapsed_s", "workers", "timing"):
+        d.pop(k)
+    return d
+
+
+def text_mb(docs: list[str]) -> float:
+    return sum(len(d) for d in docs) / 1e6

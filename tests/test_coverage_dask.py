@@ -20,14 +20,14 @@ from polymem.analysis.coverage import CoverageReport
 from polymem.cli.app import app
 from polymem.errors import PolymemError
 
-from conftest import generated_text, sample_text
+from conftest import numbers
+from conftest import text_mb as _mb
 
 distributed = pytest.importorskip("distributed")
 import test_coverage  # noqa: E402 - the toy tokenizers; pickled by value so the workers need not import tests/
 
 cloudpickle.register_pickle_by_value(test_coverage)
 TA, TB, Greedy = test_coverage.TA, test_coverage.TB, test_coverage.Greedy
-RUN_FIELDS = ("elapsed_s", "workers", "timing")  # how the run went, not what it measured
 
 
 @pytest.fixture(scope="module")
@@ -40,26 +40,8 @@ def client() -> Any:
 
 
 @pytest.fixture(scope="module")
-def docs() -> list[str]:
-    text = sample_text() + "\n" + generated_text(4000, seed=5)
-    lines = text.splitlines(keepends=True)
-    return ["".join(lines[i:i + 5]) for i in range(0, len(lines), 5)]
-
-
-def numbers(r: CoverageReport) -> dict[str, Any]:
-    d = r.to_dict()
-    for k in RUN_FIELDS:
-        d.pop(k)
-    return d
-
-
-@pytest.fixture(scope="module")
 def single(docs: list[str]) -> CoverageReport:
     return polymem.coverage("mistral-v1", "cl100k_base", docs, max_n=5, partition_mb=_mb(docs) / 6)
-
-
-def _mb(docs: list[str]) -> float:
-    return sum(len(d) for d in docs) / 1e6
 
 
 def test_dask_run_equals_single_process_run(client: Any, docs: list[str], single: CoverageReport) -> None:

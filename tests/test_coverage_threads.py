@@ -15,30 +15,10 @@ from typing import Any
 import pytest
 
 import polymem
-from polymem.analysis.coverage import CoverageReport
 from polymem.tokenizers.base import Tokenizer
 
-from conftest import generated_text, sample_text
-
-RUN_FIELDS = ("elapsed_s", "workers", "timing")  # how the run went, not what it measured
-
-
-@pytest.fixture(scope="module")
-def docs() -> list[str]:
-    text = sample_text() + "\n" + generated_text(4000, seed=5)
-    lines = text.splitlines(keepends=True)
-    return ["".join(lines[i:i + 5]) for i in range(0, len(lines), 5)]
-
-
-def numbers(r: CoverageReport) -> dict[str, Any]:
-    d = r.to_dict()
-    for k in RUN_FIELDS:
-        d.pop(k)
-    return d
-
-
-def _mb(docs: list[str]) -> float:
-    return sum(len(d) for d in docs) / 1e6
+from conftest import numbers
+from conftest import text_mb as _mb
 
 
 def test_worker_threads_equal_one_process(tmp_path: Path, docs: list[str]) -> None:
