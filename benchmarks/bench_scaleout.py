@@ -320,7 +320,7 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The run with the median time_s (the lower middle one for an even count), with every run's times."""
     out = dict(sorted(runs, key=lambda r: r["time_s"])[(len(runs) - 1) // 2])
     if len(runs) > 1:
-        for k in ("time_s", "cpu_s_timed", "warm_time_s", "warm_cpu_s_timed"):
+        for k in ("time_s", "cpu_s_timed", "warm_time_s", "warm_cpu_s_timed", "peak_rss_mb"):
             if k in out:
                 out[k + "_runs"] = [r[k] for r in runs]
     return out
@@ -478,7 +478,8 @@ def main() -> None:
                                                             "cpu_s_timed")
         if "threads_old" in rounds:
             want = inline_report or (rounds["threads"][0].get("report") if "threads" in rounds else None)
-            assert all(r.pop("report") == want for r in rounds["threads_old"]), "the old tree's threads differ"
+            if want is not None:  # nothing of this tree's to compare with when threads_old runs alone
+                assert all(r.pop("report") == want for r in rounds["threads_old"]), "the old tree's threads differ"
             if "inline" in rounds:
                 res["threads_old_speedup_rounds"] = _ratios(rounds["inline"], rounds["threads_old"], "time_s",
                                                             "time_s")

@@ -315,41 +315,59 @@ class OpenStreams:
     """The decompressed stream of a compressed JSONL file that a finished piece left open, kept (one per thread)
     so that a later piece of the same file, in the same partitioning, goes on from there instead of
     decompressing the file from its start again (reading partitions in order decompresses each file once). Per
-    thread: the tasks of a Dask worker with several threads each go on with their own stream."""
+    thread: the tasks on several threads of one process each go on with their own stream. Kept in one table of
+    the process (by thread), so that :meth:`close_all` can close the streams of threads that have ended."""
 
-    _local = threading.local()
+    _left: dict[int, tuple[Any, Piece, Any, Any, LineState]] = {}
+    _lock = threading.Lock()
 
     @classmethod
     def keep(cls, token: Any, piece: Piece, raw: Any, f: Any, state: LineState) -> None:
         cls.close()
-        cls._local.left = (token, piece, raw, f, state)
+        with cls._lock:
+            cls._left[threading.get_ident()] = (token, piece, raw, f, state)
 
     @classmethod
     def take(cls, token: Any, piece: Piece) -> tuple[Any, Any, LineState] | None:
         """(raw, decompressed stream, its state) left by an earlier piece of this file at or before
         ``piece.start``, or None (and whatever was kept is closed)."""
-        left, cls._local.left = getattr(cls._local, "left", None), None
+        with cls._lock:
+            left = cls._left.pop(threading.get_ident(), None)
         if left is not None:
             t, prev, raw, f, state = left
             if t == token and prev.file == piece.file and prev.stop is not None and prev.stop <= piece.start:
                 return raw, f, state
-            for h in (f, raw):
-                h.close()
+            _close(left)
         return None
 
     @classmethod
     def kept(cls) -> Piece | None:
         """The piece whose stream this thread keeps open, or None."""
-        left = getattr(cls._local, "left", None)
+        left = cls._left.get(threading.get_ident())
         return None if left is None else left[1]
 
     @classmethod
     def close(cls) -> None:
         """Close this thread's kept stream (if any)."""
-        left, cls._local.left = getattr(cls._local, "left", None), None
+        with cls._lock:
+            left = cls._left.pop(threading.get_ident(), None)
         if left is not None:
-            left[3].close()
-            left[2].close()
+            _close(left)
+
+    @classmethod
+    def close_all(cls) -> None:
+        """Close the kept streams of every thread (the end of a run: its threads may be gone). A stream in use
+        is not kept (:meth:`take` removed it), so only idle ones close; a thread's next piece then opens its file
+        again."""
+        with cls._lock:
+            lefts, cls._left = list(cls._left.values()), {}
+        for left in lefts:
+            _close(left)
+
+
+def _close(left: tuple[Any, Piece, Any, Any, LineState]) -> None:
+    left[3].close()
+    left[2].close()
 
 
 def parquet_texts(f: FileInfo, lo: int, hi: int | None, text_field: str, storage_options: dict[str, Any] | None

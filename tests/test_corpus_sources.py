@@ -228,3 +228,35 @@ def test_each_thread_goes_on_from_its_own_stream(tmp_path: Path) -> None:
         OpenStreams.close()
     assert [got[i] for i in range(len(parts))] == want
     assert all(went_on) and len(went_on) == len(parts)
+
+
+def test_streams_kept_by_threads_that_ended_are_closed_at_the_end_of_a_run(tmp_path: Path) -> None:
+    """A thread that read a partition of a compressed file keeps its stream for its next one; when the thread
+    has ended (a run's pool shut down), OpenStreams.close_all closes it, and this thread's next read still yields
+    its documents."""
+    import threading
+
+    from polymem.sources import OpenStreams
+
+    p = tmp_path / "c.jsonl.gz"
+    p.write_bytes(gzip.compress(jsonl(DOCS * 4), mtime=0))
+    parts = Corpus([p]).partitions(0.0003)
+    assert len(parts) >= 3
+    OpenStreams.close_all()
+    kept: list[object] = []
+
+    def reader() -> None:
+        list(parts[0].read([]))
+        kept.append(OpenStreams._left[threading.get_ident()])  # (token, piece, raw, stream, state)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    t.join()
+    (_, piece, raw, stream, _), = kept
+    assert piece == parts[0].pieces[-1] and not stream.closed and not raw.closed
+    list(parts[1].read([]))  # this thread's own stream, kept too
+    assert len(OpenStreams._left) == 2
+    OpenStreams.close_all()
+    assert stream.closed and raw.closed and not OpenStreams._left and OpenStreams.kept() is None
+    assert [d.text for d in parts[2].read([])] == [d.text for d in Corpus([p]).partitions(0.0003)[2].read([])]
+    OpenStreams.close_all()

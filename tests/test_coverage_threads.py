@@ -9,12 +9,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import polymem
+from polymem.analysis.coverage import run as R
 from polymem.tokenizers.base import Tokenizer
 
 from conftest import numbers
@@ -149,7 +151,6 @@ def test_outputs_beyond_the_memory_budget_go_to_files_and_change_nothing(monkeyp
     directory by their tasks: the held ones never add up to more than the budget, and the report is the
     one-process run's."""
     from polymem.analysis.coverage import dist
-    from polymem.analysis.coverage import run as R
 
     one = polymem.coverage("mistral-v1", "cl100k_base", docs, max_n=5, partition_mb=_mb(docs) / 8)
     claims: list[tuple[int, bool]] = []
@@ -159,46 +160,108 @@ def test_outputs_beyond_the_memory_budget_go_to_files_and_change_nothing(monkeyp
     written: list[int] = []
     real_write = dist.write_buckets
     monkeypatch.setattr(dist, "write_buckets", lambda plan, i, occ: written.append(i) or real_write(plan, i, occ))
+    reduced: list[tuple[list[int], dict[int, Any]]] = []
+    real_resolve = dist.resolve_buckets
+
+    def resolve(plan: Any, parts: list[int], lo: int, hi: int, held: Any = None, offsets: Any = None) -> Any:
+        reduced.append((list(parts), dict(held or {})))
+        return real_resolve(plan, parts, lo, hi, held, offsets)
+
+    monkeypatch.setattr(dist, "resolve_buckets", resolve)
     # about two partitions' outputs (each ~1/8 of the corpus's keys at ~18 bytes per byte of text)
     monkeypatch.setattr(R, "KEEP_MB", _mb(docs) / 8 * 18 * 2)
     r = polymem.coverage("mistral-v1", "cl100k_base", docs, max_n=5, partition_mb=_mb(docs) / 8, workers=2)
     assert numbers(r) == numbers(one) and r.workers == 2
     kept = [n for n, ok in claims if ok]
     assert kept and written and len(kept) + len(written) == len(claims) >= 8, (claims, written)
-    assert sum(kept) <= R.KEEP_MB * 1e6
+    # what the reduce tasks got: every partition, each either held in memory or in files, the held ones within
+    # the budget (measured on the outputs themselves)
+    assert len(reduced) >= 2
+    for parts, held in reduced:
+        assert sorted(parts) == list(range(len(claims)))
+        assert sorted(set(held) | set(written)) == parts and not set(held) & set(written)
+        assert sum(dist.held_bytes(o) for o in held.values()) <= R.KEEP_MB * 1e6
 
 
 class _Failing(Tokenizer):
-    """Byte ids; a document with FAIL in it raises (a tokenizer's error on one document)."""
+    """Byte ids; a document with FAIL in it raises at once (a tokenizer's error on one document), the others take
+    0.3 s each (so that the partitions queued behind them are still waiting when the error comes)."""
 
     def __init__(self) -> None:
         super().__init__(name="failing", family="bytes", vocab_size=256, dummy_prefix=False, lossy=False)
-        self.calls = 0
+        self.seen: list[str] = []
 
     def _encode(self, text: str) -> list[int]:
-        self.calls += 1
+        self.seen.append(text[:6])
         if "FAIL" in text:
             raise ValueError(f"cannot encode {text[:8]!r}")
+        time.sleep(0.3)
         return list(text.encode())
 
     def _compute_all_token_bytes(self) -> list[bytes | None]:
         return [bytes([b]) for b in range(256)]
 
 
-def test_a_failing_task_ends_the_run_with_its_error_and_drops_the_rest() -> None:
-    """A task's exception reaches the caller as in one process; the partitions not yet started are not counted,
-    the pool's threads are gone and the scratch directory is removed."""
+def _scratch_dirs() -> set[str]:
     import tempfile
 
+    roots = {tempfile.gettempdir(), R.RAM_SCRATCH}
+    return {os.path.join(d, n) for d in roots if os.path.isdir(d) for n in os.listdir(d)
+            if n.startswith("polymem-coverage-")}
+
+
+def test_a_failing_task_ends_the_run_with_its_error_and_drops_the_rest() -> None:
+    """A task's exception reaches the caller as in one process; the partitions queued but not started are
+    dropped (never tokenized), the pool's threads are gone and the scratch directory is removed."""
     tok = _Failing()
-    docs = ["FAIL first"] + [f"document {i} " * 20 for i in range(400)]
-    before = set(os.listdir(tempfile.gettempdir()))
-    with pytest.raises(ValueError, match="cannot encode 'FAIL fir'"):
+    # one document per partition (each over partition_mb): 0 fails at once; 1 and 2 run on the two threads
+    # meanwhile; 3 waits in the queue (2 per thread in flight) and is dropped; 4.. are never sent
+    docs = ["FAIL00" + "x" * 200] + [f"doc{i:03d}" + "x" * 200 for i in range(1, 12)]
+    before = _scratch_dirs()
+    with pytest.raises(ValueError, match="cannot encode 'FAIL00xx'"):
         polymem.coverage(tok, "bytes", docs, max_n=2, workers=2, partition_mb=1e-4)
-    assert tok.calls < 100  # 400 documents in ~170 partitions: the run stopped early
+    assert "FAIL00" in tok.seen and "doc001" in tok.seen
+    assert "doc003" not in tok.seen and not [s for s in tok.seen if s >= "doc004"], tok.seen
     assert not [t for t in threading.enumerate() if t.name.startswith("polymem-coverage")]
-    left = {n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("polymem-coverage-")}
-    assert not left
+    assert _scratch_dirs() == before
+
+
+def test_ctrl_c_stops_the_run_and_leaves_nothing() -> None:
+    """KeyboardInterrupt in the calling thread (here raised by the progress callback at the first partition):
+    it reaches the caller, no partition is sent after it, the threads end, the scratch directory goes."""
+    tok = _Failing()
+    docs = [f"doc{i:03d}" + "x" * 200 for i in range(12)]
+    before = _scratch_dirs()
+
+    def progress(n: int, b: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        polymem.coverage(tok, "bytes", docs, max_n=2, workers=2, partition_mb=1e-4, progress=progress)
+    assert len(tok.seen) <= 4, tok.seen  # the 2 per thread in flight when the first partition ended
+    assert not [t for t in threading.enumerate() if t.name.startswith("polymem-coverage")]
+    assert _scratch_dirs() == before
+
+
+def test_cli_workers_runs_threads_and_equals_one_process(tmp_path: Path, docs: list[str]) -> None:
+    """`polymem coverage --workers 2`: the same JSON numbers as --workers 1, 2 task slots reported."""
+    from typer.testing import CliRunner
+
+    from polymem.cli.app import app
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:60]), encoding="utf-8")
+    outs = []
+    for w in ("1", "2"):
+        out = tmp_path / f"w{w}.json"
+        res = CliRunner().invoke(app, ["coverage", "-t", "bytes", "-r", "cl100k_base", "--max-n", "3", str(corpus),
+                                       "--partition-mb", "0.002", "--json", str(out), "-q", "--workers", w])
+        assert res.exit_code == 0, res.output
+        outs.append(json.loads(out.read_text()))
+    assert [d.pop("workers") for d in outs] == [1, 2]
+    for d in outs:
+        d.pop("elapsed_s"), d.pop("timing")
+    assert outs[0] == outs[1]
 
 
 def test_worker_threads_need_no_dask(tmp_path: Path) -> None:

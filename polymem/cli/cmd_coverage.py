@@ -54,7 +54,7 @@ def coverage_cmd(
                                              "cluster, e.g. tcp://scheduler:8786.")] = None,
     partition_mb: Annotated[float | None, typer.Option("--partition-mb", help="MB of text per partition (the "
                                                        "unit of work and of memory; default 4 in one process, 2 "
-                                                       "on Dask).")] = None,
+                                                       "with --workers or on Dask).")] = None,
     scratch: Annotated[str | None, typer.Option("--scratch", metavar="DIR|URL", help="Where the occurrence pass "
                                                 "writes its key files (default: a temporary directory here; "
                                                 "a multi-machine cluster needs a shared path or s3:// URL).")]
@@ -90,7 +90,7 @@ def coverage_cmd(
     check_max_n(max_n)
     if dask is not None and workers != 1:
         raise typer.BadParameter(f"--dask {dask} and --workers {workers} both choose where to count; pass one "
-                                 "(--dask for an existing cluster, --workers N for a local one)",
+                                 "(--dask for an existing cluster, --workers N for threads of this process)",
                                  param_hint="'--dask' / '--workers'")
     if processes and dask is not None:
         raise typer.BadParameter(f"--processes chooses how --workers N runs a local cluster; the cluster at {dask} "

@@ -183,7 +183,7 @@ def preload(plan: Plan, tools: Any) -> None:
 def release(plan: Plan | None = None) -> None:
     """The end of a run started in this process: forget its preloaded tools (``plan``), the tools cached by
     name, and the spare buffers (which a task still running takes or hands back as it likes: only the spares
-    are dropped)."""
+    are dropped); close the compressed streams every thread kept open."""
     from polymem.analysis.coverage.counter import release_buffers
     from polymem.sources import OpenStreams
 
@@ -192,7 +192,7 @@ def release(plan: Plan | None = None) -> None:
     _TOOLS.clear()
     release_buffers()
     release_reduce_buffers()
-    OpenStreams.close()
+    OpenStreams.close_all()
 
 
 # ------------------------------------------------------------------------------------------------- map

@@ -246,23 +246,25 @@ def coverage(
     release the GIL; one copy of the tokenizers; no Dask: a local Dask cluster of threads was measured ~1.1x
     slower, docs/coverage.md), or with ``processes=True`` on a local Dask cluster of N worker processes of one
     thread each, started for this call (no shared interpreter; ~3 s of start-up).
-    partition_mb: MB of text per partition (the unit of work and of memory; default PARTITION_MB = 4 in this
-    process, DASK_PARTITION_MB = 2 on Dask). scratch: directory or fsspec URL
+    partition_mb: MB of text per partition (the unit of work and of memory; default PARTITION_MB = 4 in one
+    process, DASK_PARTITION_MB = 2 with workers or on Dask). scratch: directory or fsspec URL
     for the occurrence pass's key files (default: a temporary directory here; a cluster spanning machines
     needs a shared one, e.g. ``s3://bucket/tmp``), with fsspec ``storage_options``.
-    progress: ``callback(docs_done, bytes_done)``, per document in this process, per partition on Dask.
+    progress: ``callback(docs_done, bytes_done)``, per document in one process, per partition with workers or
+    on Dask (called from the thread that called coverage()).
     """
     from polymem.tokenizers import load_tokenizer
 
     t_start = time.perf_counter()
     max_n = check_max_n(max_n)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise PolymemError(f"workers={workers!r} must be an integer ≥ 1 (Dask workers; 1 = this process)")
+        raise PolymemError(f"workers={workers!r} must be an integer ≥ 1 (threads of this process, or "
+                           "worker processes with processes=True; 1 = one after the other in this process)")
     if not isinstance(processes, bool):
         raise PolymemError(f"processes={processes!r} must be True (worker processes) or False (threads in this "
                            "process)")
     if processes and (client is not None or workers == 1):
-        raise PolymemError("processes=True chooses how workers=N (N ≥ 2) runs its local cluster's workers; "
+        raise PolymemError("processes=True runs workers=N (N ≥ 2) as a local Dask cluster of N processes; "
                            + ("a client's cluster has the workers it has: drop processes" if client is not None
                               else "pass workers=N, or drop processes"))
     if partition_mb is None:
@@ -295,8 +297,8 @@ def coverage(
                        if own_scratch else str(scratch))
         # on a cluster, send what the caller named (workers load it themselves) rather than loaded objects
         plan = dist.Plan(target=_portable(target) if remote else tok_t,
-                         reference=_portable(reference) if remote else tok_r, max_n=max_n, occurrence=occurrence, spec=spec, scratch=scratch_dir,
-                         storage_options=dict(storage_options or {}))
+                         reference=_portable(reference) if remote else tok_r, max_n=max_n, occurrence=occurrence,
+                         spec=spec, scratch=scratch_dir, storage_options=dict(storage_options or {}))
         try:
             if not remote:  # the tasks run in this process (in line, or on its threads): its tools serve them
                 dist.preload(plan, (tok_t, tok_r, _hashes(tok_t, spec), _hashes(tok_r, spec)))
@@ -491,7 +493,7 @@ def _run_threads(plan: dist.Plan, texts: Any, partition_mb: float, progress: Pro
     in memory while they add up to at most ``keep_mb`` MB (each task claims its output's size from the shared
     :class:`~polymem.analysis.coverage.dist.Budget`), the others go to the scratch directory. Progress is
     reported per partition, from this thread."""
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, as_completed, wait
 
     prog = _Progress(progress)
     read_s = [0.0]
@@ -516,7 +518,7 @@ def _run_threads(plan: dist.Plan, texts: Any, partition_mb: float, progress: Pro
             while len(inflight) >= 2 * workers:
                 for fut in wait(inflight, return_when=FIRST_COMPLETED).done:
                     collect(fut)
-        for fut in wait(inflight).done:
+        for fut in as_completed(list(inflight)):  # each as it ends (progress; a failed task's error at once)
             collect(fut)
         extra = np.zeros(plan.max_n, dtype=np.int64)
         if plan.occurrence and results:
