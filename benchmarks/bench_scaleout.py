@@ -380,6 +380,7 @@ def main() -> None:
     ap.add_argument("--one", nargs=2, metavar=("MODE", "PATHS"), help=argparse.SUPPRESS)
     ap.add_argument("--share", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    old_env = dict(os.environ, PYTHONPATH=os.path.abspath(args.old_tree)) if args.old_tree else None
     if args.one:
         print(json.dumps(one(args.one[0], args.one[1].split(","), args.partition_mb, args.max_n, args.share)))
         return
@@ -411,7 +412,7 @@ def main() -> None:
                         cmd = [sys.executable, "-c", "from polymem.cli.app import main; main()", "coverage", "-t",
                                "mistral-v1", "-r", "cl100k_base", *paths.split(","), "--max-n", str(args.max_n),
                                "-q", *kinds[kind]]
-                        env = dict(os.environ, PYTHONPATH=args.old_tree) if kind.endswith("_old") else None
+                        env = old_env if kind.endswith("_old") else None
                         t0 = time.perf_counter()
                         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
                         got[f"{kind}_s"] = time.perf_counter() - t0
@@ -436,8 +437,7 @@ def main() -> None:
                 elif mode == "threads_old":  # this script's `threads` mode on the other checkout's polymem
                     if not args.old_tree:
                         raise SystemExit("--modes threads_old needs --old-tree PATH")
-                    got = run_child(child[:3] + ["threads"] + child[4:],
-                                    env=dict(os.environ, PYTHONPATH=os.path.abspath(args.old_tree)))
+                    got = run_child(child[:3] + ["threads"] + child[4:], env=old_env)
                     got["mode"] = mode
                 else:
                     got = run_child(child)

@@ -418,10 +418,10 @@ def _partitions(texts: Iterable[str | Document] | Corpus, partition_mb: float) -
         yield dist.DocsPartition(tuple(batch))
 
 
-def _dask_partitions(texts: Iterable[str | Document] | Corpus, partition_mb: float, nworkers: int) -> Iterator[Any]:
-    """:func:`_partitions` for a cluster: a corpus of files that would give fewer than PARTS_PER_WORKER
-    partitions per worker is cut finer (down to partition_mb / FINEST), so that every worker stays busy to the end
-    and the last partition to finish is a small one. The numbers do not change: every sum in a tally is exact
+def _worker_partitions(texts: Iterable[str | Document] | Corpus, partition_mb: float, nworkers: int) -> Iterator[Any]:
+    """:func:`_partitions` for N workers (threads, or a Dask cluster's task slots): a corpus of files that would
+    give fewer than PARTS_PER_WORKER partitions per worker is cut finer (down to partition_mb / FINEST), so that
+    every worker stays busy to the end and the last partition to finish is a small one. The numbers do not change: every sum in a tally is exact
     (:class:`~polymem.analysis.coverage.counter.Tally`), so any partitioning adds up to the same report."""
     if isinstance(texts, Corpus) and texts.can_partition:
         parts = texts.partitions(partition_mb)
@@ -513,7 +513,7 @@ def _run_threads(plan: dist.Plan, texts: Any, partition_mb: float, progress: Pro
 
     pool = ThreadPoolExecutor(workers, thread_name_prefix="polymem-coverage")
     try:
-        for i, part in enumerate(_timed(_dask_partitions(texts, partition_mb, workers), read_s)):
+        for i, part in enumerate(_timed(_worker_partitions(texts, partition_mb, workers), read_s)):
             inflight.add(pool.submit(dist.count_partition, plan, i, part, keep=budget))
             while len(inflight) >= 2 * workers:
                 for fut in wait(inflight, return_when=FIRST_COMPLETED).done:
@@ -558,7 +558,7 @@ def _run_dask(client: Any, plan: dist.Plan, texts: Any, partition_mb: float,
         results[r["index"]] = r
         prog.add(r["tally"].docs, r["bytes"])
 
-    for i, part in enumerate(_timed(_dask_partitions(texts, partition_mb, nworkers), read_s)):
+    for i, part in enumerate(_timed(_worker_partitions(texts, partition_mb, nworkers), read_s)):
         pending.add(client.submit(dist.count_partition, plan, i, part, key=f"polymem-count-{plan.token}-{i}",
                                   pure=False))
         inflight += 1
