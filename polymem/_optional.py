@@ -18,6 +18,7 @@ from polymem.errors import PolymemError
 #: extra -> what it is for (the packages themselves are listed in pyproject.toml)
 EXTRAS = {
     "hf": "Hugging Face models and Hub tokenizers (transformers, huggingface_hub)",
+    "models": "pretrained models by name or .gguf file: eval, train and transfer on them (transformers, gguf, accelerate)",
     "plot": "PNG plots of coverage, iosim and transfer results (matplotlib)",
     "mistral": "the builtin Mistral SentencePiece tokenizers mistral-v1/-v3 (files shipped by mistral-common)",
     "fast": "the tensorstore asset backend (also as [tensorstore])",

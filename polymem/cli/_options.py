@@ -62,6 +62,7 @@ def parse_orders(text: str) -> tuple[int, ...]:
 
 # ------------------------------------------------------------------------------ tokenizer and corpus
 Tokenizer = Annotated[str, typer.Option("--tokenizer", "-t", help="Tokenizer spec: a name (cl100k_base, mistral-v1, bytes, …), hf:NAME, or a path to tokenizer.json / .model / .tiktoken.")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="A pretrained model: smollm2-135m, gemma3-270m, a .gguf file, a transformers checkpoint folder, or hf:ORG/NAME (needs polymem[models]). Brings its own tokenizer.")]
 CorpusFiles = Annotated[list[Path], typer.Option("--corpus", "-c", exists=True, help="Corpus files/folders (.txt, .md, .jsonl[.gz]); repeatable.")]
 MaxN = Annotated[int, typer.Option("--max-n", min=1, max=32, help="n-gram orders 1..N.")]
 JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write the result as JSON here.")]
@@ -77,8 +78,8 @@ Dtype = Annotated[AssetDtype, typer.Option("--dtype", help="Storage type of the 
 Orders = Annotated[str, typer.Option("--orders", help="n-gram orders, comma-separated, e.g. 1,2,3.")]
 
 # ------------------------------------------------------------------------------ training (train, transfer)
-Steps = Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps (per model).")]
-BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per step.")]
+Steps = Annotated[Optional[int], typer.Option("--steps", min=1, help="Optimizer steps per model (default: train 620, transfer 400; with --model 80 and 40).")]
+BatchSize = Annotated[Optional[int], typer.Option("--batch-size", min=1, help="Sequences per step (default 8; 4 with --model).")]
 BlockSize = Annotated[int, typer.Option("--block-size", min=8, help="Tokens per sequence.")]
 NLayer = Annotated[int, typer.Option("--n-layer", min=1, help="Transformer blocks.")]
 DModel = Annotated[int, typer.Option("--d-model", min=16, help="Model width.")]

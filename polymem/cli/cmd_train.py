@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -14,7 +14,7 @@ from rich.table import Table
 from polymem._io import atomic_write_json
 from polymem.cli._options import (
     BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HeadDim, Heads, JsonOut, Lr, MaxEvalTokens, MaxN,
-    NHead, NLayer, Precision, PrecisionOpt, Slots, Steps, TableLrMult, Threads, Tokenizer, parse_count,
+    NHead, NLayer, Precision, PrecisionOpt, Slots, Steps, TableLrMult, Threads, parse_count,
 )
 
 console = Console()
@@ -26,18 +26,20 @@ def _progress() -> Progress:
 
 
 def train(
-    tokenizer: Tokenizer,
     corpus: CorpusFiles,
     out: Annotated[Path, typer.Option("--out", "-o", help="Asset to write (a zarr folder; NAME.safetensors for a single-file table).")],
-    steps: Steps = 620,
-    batch_size: BatchSize = 8,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", help="Tokenizer of a small model trained from scratch: a name (cl100k_base, mistral-v1, bytes, …), hf:NAME, or a tokenizer file. Not with --model.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Train the table on this pretrained model instead, its backbone frozen: smollm2-135m, gemma3-270m, a .gguf file, a checkpoint folder or hf:ORG/NAME (needs polymem[models]; its own tokenizer).")] = None,
+    site: Annotated[Optional[Path], typer.Option("--site", help="With --model: where the trained site (projection, gate) goes (default: OUT.site).")] = None,
+    steps: Steps = None,
+    batch_size: BatchSize = None,
     block_size: BlockSize = 256,
     n_layer: NLayer = 4,
     d_model: DModel = 256,
     n_head: NHead = 4,
-    layers: Annotated[str, typer.Option(help="Blocks that get a memory site before them, comma-separated.")] = "1",
+    layers: Annotated[Optional[str], typer.Option(help="Blocks that get a memory site before them, comma-separated (default 1; 2 with --model).")] = None,
     max_n: MaxN = 3,
-    params: Annotated[str, typer.Option("--params", help="Table size in scalars (rows × head dim): 12M, 1.5G, 12000000 …")] = "12M",
+    params: Annotated[Optional[str], typer.Option("--params", help="Table size in scalars (rows × head dim): 12M, 1.5G, 12000000 … (default 12M; 20M with --model).")] = None,
     heads: Heads = 8,
     slots: Slots = 4,
     head_dim: HeadDim = 32,
@@ -53,10 +55,15 @@ def train(
     threads: Threads = None,
     device: Device = "auto",
     hash_kind: Annotated[str, typer.Option("--hash", help="bytes (tokenizer-agnostic byte hash) or xor (Engram's token-id XOR hash: a tokenizer-bound table, re-addressable with `polymem convert`).")] = "bytes",
+    table_lr: Annotated[float, typer.Option(min=0.0, help="With --model: table learning rate (row-wise RMS rule).")] = 0.14,
+    site_lr: Annotated[float, typer.Option(min=0.0, help="With --model: AdamW learning rate of the site's projection and gate.")] = 1e-3,
+    softmax: Annotated[str, typer.Option(help="With --model: the training loss over the ids the corpus uses (corpus; fast on large vocabularies) or the whole vocabulary (full). Scores are always exact.")] = "corpus",
+    eval_tokens: Annotated[int, typer.Option(min=1, help="With --model: held-out tokens scored before and after training.")] = 16384,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
     json_out: JsonOut = None,
 ) -> None:
-    """Train a small causal LM with memory site(s) from scratch and write the table as an asset with provenance."""
+    """Train a memory table and write it as an asset with provenance: with a small causal LM trained from
+    scratch (--tokenizer), or on a pretrained model whose backbone stays frozen (--model)."""
     import torch
 
     from polymem.errors import PolymemError
@@ -64,17 +71,33 @@ def train(
     from polymem.torch.train import MemoryConfig, TrainConfig, train_donor
     from polymem._io import check_output_path, check_output_paths
 
+    if (tokenizer is None) == (model is None):
+        raise PolymemError("pass --tokenizer (a small model trained from scratch) or --model (a pretrained model, "
+                           "which brings its own tokenizer), not " + ("both" if model else "neither"))
     check_output_path(out, directory=out.suffix != ".safetensors")
     check_output_paths(json_out)
     if threads:
         torch.set_num_threads(threads)
+    if model is not None:
+        if hash_kind != "bytes":
+            raise PolymemError("--hash xor trains a tokenizer-bound table from scratch; with --model use --hash bytes")
+        from polymem.models.tabletrain import FrozenTrainConfig
+
+        fcfg = FrozenTrainConfig(steps=steps or 80, batch_size=batch_size or 4, block_size=block_size,
+                                 layers=_layers(layers or "2"), max_n=max_n, params=parse_count(params or "20M"),
+                                 heads=heads, slots=slots, head_dim=head_dim, gate=gate.value, table_lr=table_lr,
+                                 site_lr=site_lr, seed=seed, softmax=softmax)
+        _train_model(model, corpus, out, site, fcfg, heldout_every=heldout_every, eval_tokens=eval_tokens,
+                     overwrite=overwrite, json_out=json_out)
+        return
+    steps = steps or 620
+    batch_size = batch_size or 8
+    layers = layers or "1"
+    params = params or "12M"
     if hash_kind not in ("bytes", "xor"):
         console.print(f"[red]--hash {hash_kind!r} is unknown; accepted: bytes, xor[/]", highlight=False)
         raise typer.Exit(2)
-    try:
-        layer_ids = tuple(int(x) for x in layers.split(",") if x.strip())
-    except ValueError:
-        raise PolymemError(f"--layers {layers!r} must be comma-separated block indices, e.g. 1 or 1,3") from None
+    layer_ids = _layers(layers)
     cfg = TrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
                       d_model=d_model, lr=lr, table_lr_mult=table_lr_mult, seed=seed,
                       precision=precision_option(precision.value, bf16), device=device)
@@ -99,6 +122,54 @@ def train(
               "heldout_bpb", "heldout_bpb_memory_off", "tokens_per_s", "precision", "elapsed_s"):
         v = summary[k]
         t.add_row(k, f"{v:.4f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else escape(str(v)))
+    console.print(t)
+    if json_out:
+        atomic_write_json(json_out, summary, indent=1)
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    from polymem.errors import PolymemError
+
+    try:
+        ids = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        ids = ()
+    if not ids:
+        raise PolymemError(f"--layers {text!r} must be comma-separated block indices, e.g. 1 or 1,3")
+    return ids
+
+
+def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, cfg, *, heldout_every: int,
+                 eval_tokens: int, overwrite: bool, json_out: Path | None) -> None:
+    from polymem.models import load_model
+    from polymem.models.tabletrain import train_table
+
+    console.print(f"loading {escape(model)} … (backbone frozen; table {cfg.params:,} scalars, site before block(s) "
+                  f"{', '.join(map(str, cfg.layers))}, training softmax: {cfg.softmax})", highlight=False)
+    lm = load_model(model)
+    with _progress() as prog:
+        task = prog.add_task("train", total=cfg.steps, info="")
+        every = max(1, cfg.steps // 20)
+
+        def on_step(i: int, loss: float) -> None:
+            prog.update(task, completed=i + 1, info=f"loss {loss:.3f}")
+            if not console.is_terminal and ((i + 1) % every == 0 or i + 1 == cfg.steps):
+                console.print(f"step {i + 1}/{cfg.steps} training loss {loss:.3f} ({prog.tasks[0].elapsed or 0:.0f} s)")
+
+        summary = train_table(lm, corpus, out, cfg=cfg, site_dir=site, heldout_every=heldout_every,
+                              eval_tokens=eval_tokens, overwrite=overwrite, on_step=on_step,
+                              on_phase=lambda s: prog.update(task, description=escape(s)))
+    t = Table(title=f"table {escape(summary['path'])} trained on {escape(summary['model'])} (site: "
+                    f"{escape(summary['site'])})", show_header=False, title_justify="left")
+    rows = [("tokens seen", f"{summary['tokens_seen']:,}"), ("rows touched", f"{summary['rows_touched']:,} of {summary['rows']:,}"),
+            ("held-out bits per byte, model alone", f"{summary['heldout_bpb_before']:.4f}"),
+            ("held-out bits per byte, with the table", f"{summary['heldout_bpb_after']:.4f}"),
+            ("change", f"{summary['heldout_bpb_after'] - summary['heldout_bpb_before']:+.4f} "
+                       f"({(summary['heldout_bpb_after'] - summary['heldout_bpb_before']) / summary['heldout_bpb_before']:+.2%})"),
+            ("held-out bytes scored", f"{summary['heldout_bytes']:,}"),
+            ("training speed", f"{summary['tokens_per_s']:.0f} tokens/s"), ("time", f"{summary['elapsed_s']:.0f} s")]
+    for k, v in rows:
+        t.add_row(k, v)
     console.print(t)
     if json_out:
         atomic_write_json(json_out, summary, indent=1)

@@ -21,15 +21,23 @@ console = Console()
 
 def transfer(
     asset: Annotated[str, typer.Option("--asset", "-a", help="Donor asset (from `polymem train`), a path or URL.")],
-    tokenizer: Annotated[str, typer.Option("--tokenizer", "-t", help="Recipient tokenizer spec (another family than the donor's).")],
     corpus: CorpusFiles,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", help="Recipient tokenizer spec (another family than the donor's); recipients are small models trained from scratch. Not with --model.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="A pretrained recipient instead (smollm2-135m, gemma3-270m, a .gguf file, a checkpoint folder, hf:ORG/NAME), backbone frozen; arms none, random, null, donor, donor_finetune, in_place. Needs --out-dir.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="With --model: one result file per (arm, seed), written as each ends; a re-run skips what is there (resume).")] = None,
+    seed_list: Annotated[Optional[str], typer.Option("--seed-list", help="With --model: these seeds (e.g. 0,1) instead of 0..seeds-1; processes sharing an --out-dir may split the seeds.")] = None,
+    eval_tokens: Annotated[int, typer.Option(min=64, help="With --model: held-out tokens per scoring set (the first held-out documents).")] = 4096,
+    site_lr: Annotated[float, typer.Option(min=0.0, help="With --model: AdamW learning rate of the sites.")] = 1e-3,
+    table_lr: Annotated[float, typer.Option(min=0.0, help="With --model: table learning rate (row-wise RMS rule) of the null, donor_finetune and in_place arms.")] = 0.14,
+    softmax: Annotated[str, typer.Option(help="With --model: training loss over the ids the corpus uses (corpus) or the whole vocabulary (full); scores are exact.")] = "corpus",
+    layers: Annotated[Optional[str], typer.Option(help="With --model: blocks that get the site (default: the donor's).")] = None,
     eval_corpus: Annotated[Optional[list[Path]], typer.Option("--eval-corpus", exists=True, help="Score the held-out split of these documents instead of --corpus's (default: --corpus).")] = None,
     domain: Annotated[Optional[str], typer.Option(help="A name for the domain in the JSON (default: the eval corpus file name).")] = None,
-    arms: Annotated[str, typer.Option(help="Comma-separated arms: none, random, donor (adds donor_memory_off), donor_finetune, scratch.")] = "none,random,donor,donor_finetune,scratch",
+    arms: Annotated[Optional[str], typer.Option(help="Comma-separated arms: none, random, donor (adds donor_memory_off), donor_finetune, scratch (default: all). With --model: none, random, null, donor, donor_finetune, in_place (default: all).")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Number of seeds (0..seeds-1); each seed fixes init and data order for all arms.")] = 3,
-    steps: Steps = 400,
+    steps: Steps = None,
     eval_every: Annotated[Optional[int], typer.Option(min=1, help="Score held-out bpb every this many steps (learning curves; default: only at the end).")] = None,
-    batch_size: BatchSize = 8,
+    batch_size: BatchSize = None,
     block_size: BlockSize = 256,
     n_layer: NLayer = 4,
     d_model: DModel = 256,
@@ -57,9 +65,24 @@ def transfer(
 
     from polymem.cli._precision import precision_option, say_precision
     from polymem.torch.train import TrainConfig
+    from polymem.errors import PolymemError
     from polymem.torch.transfer import _check_arms, plot_curves, plot_transfer, run_transfer, write_json
 
-    arm_list = _check_arms(arms.split(",") + (["scratch"] if scratch else []))
+    if (tokenizer is None) == (model is None):
+        raise PolymemError("pass --tokenizer (recipients trained from scratch) or --model (a pretrained recipient, "
+                           "which brings its own tokenizer), not " + ("both" if model else "neither"))
+    if model is not None:
+        from polymem.cli._transfer_model import transfer_model
+
+        transfer_model(model=model, asset=asset, corpus=corpus, eval_corpus=eval_corpus or [], arms=arms,
+                       seeds=seeds, seed_list=seed_list, steps=steps or 40, batch_size=batch_size or 4,
+                       block_size=block_size, eval_every=eval_every, eval_tokens=eval_tokens, site_lr=site_lr,
+                       table_lr=table_lr, softmax=softmax, layers=layers, max_n=max_n, out_dir=out_dir,
+                       threads=threads, json_out=json_out, plot=plot)
+        return
+    steps = steps or 400
+    batch_size = batch_size or 8
+    arm_list = _check_arms((arms or "none,random,donor,donor_finetune,scratch").split(",") + (["scratch"] if scratch else []))
     if scratch:
         console.print("warning: --scratch is deprecated; scratch is in --arms by default", style="yellow")
     from polymem._io import check_output_paths

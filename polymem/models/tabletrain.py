@@ -1,0 +1,337 @@
+"""Training a memory table (and its site) on a frozen pretrained backbone.
+
+The recipe: one site before block ``layers`` (default 2), a fresh all-zero table of ``params`` scalars in the
+page-local layout, rows updated sparsely by the row-wise RMS rule (:class:`polymem.torch.SparseRowRMS`,
+``table_lr``), the site's projection and gate by AdamW (``site_lr``), warmup-stable-decay schedule, gradient
+clipping on the site. Every weight of the model stays frozen. Nothing is computed for gradients that are not
+needed: the layers below the first site see no tensor that requires grad, so autograd records nothing there,
+and the layers above it keep only what the backward to the site needs (no weight gradients).
+
+Data: documents split train / held-out (every ``heldout_every``-th held out, as ``polymem train``); the
+training documents are joined into one stream with the model's EOS id between them; a training window is
+``[BOS] + stream[s : s + T - 1]`` predicting ``stream[s : s + T]`` (without a BOS: ``stream[s : s + T]``
+predicting the next tokens), ``s`` drawn from ``numpy.random.default_rng(seed)`` — the data order is a
+function of the seed only, the same for every arm of a transfer run.
+
+The training loss (``softmax="corpus"``, the default) is the cross-entropy over the ids that occur in the
+training stream, not the whole vocabulary: the output layer is cut to those rows for the forward and backward
+of training (:func:`restricted_head`). Every target is in that set; what changes is the normaliser, which leaves
+out ids the corpus never uses. On Gemma 3 (262,144 ids, ~30k of them in pydocs) the full output layer is two
+thirds of a training step on a CPU. ``softmax="full"`` trains on the exact loss. Scoring is always exact.
+
+Not here: scoring (:mod:`.evaluate`), arms and controls (:mod:`.transfer`), the CLI (``polymem train --model``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from polymem.errors import PolymemError
+
+
+SOFTMAX = ("corpus", "full")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrozenTrainConfig:
+    steps: int = 80
+    batch_size: int = 4  # windows per step
+    block_size: int = 256  # predicted tokens per window
+    layers: tuple[int, ...] = (2,)  # a site before each of these blocks
+    max_n: int = 3  # n-gram orders 1..max_n
+    params: int = 20_000_000  # table scalars (rows × head_dim)
+    heads: int = 8
+    slots: int = 4
+    head_dim: int = 32
+    gate: str = "scalar"
+    table_lr: float = 0.14  # SparseRowRMS on the table rows
+    site_lr: float = 1e-3  # AdamW on the projection and gate
+    warmup_frac: float = 0.05
+    decay_frac: float = 0.2
+    grad_clip: float = 1.0
+    seed: int = 0  # data order (and the site's init: 1000 + seed)
+    softmax: str = "corpus"  # training loss over the ids of the training stream ("corpus") or the whole vocabulary
+
+
+    def __post_init__(self) -> None:
+        for k in ("steps", "batch_size", "block_size", "max_n", "params", "heads", "slots", "head_dim"):
+            if int(getattr(self, k)) < 1:
+                raise PolymemError(f"{k}={getattr(self, k)} must be >= 1")
+        if self.block_size < 2:
+            raise PolymemError(f"block_size={self.block_size} must be >= 2 tokens")
+        if self.softmax not in SOFTMAX:
+            raise PolymemError(f"softmax={self.softmax!r} is unknown; accepted: {', '.join(SOFTMAX)}")
+        if self.table_lr <= 0 or self.site_lr <= 0:
+            raise PolymemError(f"learning rates must be > 0 (table_lr={self.table_lr}, site_lr={self.site_lr})")
+
+    def layout(self):
+        from polymem.hash.layout import Layout
+
+        return Layout.for_params(self.params, heads=self.heads, slots=self.slots, head_dim=self.head_dim)
+
+    def lr_factor(self, step: int) -> float:
+        w = max(1, int(self.warmup_frac * self.steps))
+        d = max(1, int(self.decay_frac * self.steps))
+        if step < w:
+            return (step + 1) / w
+        if step >= self.steps - d:
+            return max(0.0, (self.steps - step) / d)
+        return 1.0
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.batch_size * self.block_size
+
+
+@dataclass
+class Stream:
+    """Documents of one corpus tokenized by one model: the training stream and the held-out texts."""
+
+    train: np.ndarray  # int64, documents joined by EOS
+    train_texts: list[str]
+    heldout_texts: list[str]
+    heldout_names: list[str]
+
+
+def corpus_stream(lm: Any, corpus: Sequence[str | Path] | None = None, *, texts: Sequence[str] | None = None,
+                  heldout_every: int = 10, max_heldout_docs: int | None = None) -> Stream:
+    """Split a corpus (files, or ``texts``) and tokenize its training part with ``lm``'s tokenizer."""
+    from polymem.torch.train import read_documents, split_documents
+
+    docs = list(texts) if texts is not None else read_documents(corpus or [])
+    train, held = split_documents(docs, heldout_every)
+    names = [f"doc{i}" for i in range(len(docs)) if i % heldout_every == heldout_every - 1]
+    if max_heldout_docs is not None:
+        held, names = held[:max_heldout_docs], names[:max_heldout_docs]
+    sep = lm.eos_id
+    parts: list[np.ndarray] = []
+    for t in train:
+        parts.append(np.asarray(lm.tokenizer.encode(t), dtype=np.int64))
+        if sep is not None:
+            parts.append(np.array([sep], dtype=np.int64))
+    stream = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return Stream(stream, list(train), list(held), names)
+
+
+def window_batch(stream: np.ndarray, starts: np.ndarray, T: int, bos: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) [B, T] for window starts ``starts`` [B] (see the module docstring)."""
+    if bos is None:
+        idx = starts[:, None] + np.arange(T + 1)[None, :]
+        w = torch.from_numpy(stream[idx])
+        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+    idx = starts[:, None] + np.arange(T)[None, :]
+    y = torch.from_numpy(stream[idx])
+    x = torch.cat([torch.full((len(starts), 1), int(bos), dtype=torch.long), y[:, :-1]], dim=1)
+    return x.contiguous(), y.contiguous()
+
+
+def data_order(n_tokens: int, cfg: FrozenTrainConfig) -> np.ndarray:
+    """Window starts [steps, batch_size], a function of ``cfg.seed`` only."""
+    hi = n_tokens - cfg.block_size - 1
+    if hi <= 0:
+        raise PolymemError(f"the training stream has {n_tokens} tokens, fewer than block_size+1="
+                           f"{cfg.block_size + 1}; use more text or a smaller --block-size")
+    return np.random.default_rng(cfg.seed).integers(0, hi, size=(cfg.steps, cfg.batch_size))
+
+
+class restricted_head:
+    """Context manager: ``model``'s output layer cut to the rows ``ids`` (sorted unique int64); yields the map
+    from a vocabulary id to its row in the cut layer (-1 for ids left out). The model's own layer comes back on
+    exit (tied input embeddings are never touched)."""
+
+    def __init__(self, model: Any, ids: np.ndarray) -> None:
+        self.model, self.ids = model, torch.as_tensor(np.asarray(ids, dtype=np.int64))
+
+    def __enter__(self) -> torch.Tensor:
+        head = self.model.get_output_embeddings()
+        if not isinstance(head, torch.nn.Linear):
+            raise PolymemError(f"{type(self.model).__name__}'s output layer is a {type(head).__name__}, not a "
+                               "Linear; train with softmax='full'")
+        self.saved = head
+        cut = torch.nn.Linear(head.in_features, self.ids.numel(), bias=head.bias is not None,
+                              device=head.weight.device, dtype=head.weight.dtype)
+        with torch.no_grad():
+            cut.weight.copy_(head.weight.index_select(0, self.ids.to(head.weight.device)))
+            if head.bias is not None:
+                cut.bias.copy_(head.bias.index_select(0, self.ids.to(head.weight.device)))
+        cut.requires_grad_(False)
+        self.model.set_output_embeddings(cut)
+        remap = torch.full((head.out_features,), -1, dtype=torch.long)
+        remap[self.ids] = torch.arange(self.ids.numel())
+        return remap
+
+    def __exit__(self, *exc) -> None:
+        self.model.set_output_embeddings(self.saved)
+
+
+def site_optimizers(handle: Any, cfg: FrozenTrainConfig):
+    """(AdamW over the sites' parameters, SparseRowRMS over the table or None, the sites' parameters)."""
+    from polymem.torch.optim import SparseRowRMS
+
+    site = [p for p in handle.sites.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([{"params": [p for p in site if p.dim() >= 2], "weight_decay": 0.0},
+                             {"params": [p for p in site if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=cfg.site_lr, betas=(0.9, 0.95))
+    table = handle.table_parameters() if handle.train in ("table", "all") else []
+    topt = SparseRowRMS(table, lr=cfg.table_lr) if table else None
+    return opt, topt, site
+
+
+def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig, *,
+               on_step: Callable[[int, float], None] | None = None, eval_at: Sequence[int] = (),
+               on_eval: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Train ``handle``'s sites (and table, when trainable) on ``stream`` with the model frozen.
+
+    ``on_eval(steps_done, tokens_seen)`` runs after each step in ``eval_at`` (not counted in tokens_per_s)."""
+    from polymem.models.evaluate import token_nats
+
+    if any(p.requires_grad for p in lm.model.parameters()):
+        raise PolymemError("the model has trainable weights; train_site trains only the memory (load the model "
+                           "with polymem.models.load_model, which freezes it)")
+    opt, topt, site = site_optimizers(handle, cfg)
+    starts = data_order(stream.size, cfg)
+    dev = next(lm.model.parameters()).device
+    evals = set(int(s) for s in eval_at)
+    losses: list[float] = []
+    ids = np.unique(stream) if cfg.softmax == "corpus" else None
+    t0, t_eval = time.perf_counter(), 0.0
+    for step in range(cfg.steps):
+        f = cfg.lr_factor(step)
+        for g in opt.param_groups:
+            g["lr"] = cfg.site_lr * f
+        if topt is not None:
+            for g in topt.param_groups:
+                g["lr"] = cfg.table_lr * f
+        x, y = window_batch(stream, starts[step], cfg.block_size, lm.bos_id)
+        if ids is None:
+            loss = token_nats(lm.model, x.to(dev), y.to(dev)).mean()
+        else:
+            with restricted_head(lm.model, ids) as remap:
+                loss = token_nats(lm.model, x.to(dev), remap[y].to(dev)).mean()
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(site, cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if topt is not None:
+            topt.step()
+            topt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(step, losses[-1])
+        if on_eval is not None and step + 1 in evals:
+            te = time.perf_counter()
+            on_eval(step + 1, (step + 1) * cfg.batch_size * cfg.block_size)  # the full output layer is back
+            t_eval += time.perf_counter() - te
+    el = time.perf_counter() - t0 - t_eval
+    out: dict[str, Any] = {"losses": losses, "tokens": cfg.tokens, "train_s": el, "tokens_per_s": cfg.tokens / max(el, 1e-9)}
+    if topt is not None:
+        st = topt.state.get(handle.table.weight, {})
+        if "n" in st and st["n"].numel() == handle.table.layout.num_rows:
+            out["row_counts"] = st["n"].detach().cpu().numpy().astype(np.uint32)
+    return out
+
+
+def train_table(
+    lm: Any, corpus: Sequence[str | Path], out: str | Path, *, cfg: FrozenTrainConfig = FrozenTrainConfig(),
+    site_dir: str | Path | None = None, heldout_every: int = 10, eval_tokens: int | None = 16384,
+    window: int = 512, overwrite: bool = False, on_step: Callable[[int, float], None] | None = None,
+    on_phase: Callable[[str], None] | None = None, texts: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Train a fresh table with the frozen pretrained ``lm`` and write it to ``out`` (an asset with provenance:
+    the model, its tokenizer's fingerprint, the corpus, the tokens seen) and its site to ``site_dir`` (default:
+    ``out`` + ``.site``). Returns a summary with held-out bits per byte before and after (``eval_tokens``
+    bounds the held-out text scored; None scores all of it)."""
+    from polymem.models.evaluate import Scorer
+    from polymem.torch.attach import attach
+    from polymem.torch.tablefile import save_table
+
+    say = on_phase or (lambda s: None)
+    out = Path(out)
+    site_dir = Path(site_dir) if site_dir is not None else out.with_name(out.name + ".site")
+    for p in (out, site_dir):
+        if p.exists() and not overwrite:
+            raise PolymemError(f"{str(p)!r} exists; pass --overwrite (overwrite=True) or another --out")
+    t0 = time.perf_counter()
+    say("reading corpus")
+    data = corpus_stream(lm, corpus, texts=texts, heldout_every=heldout_every)
+    held = _bounded_texts(lm, data.heldout_texts, eval_tokens)
+    say("scoring the model alone")
+    scorer = Scorer(lm, held, window=window)
+    before = scorer.score()
+    layout = cfg.layout()
+    handle = attach(lm.model, layout, lm.tokenizer, layers=list(cfg.layers), train="table", max_n=cfg.max_n,
+                    gate=cfg.gate, init_seed=1000 + cfg.seed)
+    try:
+        handle.table.orders = tuple(range(1, cfg.max_n + 1))
+        say("training")
+        res = train_site(lm, handle, data.train, cfg, on_step=on_step)
+        say("scoring with the table")
+        after = scorer.score()
+        table = handle.table.to_numpy()
+        touched = int((np.abs(table).sum(1) > 0).sum())
+        prov = {
+            "created_by": "polymem train --model", "model": lm.describe(),
+            "tokenizer": {"name": lm.tokenizer.name, "fingerprint": lm.tokenizer.fingerprint},
+            "corpus": ", ".join(str(p) for p in corpus) if texts is None else "(texts)",
+            "heldout_every": heldout_every, "tokens_seen": res["tokens"], "train_stream_tokens": int(data.train.size),
+            "loss": float(np.mean(res["losses"][-20:])), "heldout_bpb": after["bpb"],
+            "heldout_bpb_memory_off": before["bpb"], "heldout_scored_bytes": after["bytes"], "rows_touched": touched,
+            "frozen_train_config": asdict(cfg),
+            "memory_config": {"layers": list(cfg.layers), "max_n": cfg.max_n, "gate": cfg.gate},
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        say("writing asset")
+        path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, cfg.max_n + 1)),
+                          provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
+        _save_site(handle, site_dir, overwrite, path)
+    finally:
+        handle.detach()
+    return {"path": str(path), "site": str(site_dir), "model": lm.name, "tokenizer": lm.tokenizer.name,
+            "rows": layout.num_rows, "rows_touched": touched, "tokens_seen": res["tokens"],
+            "heldout_bpb_before": before["bpb"], "heldout_bpb_after": after["bpb"],
+            "heldout_bytes": after["bytes"], "final_loss": prov["loss"], "tokens_per_s": res["tokens_per_s"],
+            "train_s": res["train_s"], "elapsed_s": time.perf_counter() - t0}
+
+
+def _save_site(handle: Any, site_dir: Path, overwrite: bool, asset_path: Path) -> None:
+    """The site (projection, gate) as a frozen-table site file naming the asset just written."""
+    import shutil
+
+    from polymem.torch.tables import TrainableTable
+
+    if site_dir.exists() and overwrite:
+        shutil.rmtree(site_dir)
+    handle.table.set_trainable(False)  # the site file names the table by fingerprint; the asset holds the rows
+    handle.table.source = {"kind": "asset", "path": str(asset_path), "dtype": "float32"}
+    assert isinstance(handle.table, TrainableTable)
+    handle.save(site_dir)
+
+
+def _bounded_texts(lm: Any, texts: Sequence[str], max_tokens: int | None) -> list[str]:
+    """The first held-out documents up to about ``max_tokens`` tokens (the last one cut at a token boundary)."""
+    if max_tokens is None:
+        return list(texts)
+    out: list[str] = []
+    n = 0
+    for t in texts:
+        ids = lm.tokenizer.encode(t)
+        if n + len(ids) <= max_tokens:
+            out.append(t)
+            n += len(ids)
+            continue
+        keep = max_tokens - n
+        if keep > 0:
+            piece = lm.tokenizer.decode_bytes(ids[:keep]).decode("utf-8", errors="ignore")
+            if piece:
+                out.append(piece)
+        break
+    if not out:
+        raise PolymemError("no held-out text to score; use a corpus with more documents or a larger eval budget")
+    return out
