@@ -159,6 +159,28 @@ def test_eval_equals_reference_loop(lms, texts, arch):
     assert 5 < res["alone"]["bpb"] < 12  # a random model: about log2(400) bits per token
 
 
+def test_eval_without_bos_equals_reference_loop(lms, texts):
+    """A model without BOS: the first token of a document is context only, later windows start one token back."""
+    import dataclasses
+
+    from polymem.models.evaluate import evaluate
+
+    lm = dataclasses.replace(lms["llama"], bos_id=None)
+    docs = texts[:4]
+    res = evaluate(lm, docs, window=16, batch=2)
+    for t, d in zip(docs, res["alone"]["per_doc"]):
+        ids = lm.hf_tokenizer(t, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():  # one long forward, then only the positions the windows score
+            n = 0.0
+            for s in range(0, len(ids) - 1, 16):
+                x = torch.tensor([ids[s:s + 16]])
+                y = torch.tensor(ids[s + 1:s + 17])
+                logp = torch.log_softmax(lm.model(input_ids=x).logits[0, :y.numel()].double(), -1)
+                n -= float(logp[torch.arange(y.numel()), y].sum())
+        nbytes = len(t.encode()) - len(lm.tokenizer.token_bytes(ids[0]))
+        assert d["bytes"] == nbytes and d["bpb"] == pytest.approx(n / math.log(2) / nbytes, rel=1e-5)
+
+
 def test_eval_windows_cover_every_token_once():
     from polymem.models.evaluate import document_windows
 
@@ -241,6 +263,7 @@ def test_data_order_depends_on_the_seed_only():
     stream = np.arange(100, 1100)
     x, y = window_batch(stream, a[0], 8, bos=0)
     assert x[:, 0].tolist() == [0, 0] and torch.equal(x[:, 1:], y[:, :-1])
+    assert y[:, 0].tolist() == stream[a[0]].tolist()  # the first target is the window's first token
     x, y = window_batch(stream, a[0], 8, bos=None)
     assert torch.equal(x[:, 1:], y[:, :-1]) and x.shape == (2, 8)
     with pytest.raises(PolymemError, match="fewer than block_size"):
@@ -319,6 +342,10 @@ def test_transfer_arms_resume_and_summary(lms, donor, corpus_file, tmp_path, tex
     assert all(d["rows_changed"] > 0 for d in drift)
     assert np.array_equal(open_table(donor["path"]).to_numpy(), exp.donor_tab.numpy())  # the donor never changes
     assert ("run", "donor", 1) in events
+    # nothing of the arms stays on the model: no hooks, the full output layer, the model alone scores as before
+    assert not lm.model._forward_pre_hooks and not any(b._forward_pre_hooks for b in lm.model.model.layers)
+    assert lm.model.get_output_embeddings().weight.shape[0] == V
+    assert exp.score() == base and not any(p.requires_grad for p in lm.model.parameters())
     # a re-run skips every finished (arm, seed) and gives the same summary
     events.clear()
     again = run_transfer(exp, arms=ARMS, seeds=[1, 0], eval_at=[2], out_dir=tmp_path / "runs",
@@ -329,6 +356,10 @@ def test_transfer_arms_resume_and_summary(lms, donor, corpus_file, tmp_path, tex
                       eval_tokens=200, window=64)
     with pytest.raises(PolymemError, match="holds a result of other settings"):
         run_transfer(exp2, arms=["none"], seeds=[0], eval_at=[], out_dir=tmp_path / "runs")
+    with pytest.raises(PolymemError, match="holds a result of other settings"):  # other curve points: other results
+        run_transfer(exp, arms=["none"], seeds=[0], eval_at=[1, 3], out_dir=tmp_path / "runs")
+    with pytest.raises(PolymemError, match="two scoring sets are named 'docs'"):
+        Experiment(lm, donor["path"], [corpus_file], cfg=cfg, eval_corpora=[corpus_file])
 
 
 def test_null_arm_reads_one_row(lms, donor):
@@ -380,6 +411,13 @@ def test_cli_eval_train_transfer(ckpts, corpus_file, tmp_path, lms, texts):
     assert r.exit_code != 0 and "not both" in str(r.exception)
     r = runner.invoke(app, ["transfer", "--model", str(ckpts["gemma3"]), "--asset", str(out), "--corpus", str(corpus_file)])
     assert r.exit_code != 0 and "--out-dir" in str(r.exception)
+    # options a mode does not read are refused, not ignored
+    r = runner.invoke(app, ["transfer", "--model", str(ckpts["gemma3"]), "--asset", str(out), "--corpus", str(corpus_file),
+                            "--out-dir", str(tmp_path / "tr"), "--jobs", "2", "--lr", "0.01"])
+    assert r.exit_code != 0 and "--jobs, --lr have no effect with --model" in str(r.exception)
+    r = runner.invoke(app, ["train", "--tokenizer", "bytes", "--corpus", str(corpus_file), "--out", str(tmp_path / "x.pmem"),
+                            "--softmax", "full"])
+    assert r.exit_code != 0 and "--softmax has no effect without --model" in str(r.exception)
 
 
 # ------------------------------------------------------------------------------------------------ the real model

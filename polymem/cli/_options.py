@@ -114,3 +114,14 @@ def parse_storage_options(text: str | None) -> dict[str, Any]:
     return value
 
 
+
+
+def refuse_unused(mode: str, options: dict[str, tuple[Any, Any]]) -> None:
+    """Options (by parameter name: ``table_lr_mult`` is ``--table-lr-mult``) given a value other than their default
+    in a mode that does not read them: one error naming them (an option silently ignored reads as one that took
+    effect)."""
+    bad = ["--" + name.replace("_", "-") for name, (value, default) in options.items()
+           if (getattr(value, "value", value)) != (getattr(default, "value", default))]
+    if bad:
+        one = len(bad) == 1
+        raise PolymemError(f"{', '.join(bad)} {'has' if one else 'have'} no effect {mode}; drop {'it' if one else 'them'}")

@@ -101,7 +101,7 @@ def print_result(result: dict[str, Any]) -> None:
     sets = list(result["base_bpb"])
     d = result["donor"]
     t = Table(title=escape(f"held-out bits per byte, {result['recipient_model']} with a table trained on "
-                           f"{result['donor_model'] or d['tokenizer'].get('name')} (mean over seeds {result['seeds']}; "
+                           f"{result['donor_model'] or (d.get('tokenizer') or {}).get('name') or d['asset']} (mean over seeds {result['seeds']}; "
                            f"change vs the model alone)"), title_justify="left")
     t.add_column("arm")
     for k in sets:

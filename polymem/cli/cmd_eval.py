@@ -60,8 +60,10 @@ def eval_cmd(
     if site is not None:
         from polymem.torch.sitefile import load_attached
 
-        tpath = table or site_header["table"]["source"].get("path")
-        if not tpath:
+        tpath = table or site_header["table"].get("source", {}).get("path")
+        if site_header["table"].get("saved") and table is None:
+            tpath = None  # the site file holds its (trained) table
+        elif not tpath:
             raise PolymemError(f"{str(site)!r} names no table path; pass --table")
 
         def attach_fn():
@@ -79,7 +81,7 @@ def eval_cmd(
     res["heldout_every"] = heldout_every
     if site is not None:
         res["site"] = str(site)
-        res["table"] = str(tpath)
+        res["table"] = str(tpath) if tpath else "(in the site file)"
     _print(res, per_doc)
     if json_out:
         atomic_write_json(json_out, res, indent=1)

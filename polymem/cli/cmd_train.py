@@ -14,7 +14,7 @@ from rich.table import Table
 from polymem._io import atomic_write_json
 from polymem.cli._options import (
     BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HeadDim, Heads, JsonOut, Lr, MaxEvalTokens, MaxN,
-    NHead, NLayer, Precision, PrecisionOpt, Slots, Steps, TableLrMult, Threads, parse_count,
+    NHead, NLayer, Precision, PrecisionOpt, Slots, Steps, TableLrMult, Threads, parse_count, refuse_unused,
 )
 
 console = Console()
@@ -79,6 +79,10 @@ def train(
     if threads:
         torch.set_num_threads(threads)
     if model is not None:
+        refuse_unused("with --model (a pretrained backbone, frozen, fp32)", {
+            "conv": (conv, False), "lr": (lr, 2e-3), "table_lr_mult": (table_lr_mult, 70.0),
+            "precision": (precision, "auto"), "bf16": (bf16, None), "max_eval_tokens": (max_eval_tokens, None),
+            "device": (device, "auto"), "n_layer": (n_layer, 4), "d_model": (d_model, 256), "n_head": (n_head, 4)})
         if hash_kind != "bytes":
             raise PolymemError("--hash xor trains a tokenizer-bound table from scratch; with --model use --hash bytes")
         from polymem.models.tabletrain import FrozenTrainConfig
@@ -90,6 +94,8 @@ def train(
         _train_model(model, corpus, out, site, fcfg, heldout_every=heldout_every, eval_tokens=eval_tokens,
                      overwrite=overwrite, json_out=json_out)
         return
+    refuse_unused("without --model", {"site": (site, None), "table_lr": (table_lr, 0.14), "site_lr": (site_lr, 1e-3),
+                                      "softmax": (softmax, "corpus"), "eval_tokens": (eval_tokens, 16384)})
     steps = steps or 620
     batch_size = batch_size or 8
     layers = layers or "1"

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from polymem.cli._options import (
     BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, JsonOut, Lr, MaxEvalTokens, NHead, NLayer, PlotOut,
-    PrecisionOpt, Precision, Steps, TableLrMult, Threads, ValueInit,
+    PrecisionOpt, Precision, Steps, TableLrMult, Threads, ValueInit, refuse_unused,
 )
 
 console = Console()
@@ -31,7 +31,7 @@ def transfer(
     table_lr: Annotated[float, typer.Option(min=0.0, help="With --model: table learning rate (row-wise RMS rule) of the null, donor_finetune and in_place arms.")] = 0.14,
     softmax: Annotated[str, typer.Option(help="With --model: training loss over the ids the corpus uses (corpus) or the whole vocabulary (full); scores are exact.")] = "corpus",
     layers: Annotated[Optional[str], typer.Option(help="With --model: blocks that get the site (default: the donor's).")] = None,
-    eval_corpus: Annotated[Optional[list[Path]], typer.Option("--eval-corpus", exists=True, help="Score the held-out split of these documents instead of --corpus's (default: --corpus).")] = None,
+    eval_corpus: Annotated[Optional[list[Path]], typer.Option("--eval-corpus", exists=True, help="Score the held-out split of these documents instead of --corpus's (default: --corpus); with --model, in addition to it (one scoring set per file).")] = None,
     domain: Annotated[Optional[str], typer.Option(help="A name for the domain in the JSON (default: the eval corpus file name).")] = None,
     arms: Annotated[Optional[str], typer.Option(help="Comma-separated arms: none, random, donor (adds donor_memory_off), donor_finetune, scratch (default: all). With --model: none, random, null, donor, donor_finetune, in_place (default: all).")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Number of seeds (0..seeds-1); each seed fixes init and data order for all arms.")] = 3,
@@ -72,6 +72,12 @@ def transfer(
         raise PolymemError("pass --tokenizer (recipients trained from scratch) or --model (a pretrained recipient, "
                            "which brings its own tokenizer), not " + ("both" if model else "neither"))
     if model is not None:
+        refuse_unused("with --model (a pretrained recipient, frozen, fp32, in one process)", {
+            "domain": (domain, None), "jobs": (jobs, 1), "value_init": (value_init, "zero"),
+            "finetune_table_lr_mult": (finetune_table_lr_mult, None), "max_eval_tokens": (max_eval_tokens, None),
+            "device": (device, "auto"), "scratch": (scratch, False), "n_layer": (n_layer, 4),
+            "d_model": (d_model, 256), "n_head": (n_head, 4), "lr": (lr, 2e-3),
+            "table_lr_mult": (table_lr_mult, 70.0), "precision": (precision, "auto"), "bf16": (bf16, None)})
         from polymem.cli._transfer_model import transfer_model
 
         transfer_model(model=model, asset=asset, corpus=corpus, eval_corpus=eval_corpus or [], arms=arms,
@@ -80,6 +86,9 @@ def transfer(
                        table_lr=table_lr, softmax=softmax, layers=layers, max_n=max_n, out_dir=out_dir,
                        threads=threads, json_out=json_out, plot=plot)
         return
+    refuse_unused("without --model", {
+        "out_dir": (out_dir, None), "seed_list": (seed_list, None), "eval_tokens": (eval_tokens, 4096),
+        "site_lr": (site_lr, 1e-3), "table_lr": (table_lr, 0.14), "softmax": (softmax, "corpus"), "layers": (layers, None)})
     steps = steps or 400
     batch_size = batch_size or 8
     arm_list = _check_arms((arms or "none,random,donor,donor_finetune,scratch").split(",") + (["scratch"] if scratch else []))

@@ -1,7 +1,8 @@
 """Pretrained causal LMs as recipients and donors: load one by name, score it, train a table on it, transfer.
 
     lm = polymem.models.load_model("smollm2-135m")      # or "gemma3-270m", "x.gguf", "ckpt/", "hf:ORG/NAME"
-    report = polymem.models.evaluate(lm, texts)          # held-out bits per byte, per document and overall
+    from polymem.models.evaluate import evaluate
+    report = evaluate(lm, texts)                         # held-out bits per byte, per document and overall
 
 Modules: ``registry`` (model specs -> a transformers model and its own tokenizer), ``evaluate`` (bits per byte
 in windows from BOS), ``tabletrain`` (a table and its site trained on a frozen pretrained backbone),

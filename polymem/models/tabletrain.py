@@ -309,7 +309,8 @@ def _save_site(handle: Any, site_dir: Path, overwrite: bool, asset_path: Path) -
     if site_dir.exists() and overwrite:
         shutil.rmtree(site_dir)
     handle.table.set_trainable(False)  # the site file names the table by fingerprint; the asset holds the rows
-    handle.table.source = {"kind": "asset", "path": str(asset_path), "dtype": "float32"}
+    handle.table.source = {"kind": "asset", "path": str(Path(asset_path).resolve()), "dtype": "float32"}
+    handle.train = "projection"  # re-attached, the asset's table is read frozen
     assert isinstance(handle.table, TrainableTable)
     handle.save(site_dir)
 

@@ -15,7 +15,8 @@ initialisation (``1000 + seed``), and only the memory differs:
 
 Results are written one file per (arm, seed) into ``out_dir`` as each finishes (atomically), with a key of
 everything that determines them; a re-run with the same settings skips what is there, so a stopped run
-resumes, and several processes may share the seeds of one run (each writes only its own files).
+resumes, and several processes may share the seeds of one run (each writes only its own files; the summary a
+run writes covers the seeds it was given, so a last run with every seed — which trains nothing — gathers them).
 
 Not here: the training step (:mod:`.tabletrain`), scoring (:mod:`.evaluate`), the CLI (``polymem transfer --model``).
 """
@@ -36,6 +37,14 @@ from polymem.errors import PolymemError
 from polymem.models.tabletrain import FrozenTrainConfig
 
 ARMS = ("none", "random", "null", "donor", "donor_finetune", "in_place")
+# the fields of FrozenTrainConfig a transfer run uses (the table geometry and layers come from the donor)
+_BUDGET_FIELDS = ("steps", "batch_size", "block_size", "table_lr", "site_lr", "warmup_frac", "decay_frac",
+                  "grad_clip", "softmax")
+
+
+def eval_points(eval_at: Sequence[int], steps: int) -> list[int]:
+    """The steps after which the in-domain set is scored: those of ``eval_at`` within the run, and the last."""
+    return sorted({int(s) for s in eval_at if 0 < int(s) <= steps} | {int(steps)})
 
 
 def check_arms(arms: Sequence[str]) -> list[str]:
@@ -71,7 +80,7 @@ class Experiment:
     """The recipient, the donor table, the training stream and the scoring sets, prepared once."""
 
     def __init__(self, lm: Any, donor: Any, corpus: Sequence[str | Path], *, cfg: FrozenTrainConfig,
-                 eval_corpora: Sequence[str | Path] = (), heldout_every: int = 10, eval_tokens: int = 4096,
+                 eval_corpora: Sequence[str | Path] = (), heldout_every: int | None = None, eval_tokens: int = 4096,
                  window: int = 512, layers: Sequence[int] | None = None, max_n: int | None = None,
                  texts: Sequence[str] | None = None, eval_texts: dict[str, Sequence[str]] | None = None) -> None:
         from polymem.hash.token_hashes import TokenHashes
@@ -91,27 +100,40 @@ class Experiment:
         self.spec, self.layout, self.orders = a.spec, a.layout, tuple(int(o) for o in a.orders)
         self.donor_tab = torch.from_numpy(np.ascontiguousarray(a.to_numpy(), dtype=np.float32))
         self.cache = TokenHashes.build(lm.tokenizer, a.spec)
+        # the donor's held-out split by default: on the donor's own corpus, never score what the donor trained on
+        heldout_every = int(heldout_every or self.prov.get("heldout_every") or 10)
+        self.heldout_every = heldout_every
         self.data = corpus_stream(lm, corpus, texts=texts, heldout_every=heldout_every)
         self.corpus = [str(p) for p in corpus] if texts is None else ["(texts)"]
         sets: dict[str, list[str]] = {}
         first = Path(self.corpus[0]).name.split(".")[0] if texts is None else "texts"
         sets[first] = _bounded_texts(lm, self.data.heldout_texts, eval_tokens)
+        def add(name: str, tx: list[str], where: str) -> None:
+            if name in sets:
+                raise PolymemError(f"two scoring sets are named {name!r} ({where}); scoring sets are named by file "
+                                   "name — rename or copy one of the files")
+            sets[name] = _bounded_texts(lm, tx, eval_tokens)
+
         for p in eval_corpora:
             _, held = split_documents(read_documents([p]), heldout_every)
-            sets[Path(str(p)).name.split(".")[0]] = _bounded_texts(lm, held, eval_tokens)
+            add(Path(str(p)).name.split(".")[0], held, str(p))
         for name, tx in (eval_texts or {}).items():
-            sets[name] = _bounded_texts(lm, list(tx), eval_tokens)
+            add(name, list(tx), "eval_texts")
         self.in_domain = first
         self.scorers = {k: Scorer(lm, v, window=window) for k, v in sets.items()}
         self.eval_texts = sets
 
-    def key(self) -> str:
-        """What determines every (arm, seed) result: recipient, donor table, data, budget, scoring sets."""
+    def key(self, points: Sequence[int] = ()) -> str:
+        """What determines every (arm, seed) result: recipient, donor table, data, budget, scoring sets and the
+        steps scored; nothing that does not (paths of identical files, a seed set on the config)."""
+        d = self.lm.describe()
+        src = {k: v for k, v in d["source"].items() if not (k == "path" and "sha256" in d["source"])}
+        budget = {k: v for k, v in asdict(self.cfg).items() if k in _BUDGET_FIELDS}
         h = hashlib.sha256()
         h.update(json.dumps({
-            "model": {k: self.lm.describe()[k] for k in ("name", "architecture", "params", "source")},
-            "donor": self.asset_fingerprint(), "cfg": asdict(self.cfg), "layers": list(self.layers),
-            "max_n": self.max_n, "gate": self.gate, "window": self.window,
+            "model": {"name": d["name"], "architecture": d["architecture"], "params": d["params"], "source": src},
+            "donor": self.asset_fingerprint(), "budget": budget, "layers": list(self.layers),
+            "max_n": self.max_n, "gate": self.gate, "window": self.window, "points": [int(p) for p in points],
             "train_tokens": int(self.data.train.size),
             "train_sha": hashlib.sha256(self.data.train.tobytes()).hexdigest(),
             "eval": {k: hashlib.sha256("\x00".join(v).encode()).hexdigest() for k, v in self.eval_texts.items()},
@@ -127,6 +149,12 @@ class Experiment:
 
     def score(self, which: Sequence[str] | None = None) -> dict[str, float]:
         return {k: self.scorers[k].score()["bpb"] for k in (which or self.scorers)}
+
+    def base_scores(self) -> dict[str, float]:
+        """The model alone on every scoring set (deterministic: scored once per process)."""
+        if not hasattr(self, "_base"):
+            self._base = self.score()
+        return dict(self._base)
 
     def donor_rows_hit(self) -> dict[str, Any]:
         """Share of the in-domain held-out n-gram rows (per order, recipient tokens) that the donor wrote (a non-zero
@@ -155,11 +183,11 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
 
     ev = on_event or (lambda *a, **k: None)
     cfg = FrozenTrainConfig(**{**asdict(exp.cfg), "seed": int(seed)})
-    points = sorted({int(s) for s in eval_at if 0 < int(s) <= cfg.steps} | {cfg.steps})
+    points = eval_points(eval_at, cfg.steps)
     per_tok = cfg.batch_size * cfg.block_size
     t0 = time.perf_counter()
     if arm == "none":
-        scores = exp.score()
+        scores = exp.base_scores()
         return {"arm": arm, "seed": int(seed), "curve_tokens": [p * per_tok for p in points],
                 "curve_bpb": [scores[exp.in_domain]] * len(points), "bpb": scores, "train_s": 0.0,
                 "elapsed_s": time.perf_counter() - t0}
@@ -196,14 +224,15 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
 
 def run_transfer(exp: Experiment, *, arms: Sequence[str], seeds: Sequence[int], eval_at: Sequence[int],
                  out_dir: str | Path, on_event: Callable[..., None] | None = None) -> dict[str, Any]:
-    """Every (arm, seed) not yet in ``out_dir``, then the summary over all of them (written as summary.json)."""
+    """Every (arm, seed) not yet in ``out_dir``, then the summary over ``arms`` × ``seeds`` (written as
+    summary.json, and returned)."""
     from polymem._io import atomic_write_json
 
     ev = on_event or (lambda *a, **k: None)
     arms = check_arms(arms)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    key = exp.key()
+    key = exp.key(eval_points(eval_at, exp.cfg.steps))
     runs: dict[tuple[str, int], dict[str, Any]] = {}
     for seed in seeds:
         for arm in arms:
@@ -213,7 +242,7 @@ def run_transfer(exp: Experiment, *, arms: Sequence[str], seeds: Sequence[int], 
                 if got.get("key") != key:
                     raise PolymemError(
                         f"{str(f)!r} holds a result of other settings (key {got.get('key')!r}, this run {key!r}: "
-                        "another model, donor, corpus, budget or scoring set); pass another --out-dir, or remove "
+                        "another model, donor, corpus, budget, scoring set or --eval-every); pass another --out-dir, or remove "
                         "that folder to start over")
                 runs[(arm, int(seed))] = got
                 ev("skip", arm=arm, seed=seed, bpb=got["bpb"][exp.in_domain])
@@ -240,7 +269,7 @@ def summarize(exp: Experiment, arms: Sequence[str], seeds: Sequence[int],
               runs: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
     """Per arm: held-out bpb per scoring set and seed (in the order of ``seeds``), curves, paired comparisons."""
     sets = list(exp.scorers)
-    base = runs[("none", seeds[0])]["bpb"] if "none" in arms else exp.score()
+    base = runs[("none", seeds[0])]["bpb"] if "none" in arms else exp.base_scores()
     res: dict[str, Any] = {"arms": {}, "curves": {}}
     for arm in arms:
         rs = [runs[(arm, s)] for s in seeds]
@@ -283,7 +312,7 @@ def summarize(exp: Experiment, arms: Sequence[str], seeds: Sequence[int],
         "config": {**asdict(exp.cfg), "layers": list(exp.layers), "max_n": exp.max_n, "gate": exp.gate,
                    "window": exp.window, "train_stream_tokens": int(exp.data.train.size),
                    "corpus": exp.corpus},
-        "key": exp.key(),
+        "key": runs[(arms[0], seeds[0])].get("key"),
     }
 
 

@@ -2,7 +2,7 @@
 
 Each row keeps one scalar: a moving average of the mean squared gradient of that row (β2 = 0.95), bias-
 corrected by the number of times *that row* was updated. A step moves only the rows that got a gradient:
-``w[i] -= lr · g[i] / (sqrt(v̂[i]) + eps)``. Rows not read in a batch are untouched — no decay, no momentum
+``w[i] -= lr · g[i] / (sqrt(v̂[i]) + eps)``. Rows not read in a batch, or read with an all-zero gradient, are untouched — no decay, no momentum
 drift — so a frozen or rarely read row never changes by accident. State: 2 numbers per row (fp32 + int32).
 
 Not here: dense parameters (use AdamW), learning-rate schedules (set ``group["lr"]`` as usual).
@@ -31,6 +31,8 @@ class SparseRowRMS(torch.optim.Optimizer):
                 if g.is_sparse:
                     g = g.coalesce()
                     idx, vals = g.indices()[0], g.values()  # [m], [m, r]
+                    live = vals.abs().sum(dim=1) > 0  # rows read with an all-zero gradient (e.g. W_V still 0) are
+                    idx, vals = idx[live], vals[live]  # not updated, as in the dense path: their count stays
                 else:  # dense gradient: the rows with any non-zero entry
                     idx = g.abs().sum(dim=1).nonzero().squeeze(1)
                     vals = g.index_select(0, idx)
