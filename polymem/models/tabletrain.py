@@ -76,13 +76,9 @@ class FrozenTrainConfig:
         return Layout.for_params(self.params, heads=self.heads, slots=self.slots, head_dim=self.head_dim)
 
     def lr_factor(self, step: int) -> float:
-        w = max(1, int(self.warmup_frac * self.steps))
-        d = max(1, int(self.decay_frac * self.steps))
-        if step < w:
-            return (step + 1) / w
-        if step >= self.steps - d:
-            return max(0.0, (self.steps - step) / d)
-        return 1.0
+        from polymem.torch.train import wsd_factor
+
+        return wsd_factor(step, self.steps, self.warmup_frac, self.decay_frac)
 
     @property
     def tokens(self) -> int:
@@ -190,6 +186,7 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
 
     ``on_eval(steps_done, tokens_seen)`` runs after each step in ``eval_at`` (not counted in tokens_per_s)."""
     from polymem.models.evaluate import token_nats
+    from polymem.torch.train import apply_step
 
     if any(p.requires_grad for p in lm.model.parameters()):
         raise PolymemError("the model has trainable weights; train_site trains only the memory (load the model "
@@ -214,14 +211,7 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
         else:
             with restricted_head(lm.model, ids) as remap:
                 loss = token_nats(lm.model, x.to(dev), remap[y].to(dev)).mean()
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(site, cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if topt is not None:
-            topt.step()
-            topt.zero_grad(set_to_none=True)
+        apply_step(loss, site, cfg.grad_clip, opt, topt)
         losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(step, losses[-1])

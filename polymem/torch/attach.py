@@ -513,6 +513,10 @@ def attach(
         report.notes.append(f"the table was trained with orders {list(table.orders)}, the site reads 1..{n}")
     if getattr(cache, "lossy", False):
         report.notes.append(f"tokenizer {cache.tokenizer_name!r} is not byte-faithful: few n-grams will match")
+    if value_init == "zero":
+        report.notes.append("the projection starts at zero, so the model computes exactly what it did without memory "
+                            "until the site trains (handle.trainable_parameters()); whether the table then helps is "
+                            "measured, e.g. `polymem transfer --model` or `polymem eval --site` (docs/real-models.md)")
     try:
         dev = next(model.parameters()).device
     except StopIteration:

@@ -31,6 +31,18 @@ from polymem.hash.layout import Layout
 
 
 # ------------------------------------------------------------------------------------------------ config
+def wsd_factor(step: int, steps: int, warmup_frac: float, decay_frac: float) -> float:
+    """Warmup-stable-decay: linear warmup over ``warmup_frac`` of the steps, then 1, then linear decay to 0 over
+    the last ``decay_frac`` (each at least one step)."""
+    w = max(1, int(warmup_frac * steps))
+    d = max(1, int(decay_frac * steps))
+    if step < w:
+        return (step + 1) / w
+    if step >= steps - d:
+        return max(0.0, (steps - step) / d)
+    return 1.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     steps: int = 600  # optimizer steps
@@ -73,13 +85,7 @@ class TrainConfig:
         return name, why
 
     def lr_factor(self, step: int) -> float:
-        w = max(1, int(self.warmup_frac * self.steps))
-        d = max(1, int(self.decay_frac * self.steps))
-        if step < w:
-            return (step + 1) / w
-        if step >= self.steps - d:
-            return max(0.0, (self.steps - step) / d)
-        return 1.0
+        return wsd_factor(step, self.steps, self.warmup_frac, self.decay_frac)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,6 +215,19 @@ def _optimizers(model, handle, cfg: TrainConfig):
     return opt, topt, dense
 
 
+def apply_step(loss: torch.Tensor, dense: list, grad_clip: float, opt: Any, topt: Any = None) -> None:
+    """Backward, clip the dense parameters' gradient norm (when grad_clip > 0), step both optimizers (the table's
+    row-wise one may be None) and clear their gradients."""
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(dense, grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if topt is not None:
+        topt.step()
+        topt.zero_grad(set_to_none=True)
+
+
 def train_loop(
     model, handle, data: TokenData, cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = None,
     rows_in_loader: bool = False, eval_every: int | None = None, on_eval: Callable[[int, int], None] | None = None,
@@ -237,14 +256,7 @@ def train_loop(
             handle.set_rows(torch.from_numpy(np.ascontiguousarray(rows)).to(dev))
         with _autocast(cfg):
             loss = model(x, y).mean()
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(dense, cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if topt is not None:
-            topt.step()
-            topt.zero_grad(set_to_none=True)
+        apply_step(loss, dense, cfg.grad_clip, opt, topt)
         losses.append(loss.item())
         if on_step is not None:
             on_step(step, losses[-1])
