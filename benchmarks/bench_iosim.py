@@ -1,4 +1,4 @@
-"""Benchmark: storage reads per token of page-local vs Engram-style independent heads vs flat (seed 000, Table 6).
+"""Benchmark: storage reads per token of page-local vs Engram-style independent heads vs flat (Table 6 of the PageGram report).
 
     python benchmarks/bench_iosim.py /path/to/pydocs.jsonl.gz --tokenizer cl100k_base \
         --params 2B,6B,20B --orders 2,3 --cache-frac 0.01,0.02,0.05,0.1 --cache-mb 1024 \
@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="nf4")
     ap.add_argument("--orders", default="2,3")
     ap.add_argument("--cache-frac", default="0.01,0.02,0.05,0.1", help="cache sizes as fractions of the table")
-    ap.add_argument("--cache-mb", default="1024", help="absolute cache sizes in MiB (seed 000: 1 GiB)")
+    ap.add_argument("--cache-mb", default="1024", help="absolute cache sizes in MiB (the PageGram report: 1 GiB)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG: reads/token vs cache size (one panel per table size)")
     args = ap.parse_args()

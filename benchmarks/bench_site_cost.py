@@ -20,7 +20,6 @@ Reported per model: median seconds of each step, and the site's cost as a share 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time

@@ -1,5 +1,5 @@
-"""Benchmark: tiktoken ids for polymem's int64 arrays, as a Python list converted by numpy (the adapter before
-session 8) vs tiktoken's numpy buffer (`encode_to_numpy`, what `TiktokenTokenizer.encode` takes now).
+"""Benchmark: tiktoken ids for polymem's int64 arrays, as a Python list converted by numpy (the adapter's
+earlier way) vs tiktoken's numpy buffer (`encode_to_numpy`, what `TiktokenTokenizer.encode` takes now).
 
     python benchmarks/bench_tiktoken_ids.py ../shared/corpus/pydocs.jsonl.gz --repeat 4 [--json out.json]
 

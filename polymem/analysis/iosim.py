@@ -1,4 +1,4 @@
-"""I/O simulator: page reads per token of a token stream through equal-parameter layouts (seed 000, Table 6).
+"""I/O simulator: page reads per token of a token stream through equal-parameter layouts (Table 6 of the PageGram report).
 
 Each valid n-gram of the asset's orders reads the storage blocks (zarr inner chunks: one page, or a 4 KiB
 block of NF4 pages) that hold its K head rows — one block for page-local and flat, K for independent heads —

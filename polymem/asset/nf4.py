@@ -1,4 +1,4 @@
-"""NF4 (4-bit NormalFloat, QLoRA) row quantisation for memory tables (DESIGN §3, seed 000).
+"""NF4 (4-bit NormalFloat, QLoRA) row quantisation for memory tables (the PageGram report: 34-byte rows).
 
 A head row of r values (r even) becomes ``r/2 + 2`` bytes: r/2 code bytes, then one little-endian float16
 scale (the row's absolute maximum). Value ``j`` decodes to ``NF4_LEVELS[code_j] * scale``; byte ``i`` holds

@@ -38,11 +38,11 @@ def coverage_cmd(
     reference: Annotated[str, typer.Option("--reference", "-r", help="The donor tokenizer whose table would "
                                            "serve them (e.g. cl100k_base).")],
     max_n: Annotated[int, typer.Option("--max-n", help="Measure target (and reference) n-gram orders 1..max-n "
-                                       "(1-32; seed 002 uses 7).")] = 7,
+                                       "(1-32; the Tokenizer-Agnostic Engram paper uses 7).")] = 7,
     json_out: Annotated[str | None, typer.Option("--json", help="Write the report as JSON to this file "
                                                  "(- for stdout); schema in docs/coverage.md.")] = None,
     csv_out: Annotated[Path | None, typer.Option("--csv", help="Write one row per target order as CSV.")] = None,
-    plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a stacked-bar PNG like seed 002's Fig. 2.")]
+    plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a stacked-bar PNG like Fig. 2 of the Tokenizer-Agnostic Engram paper.")]
     = None,
     workers: Annotated[int, typer.Option("--workers", "-j", min=1, help="Count on N threads of this process "
                                          "(the SentencePiece and tiktoken tokenizers and the kernels release the "
@@ -73,7 +73,7 @@ def coverage_cmd(
                                                        "or JSONL lines.")] = _StdinFormat.text,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table.")] = False,
 ) -> None:
-    """How many of the TARGET tokenizer's n-grams did the REFERENCE tokenizer ever write? (seed 002, Table 2)
+    """How many of the TARGET tokenizer's n-grams did the REFERENCE tokenizer ever write? (Table 2 of the Tokenizer-Agnostic Engram paper)
 
     Per document, the share of the target's unique n-grams (per order n) found among the reference's n-grams
     of any order, compared by their bytes; plus the breakdown by reference order, the occurrence-weighted

@@ -56,18 +56,14 @@ def eval_cmd(
     docs, names = [texts[i] for i in idx], [f"doc{i}" for i in idx]
     console.print(f"loading {escape(model)} …", highlight=False)
     lm = load_model(model)
-    attach_fn = None
+    tpath = None
     if site is not None:
-        from polymem.torch.sitefile import load_attached
-
         tpath = table or site_header["table"].get("source", {}).get("path")
         if site_header["table"].get("saved") and table is None:
             tpath = None  # the site file holds its (trained) table
         elif not tpath:
             raise PolymemError(f"{str(site)!r} names no table path; pass --table")
-
-        def attach_fn():
-            return load_attached(lm.model, site, tpath, tokenizer=lm.tokenizer)
+    attach_fn = _attacher(lm, site, tpath) if site is not None else None
     passes = 1 + (2 if site is not None else 0)
     with progress_bar(console) as prog:
         task = prog.add_task("scoring", total=None, info="")
@@ -85,6 +81,13 @@ def eval_cmd(
     _print(res, per_doc)
     if json_out:
         atomic_write_json(json_out, res, indent=1)
+
+
+def _attacher(lm, site: Path, table):
+    """A function that attaches the saved site (and its table) to the model and returns the handle."""
+    from polymem.torch.sitefile import load_attached
+
+    return lambda: load_attached(lm.model, site, table, tokenizer=lm.tokenizer)
 
 
 def _site_header(site: Path) -> dict:

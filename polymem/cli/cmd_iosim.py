@@ -1,4 +1,4 @@
-"""``polymem iosim``: page reads per token of a corpus through equal-parameter layouts (seed 000, Table 6)."""
+"""``polymem iosim``: page reads per token of a corpus through equal-parameter layouts (Table 6 of the PageGram report)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Layouts: pure functions from 64-bit n-gram hashes to table rows (DESIGN §3, seed 000).
+"""Layouts: pure functions from 64-bit n-gram hashes to table rows (the PageGram report).
 
 Three layouts share one geometry — P pages of K heads × S slots, ``num_rows = P·K·S`` rows of width r — so
 they compare at equal parameter budgets:
@@ -33,7 +33,7 @@ class Layout:
 
     pages: int  # P
     heads: int = 8  # K, head rows per n-gram
-    slots: int = 4  # S, slots per head per page (S=4 was best for convergence in seed 000)
+    slots: int = 4  # S, slots per head per page (S=4 was best for convergence in the PageGram report)
     head_dim: int = 64  # r, width of one head row
     kind: str = "page-local"
 

@@ -2,7 +2,7 @@
 :mod:`polymem.hash._numba` (``TokenHashes.ngram_hashes(backend="numpy")``, ``Layout.rows(backend="numpy")``).
 
 Given per-token caches C(t) = Hash(bytes(t)) and P(t) = base^L(t), the suffix n-gram ending at position i
-extends leftwards (DESIGN §2)::
+extends leftwards::
 
     H_1(i) = C(x_i)                       M_1(i) = P(x_i)
     H_n(i) = C(x_{i-n+1})·M_{n-1}(i) + H_{n-1}(i)

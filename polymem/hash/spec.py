@@ -61,7 +61,7 @@ def finalize(h: int, stream: int) -> int:
     """Address stream ``stream`` (0, 1, 2, ...) of an n-gram hash: ``fmix64(h + (stream+1)*GOLDEN)``.
 
     Layouts draw their page and slot numbers from independent streams of the same byte hash, so the
-    address stays tokenizer-agnostic (DESIGN §3).
+    address stays tokenizer-agnostic.
     """
     return fmix64((h + (stream + 1) * GOLDEN) & MASK64)
 

@@ -2,7 +2,7 @@
 
 For the n-gram ending at position t, Engram mixes token ids with per-position odd multipliers,
 ``mix = x_t·m_0 ⊕ x_{t-1}·m_1 ⊕ … ⊕ x_{t-n+1}·m_{n-1}`` (mod 2^64), and head k of order n reads row
-``mix mod p_{n,k}`` of its own sub-table, with a distinct prime ``p_{n,k}`` per (order, head) (seed 001).
+``mix mod p_{n,k}`` of its own sub-table, with a distinct prime ``p_{n,k}`` per (order, head) (Engram).
 Because it hashes ids, not bytes, the same text under another tokenizer addresses unrelated rows; and
 byte-equivalent n-grams of different lengths never meet (disjoint spaces per order).
 

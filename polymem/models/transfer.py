@@ -274,7 +274,8 @@ def summarize(exp: Experiment, arms: Sequence[str], seeds: Sequence[int],
     for arm in arms:
         rs = [runs[(arm, s)] for s in seeds]
         res["arms"][arm] = {"bpb": {k: [r["bpb"][k] for r in rs] for k in sets},
-                            "train_s": [r.get("train_s", 0.0) for r in rs]}
+                            "train_s": [r.get("train_s", 0.0) for r in rs],
+                            "elapsed_s": [r.get("elapsed_s", 0.0) for r in rs]}
         if arm == "donor_finetune":
             res["arms"][arm]["table_drift"] = [r.get("table_drift") for r in rs]
         res["curves"][arm] = {"tokens": rs[0]["curve_tokens"], "bpb": [r["curve_bpb"] for r in rs]}
@@ -326,9 +327,10 @@ def plot_result(result: dict[str, Any], path: str | Path) -> Path:
 
     plt = pyplot("transfer --plot")
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for arm, c in result["curves"].items():
-        t = np.asarray(c["tokens"], dtype=float) / 1e3
-        y = np.asarray(c["bpb"], dtype=float)
+    base = result["base_bpb"][result["in_domain"]]
+    for arm, c in result["curves"].items():  # every arm starts as the model alone (zero projection or zero table)
+        t = np.asarray([0] + list(c["tokens"]), dtype=float) / 1e3
+        y = np.asarray([[base] + list(b) for b in c["bpb"]], dtype=float)
         ax.plot(t, y.mean(0), marker="o", ms=3, color=COLORS.get(arm), label=arm)
         if y.shape[0] > 1:
             ax.fill_between(t, y.min(0), y.max(0), color=COLORS.get(arm), alpha=0.15, lw=0)

@@ -2,7 +2,7 @@
 
 The model reads *tokenizer* ids (so that :func:`polymem.attach` can hash them like for any HF model) and maps
 them to a compact vocabulary — the ids present in the corpus — before the embedding; the softmax runs over
-that compact vocabulary only (DESIGN §5's speed trick: cl100k_base has 100k ids, a 2 MB corpus uses ~20k).
+that compact vocabulary only (the speed trick: cl100k_base has 100k ids, a 2 MB corpus uses ~20k).
 Blocks live in ``model.transformer.h`` (GPT-2's names), so ``attach(..., layers=[1])`` puts a memory site
 before block 1 exactly as on a Hugging Face GPT-2.
 

@@ -1,4 +1,4 @@
-"""Sparse row-wise optimizer for memory tables (PageGram's row-wise RMS rule, seed 000 §3).
+"""Sparse row-wise optimizer for memory tables (the PageGram report's row-wise RMS rule).
 
 Each row keeps one scalar: a moving average of the mean squared gradient of that row (β2 = 0.95), bias-
 corrected by the number of times *that row* was updated. A step moves only the rows that got a gradient:

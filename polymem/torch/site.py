@@ -1,9 +1,9 @@
-"""A memory site: the maths that adds a hashed n-gram memory to a residual stream (DESIGN §5).
+"""A memory site: the maths that adds a hashed n-gram memory to a residual stream.
 
 A site, before block i::
 
     rows  = layout(hash(n-grams ending at t))          # [B, T, N, K]   on the model's device, from token ids
-    e_t   = concat_{n, k} table[rows]                   # [B, T, N·K·r]  (1-grams scaled by 0.1, seed 002)
+    e_t   = concat_{n, k} table[rows]                   # [B, T, N·K·r]  (1-grams scaled by 0.1, as in the paper)
     v_t   = W_V e_t                                     # [B, T, d]
     y_t   = g · v_t             (gate="scalar", PageGram, g init 0.5)
           | α_t · v_t           (gate="context", Engram: α = σ(ssqrt(RMSNorm(h)·RMSNorm(W_K e)/√d)))
@@ -36,12 +36,12 @@ VALUE_INITS = ("orthogonal", "zero")
 @dataclass(frozen=True, kw_only=True)
 class SiteConfig:
     d_model: int  # width of the residual stream
-    max_n: int = 3  # n-gram orders 1..max_n are read (seed 002's recipient used 7)
+    max_n: int = 3  # n-gram orders 1..max_n are read (the Tokenizer-Agnostic Engram paper's recipient used 7)
     gate: str = "scalar"  # "scalar" (PageGram, init gate_init) | "context" (Engram)
     gate_init: float = 0.5  # scalar gate start; 0 would deadlock learning (zero table, zero gate)
     conv: bool = False  # Engram's depthwise causal conv (kernel 4, dilation max_n), zero-initialised
     conv_kernel: int = 4
-    one_gram_scale: float = 0.1  # seed 002: 1-gram rows scaled by 0.1
+    one_gram_scale: float = 0.1  # 1-gram rows scaled by 0.1 (Tokenizer-Agnostic Engram Module)
     init_seed: int = 0  # the site's own RNG: W_V init never touches the global RNG (arms stay identical)
     value_init: str = "orthogonal"  # W_V init: "orthogonal" (gain sqrt(2d/D), for a zero table that must learn)
     # or "zero" (for a frozen non-zero table: step 0 is the model without memory, W_V still gets gradients)

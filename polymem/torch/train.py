@@ -1,7 +1,7 @@
 """Training small causal LMs with memory sites: data preparation, the training loop, bits-per-byte evaluation,
 and ``train_donor`` (train a table from scratch and write it as an asset with provenance).
 
-Recipe (DESIGN §5, seed 000): nanoGPT-style model (:mod:`polymem.torch.model`), one memory site before block 1,
+Recipe (the PageGram report's): nanoGPT-style model (:mod:`polymem.torch.model`), one memory site before block 1,
 rows start at zero, fp32 table updated sparsely by a row-wise RMS rule at ``table_lr_mult`` × the dense learning
 rate, AdamW for dense weights (β = 0.9, 0.95; weight decay 0.1 on matrices), warmup-stable-decay schedule
 (5 % warmup, linear decay over the last 20 %), gradient clipping 1.0 on dense weights, bf16 autocast where the

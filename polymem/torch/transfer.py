@@ -1,5 +1,5 @@
-"""Cross-tokenizer transfer of a donor table, against the controls that make a claim hold (DESIGN §5, seed 002
-Table 4).
+"""Cross-tokenizer transfer of a donor table, against the controls that make a claim hold (Table 4 of the
+Tokenizer-Agnostic Engram paper).
 
 For each seed, recipient models with one backbone (same init, same data order, same steps) are trained from
 scratch with the recipient's tokenizer in arms:

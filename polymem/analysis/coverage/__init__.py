@@ -1,4 +1,4 @@
-"""Cross-tokenizer n-gram coverage (DESIGN §6, seed 002 Table 2 / Fig. 2): how many of a target tokenizer's
+"""Cross-tokenizer n-gram coverage (Tokenizer-Agnostic Engram Module, Table 2 / Fig. 2): how many of a target tokenizer's
 n-grams a donor (reference) tokenizer's table was ever written with, compared by bytes.
 
     >>> report = polymem.coverage("mistral-v1", "cl100k_base", texts, max_n=7)

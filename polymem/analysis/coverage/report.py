@@ -150,7 +150,7 @@ class CoverageReport:
 
     # -------------------------------------------------------------------------------------------- plot
     def plot(self, path: str | os.PathLike[str]) -> Path:
-        """A PNG like seed 002's Fig. 2: one stacked bar per target order n, stacked by the smallest reference
+        """A PNG like Fig. 2 of the Tokenizer-Agnostic Engram paper: one stacked bar per target order n, stacked by the smallest reference
         order m at which the n-gram was found (per-document mean), with the XOR baseline and the
         occurrence-weighted coverage as markers."""
         from polymem._optional import pyplot

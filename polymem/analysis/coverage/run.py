@@ -54,8 +54,8 @@ SCRATCH_PER_TEXT_BYTE = 18  # ...estimated at this many bytes of key files per b
 
 
 def check_max_n(max_n: Any) -> int:
-    """The target orders measured are 1..max_n (seed 002 uses 7)."""
-    return _check_max_n(max_n, hint="seed 002 uses 7; pass e.g. --max-n 7")
+    """The target orders measured are 1..max_n (the Tokenizer-Agnostic Engram paper uses 7)."""
+    return _check_max_n(max_n, hint="the Tokenizer-Agnostic Engram paper uses 7; pass e.g. --max-n 7")
 
 
 class _Fidelity:
