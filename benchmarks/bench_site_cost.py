@@ -14,7 +14,10 @@ softmax of ``polymem train --model``, or ``--softmax full``):
   backward, the sparse row-wise RMS step on the table and AdamW on the site.
 
 Reported per model: median seconds of each step, and the site's cost as a share of the site step,
-(site − bias) / site, per round and its median. Machine and CPU flags go with the JSON.
+(site − bias) / site, per round and its median. With the corpus softmax (the default) each round also times
+``site_full`` (the same site step on the exact loss over the whole vocabulary), and the script records how the
+two losses' gradients of the site's parameters agree on the batch (cosine, norm ratio). Machine and CPU flags go
+with the JSON.
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ def bench_model(name: str, rounds: int, softmax: str, layer: int) -> dict:
     vocab = np.unique(ids)
     cfg = FrozenTrainConfig(layers=(layer,))
 
-    def loss_of() -> torch.Tensor:
-        if softmax == "full":
+    def loss_of(mode: str = softmax) -> torch.Tensor:
+        if mode == "full":
             return token_nats(lm.model, x, y).mean()
         with restricted_head(lm.model, vocab) as remap:
             return token_nats(lm.model, x, remap[y]).mean()
@@ -90,19 +93,32 @@ def bench_model(name: str, rounds: int, softmax: str, layer: int) -> dict:
             bopt.step()
             bopt.zero_grad(set_to_none=True)
         else:
-            loss_of().backward()
+            loss_of("full" if mode == "site_full" else softmax).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             topt.step()
             topt.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
 
-    step("bias"), step("site")  # warm-up (allocator, first hashing)
+    modes = ("bias", "site", "site_full") if softmax == "corpus" else ("bias", "site")
+    for m in modes:
+        step(m)  # warm-up (allocator, first hashing; the table is no longer all zero)
+    # the corpus softmax against the exact loss: the sites' gradient on this batch, after the warm-up steps
+    grads = {}
+    for m in ("full", "corpus"):
+        loss_of(m).backward()
+        grads[m] = torch.cat([p.grad.flatten() for p in handle.sites.parameters() if p.grad is not None])
+        opt.zero_grad(set_to_none=True)
+        topt.zero_grad(set_to_none=True)
+    cosine = float(torch.nn.functional.cosine_similarity(grads["full"], grads["corpus"], dim=0))
+    norm_ratio = float(grads["corpus"].norm() / grads["full"].norm())
     per: list[dict] = []
     for r in range(rounds):
-        order = ("bias", "site") if r % 2 == 0 else ("site", "bias")
+        order = modes if r % 2 == 0 else modes[::-1]
         got = {m: step(m) for m in order}
         got["site_share"] = (got["site"] - got["bias"]) / got["site"]
+        if "site_full" in got:
+            got["full_over_corpus"] = got["site_full"] / got["site"]
         per.append(got)
         print(f"{name} round {r + 1}/{rounds}: bias {got['bias']:.3f} s, site {got['site']:.3f} s, "
               f"site share {got['site_share']:+.1%}", flush=True)
@@ -111,7 +127,11 @@ def bench_model(name: str, rounds: int, softmax: str, layer: int) -> dict:
             "rounds": per, "bias_s_median": statistics.median(p["bias"] for p in per),
             "site_s_median": statistics.median(p["site"] for p in per),
             "site_share_median": statistics.median(p["site_share"] for p in per),
-            "site_share_min": min(p["site_share"] for p in per), "site_share_max": max(p["site_share"] for p in per)}
+            "site_share_min": min(p["site_share"] for p in per), "site_share_max": max(p["site_share"] for p in per),
+            "corpus_ids": int(vocab.size), "vocab": int(lm.tokenizer.vocab_size),
+            "softmax_gradient_cosine": cosine, "softmax_gradient_norm_ratio": norm_ratio,
+            **({"site_full_s_median": statistics.median(p["site_full"] for p in per),
+                "full_over_corpus_median": statistics.median(p["full_over_corpus"] for p in per)} if "site_full" in modes else {})}
 
 
 def main() -> None:
