@@ -1,10 +1,12 @@
 """Benchmark: what a memory site itself costs in a training step of a pretrained model, backbone frozen.
 
-    python benchmarks/bench_site_cost.py --models smollm2-135m,gemma3-270m --rounds 9 [--json out.json]
+    python benchmarks/bench_site_cost.py --models smollm2-135m,gemma3-270m --corpus pydocs.jsonl.gz --rounds 9 \
+        [--json out.json]
 
 Two steps, interleaved in every round (ABAB… so that a change of load on a shared machine hits both alike), on
-the same batch (4 × 256 tokens of text the script writes, from BOS) with the same training loss (the corpus
-softmax of ``polymem train --model``, or ``--softmax full``):
+the same batch (4 × 256 tokens from BOS: the corpus's first tokens, or text the script writes without
+``--corpus``) with the same training loss (the corpus softmax of ``polymem train --model`` over the ids of the
+whole corpus, or ``--softmax full``):
 
 * ``bias`` — the least any trained site needs: a trainable vector added to the residual stream before block 2
   (a forward pre-hook), AdamW. The backward through the blocks above the site and the output layer is the same
@@ -48,18 +50,19 @@ def _cpu_flags() -> str:
     return " ".join(sorted(keep))
 
 
-def bench_model(name: str, rounds: int, softmax: str, layer: int) -> dict:
+def bench_model(name: str, rounds: int, softmax: str, layer: int, texts: list[str] | None) -> dict:
     from polymem.models import load_model
     from polymem.models.evaluate import token_nats
     from polymem.models.tabletrain import FrozenTrainConfig, restricted_head, site_optimizers
     from polymem.torch.attach import attach
 
     lm = load_model(name)
-    ids = lm.tokenizer.encode(_text())
+    docs = [lm.tokenizer.encode(t) for t in (texts or [_text()])]
+    ids = np.concatenate(docs)
     T, B = 256, 4
     y = torch.from_numpy(np.stack([ids[i * T:(i + 1) * T] for i in range(B)]).astype(np.int64))
     x = torch.cat([torch.full((B, 1), lm.bos_id if lm.bos_id is not None else 0), y[:, :-1]], dim=1)
-    vocab = np.unique(ids)
+    vocab = np.unique(ids)  # as `polymem train --model` does: the ids of the whole training text
     cfg = FrozenTrainConfig(layers=(layer,))
 
     def loss_of(mode: str = softmax) -> torch.Tensor:
@@ -141,12 +144,19 @@ def main() -> None:
     ap.add_argument("--softmax", choices=("corpus", "full"), default="corpus")
     ap.add_argument("--layer", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--corpus", nargs="*", help="corpus files (the batch and the corpus softmax's ids come from them)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    texts = None
+    if args.corpus:
+        from polymem.torch.train import read_documents
+
+        texts = read_documents(args.corpus)
     out = {"machine": {"cpu": platform.processor() or platform.machine(), "flags": _cpu_flags(),
                        "threads": args.threads, "torch": torch.__version__},
-           "results": [bench_model(m, args.rounds, args.softmax, args.layer) for m in args.models.split(",")]}
+           "corpus": args.corpus or "(generated text)",
+           "results": [bench_model(m, args.rounds, args.softmax, args.layer, texts) for m in args.models.split(",")]}
     for r in out["results"]:
         print(f"{r['model']}: bias step {r['bias_s_median']:.3f} s, site step {r['site_s_median']:.3f} s (medians); "
               f"site's share {r['site_share_median']:+.1%} (rounds {r['site_share_min']:+.1%} .. {r['site_share_max']:+.1%})")

@@ -111,7 +111,7 @@ def test_model_spec_errors(tmp_path, monkeypatch):
         load_model("hf:")
     monkeypatch.setenv("POLYMEM_OFFLINE", "1")  # the Hub path, from the local cache only: not there, a clear error
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    with pytest.raises(PolymemError, match=r"cannot load model 'hf:polymem-test/no-such-model' \(hub\).*POLYMEM_OFFLINE"):
+    with pytest.raises(PolymemError, match=r"(?s)cannot load model 'hf:polymem-test/no-such-model' \(hub\).*POLYMEM_OFFLINE"):
         load_model("hf:polymem-test/no-such-model")
     monkeypatch.setitem(registry.BUILTIN_MODELS, "nomodel-1m", BuiltinModel(
         "nomodel-1m", "", "polymem-no-such-package", "polymem_no_such_package", "pip install polymem-no-such-package",
