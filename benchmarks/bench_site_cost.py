@@ -64,11 +64,12 @@ def bench_model(name: str, rounds: int, softmax: str, layer: int, texts: list[st
     x = torch.cat([torch.full((B, 1), lm.bos_id if lm.bos_id is not None else 0), y[:, :-1]], dim=1)
     vocab = np.unique(ids)  # as `polymem train --model` does: the ids of the whole training text
     cfg = FrozenTrainConfig(layers=(layer,))
+    cut = restricted_head(lm.model, vocab)
 
     def loss_of(mode: str = softmax) -> torch.Tensor:
         if mode == "full":
             return token_nats(lm.model, x, y).mean()
-        with restricted_head(lm.model, vocab) as remap:
+        with cut as remap:
             return token_nats(lm.model, x, remap[y]).mean()
 
     # bias: a trainable vector before block `layer`

@@ -138,29 +138,31 @@ def data_order(n_tokens: int, cfg: FrozenTrainConfig) -> np.ndarray:
 
 class restricted_head:
     """Context manager: ``model``'s output layer cut to the rows ``ids`` (sorted unique int64); yields the map
-    from a vocabulary id to its row in the cut layer (-1 for ids left out). The model's own layer comes back on
-    exit (tied input embeddings are never touched)."""
+    from a vocabulary id to its row in the cut layer (-1 for ids left out). The cut layer is built once, when
+    this object is made; each ``with`` swaps it in and the model's own layer back on exit (tied input embeddings
+    are never touched), so one object serves every step of a training run."""
 
     def __init__(self, model: Any, ids: np.ndarray) -> None:
-        self.model, self.ids = model, torch.as_tensor(np.asarray(ids, dtype=np.int64))
+        head = model.get_output_embeddings()
+        if not isinstance(head, torch.nn.Linear):
+            raise PolymemError(f"{type(model).__name__}'s output layer is a {type(head).__name__}, not a "
+                               "Linear; train with softmax='full'")
+        idx = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+        self.model = model
+        self.cut = torch.nn.Linear(head.in_features, idx.numel(), bias=head.bias is not None,
+                                   device=head.weight.device, dtype=head.weight.dtype)
+        with torch.no_grad():
+            self.cut.weight.copy_(head.weight.index_select(0, idx.to(head.weight.device)))
+            if head.bias is not None:
+                self.cut.bias.copy_(head.bias.index_select(0, idx.to(head.weight.device)))
+        self.cut.requires_grad_(False)
+        self.remap = torch.full((head.out_features,), -1, dtype=torch.long)
+        self.remap[idx] = torch.arange(idx.numel())
 
     def __enter__(self) -> torch.Tensor:
-        head = self.model.get_output_embeddings()
-        if not isinstance(head, torch.nn.Linear):
-            raise PolymemError(f"{type(self.model).__name__}'s output layer is a {type(head).__name__}, not a "
-                               "Linear; train with softmax='full'")
-        self.saved = head
-        cut = torch.nn.Linear(head.in_features, self.ids.numel(), bias=head.bias is not None,
-                              device=head.weight.device, dtype=head.weight.dtype)
-        with torch.no_grad():
-            cut.weight.copy_(head.weight.index_select(0, self.ids.to(head.weight.device)))
-            if head.bias is not None:
-                cut.bias.copy_(head.bias.index_select(0, self.ids.to(head.weight.device)))
-        cut.requires_grad_(False)
-        self.model.set_output_embeddings(cut)
-        remap = torch.full((head.out_features,), -1, dtype=torch.long)
-        remap[self.ids] = torch.arange(self.ids.numel())
-        return remap
+        self.saved = self.model.get_output_embeddings()
+        self.model.set_output_embeddings(self.cut)
+        return self.remap
 
     def __exit__(self, *exc) -> None:
         self.model.set_output_embeddings(self.saved)
@@ -196,7 +198,7 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
     dev = next(lm.model.parameters()).device
     evals = set(int(s) for s in eval_at)
     losses: list[float] = []
-    ids = np.unique(stream) if cfg.softmax == "corpus" else None
+    cut = restricted_head(lm.model, np.unique(stream)) if cfg.softmax == "corpus" else None
     t0, t_eval = time.perf_counter(), 0.0
     for step in range(cfg.steps):
         f = cfg.lr_factor(step)
@@ -206,10 +208,10 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
             for g in topt.param_groups:
                 g["lr"] = cfg.table_lr * f
         x, y = window_batch(stream, starts[step], cfg.block_size, lm.bos_id)
-        if ids is None:
+        if cut is None:
             loss = token_nats(lm.model, x.to(dev), y.to(dev)).mean()
         else:
-            with restricted_head(lm.model, ids) as remap:
+            with cut as remap:
                 loss = token_nats(lm.model, x.to(dev), remap[y].to(dev)).mean()
         apply_step(loss, site, cfg.grad_clip, opt, topt)
         losses.append(float(loss.detach()))

@@ -120,7 +120,10 @@ class Experiment:
         for name, tx in (eval_texts or {}).items():
             add(name, list(tx), "eval_texts")
         self.in_domain = first
-        self.scorers = {k: Scorer(lm, v, window=window) for k, v in sets.items()}
+        from polymem.models.evaluate import token_byte_lengths
+
+        lengths = token_byte_lengths(lm.tokenizer)  # once for every scoring set
+        self.scorers = {k: Scorer(lm, v, window=window, lengths=lengths) for k, v in sets.items()}
         self.eval_texts = sets
 
     def key(self, points: Sequence[int] = ()) -> str:
