@@ -13,7 +13,8 @@ outright (SIGKILL, power loss) can leave a ``.NAME.tmp-…`` file behind, never 
 A location that cannot be written (a parent that is a regular file, a read-only or pseudo file system, no
 permission, no space) raises :class:`OutputError`, one line naming the path, the reason and the fix; it is both
 a :class:`~polymem.errors.PolymemError` (the CLI prints it and exits 2) and an ``OSError``.
-:func:`check_output_path` runs the same check before long work starts.
+:func:`check_output_path` runs the same check before long work starts; :func:`check_outputs_not_inputs` refuses an
+output that would replace one of the run's inputs (a report written over its corpus).
 
 What this module does not do: write directories atomically (the asset writer has its own temp-dir + rename),
 lock, or merge concurrent writers (the last rename wins).
@@ -26,7 +27,7 @@ import errno
 import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,14 +99,90 @@ def check_output_paths(*paths: str | os.PathLike[str] | None) -> None:
             check_output_path(p)
 
 
+def check_outputs_not_inputs(outputs: Mapping[str, Any], inputs: Iterable[tuple[str, Any]]) -> None:
+    """Refuse, before any work, an output that would replace or change one of the run's inputs.
+
+        check_outputs_not_inputs({"--json": "data/a.txt"}, [("corpus", "data")])
+        # OutputError: --json 'data/a.txt' is an input of this run (a file of the corpus directory 'data'); ...
+
+    ``outputs``: option -> path; ``inputs``: (what, path) pairs, e.g. ("corpus", "data/"), ("asset", "t.pmem"),
+    ("tokenizer", "tok.json"). Skipped: None, "-" (stdout), URLs, and inputs that name no local file (a builtin
+    tokenizer name); a local glob stands for what it matches. Paths are compared after resolving links and
+    ``..``, and by (st_dev, st_ino), so a hard link or a bind mount is the same file. Refused: an output that
+    *is* an input; one inside an input directory (for a corpus directory: an existing file of a kind the corpus
+    reads; for any other directory, an asset say, anything inside it); a directory that holds an input."""
+    found = [(what, Path(p)) for what, given in inputs for p in _local_matches(given)]
+    for option, out in outputs.items():
+        if out is None or not _is_local(os.fspath(out)):
+            continue
+        clash = _clash(Path(os.fspath(out).removeprefix("file://")), found)
+        if clash:
+            raise OutputError.for_path(out, f"{option} {str(out)!r} {clash}; choose another output path",
+                                       errno=errno.EEXIST)
+
+
+def _is_local(path: str) -> bool:
+    from polymem.sources import is_url
+
+    return path != "-" and (not is_url(path) or path.startswith("file://"))
+
+
+def _local_matches(given: Any) -> list[str]:
+    import glob
+
+    if given is None or not _is_local(os.fspath(given)):
+        return []
+    p = os.fspath(given).removeprefix("file://")
+    return [p] if os.path.exists(p) else glob.glob(p, recursive=True) if glob.has_magic(p) else []
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _parents(path: Path) -> list[tuple[int, int]]:
+    """(st_dev, st_ino) of each existing parent of ``path`` (links and ``..`` resolved), nearest first."""
+    return [i for i in map(_identity, Path(os.path.realpath(path)).parents) if i is not None]
+
+
+def _clash(out: Path, inputs: list[tuple[str, Path]]) -> str | None:
+    """Why ``out`` would replace or change one of ``inputs`` (None: it would not)."""
+    from polymem.sources import kind_of
+
+    me, out_parents = _identity(out), _parents(out)
+    for what, p in inputs:
+        ident, kind = _identity(p), "directory" if p.is_dir() else "file"
+        if me is not None and me == ident:
+            return f"is an input of this run (the {what} {kind} {str(p)!r})"
+        if kind == "directory" and ident in out_parents:
+            if what != "corpus":
+                return f"is inside an input of this run (the {what} directory {str(p)!r})"
+            if out.is_file() and kind_of(out.name)[0] is not None:
+                return f"is an input of this run (a file of the corpus directory {str(p)!r})"
+        if me is not None and out.is_dir() and me in _parents(p):
+            return f"holds an input of this run (the {what} {kind} {str(p)!r})"
+    return None
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
 def temp_path_for(path: Path) -> Path:
     """The hidden temporary sibling of ``path`` (same directory, same suffix)."""
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}{path.suffix}")
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str], *, fsync: bool = False) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str], *, fsync: bool = False, empty_ok: bool = False) -> Iterator[Path]:
     """Yield a temporary path to write; on success it replaces ``path``, on any error it is removed.
+
+    The temporary file is created here (empty, ``O_EXCL | O_NOFOLLOW``) and the writer writes into it; left
+    empty, it counts as nothing written (an OutputError, the old file kept) unless ``empty_ok``.
 
     fsync=True flushes the file (and the directory entry) to disk before returning, for files that must
     survive a power cut (caches, tables); reports and plots skip it.
@@ -113,10 +190,11 @@ def atomic_path(path: str | os.PathLike[str], *, fsync: bool = False) -> Iterato
     final = ensure_parent(path)
     tmp = temp_path_for(final)
     try:
+        os.close(os.open(tmp, _CREATE, 0o644))  # ours, new: a link planted at the name is never followed
         yield tmp
-        if not tmp.exists():
-            raise OutputError.for_path(final, f"nothing was written for {str(final)!r} (the writer did not "
-                                              f"create {tmp.name!r})", errno=errno.ENOENT)
+        if tmp.is_symlink() or not tmp.is_file() or (tmp.stat().st_size == 0 and not empty_ok):
+            raise OutputError.for_path(final, f"nothing was written for {str(final)!r} (the writer left "
+                                              f"{tmp.name!r} empty, removed or replaced it)", errno=errno.ENOENT)
         if fsync:
             _fsync_file(tmp)
         os.replace(tmp, final)
@@ -134,8 +212,8 @@ def atomic_path(path: str | os.PathLike[str], *, fsync: bool = False) -> Iterato
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = False) -> Path:
     """Write ``data`` to ``path`` atomically; returns the path."""
-    with atomic_path(path, fsync=fsync) as tmp:
-        with open(tmp, "xb") as f:
+    with atomic_path(path, fsync=fsync, empty_ok=True) as tmp:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC | _NOFOLLOW), "wb") as f:
             f.write(data)
     return Path(path)
 

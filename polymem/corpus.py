@@ -22,11 +22,15 @@ What is a document:
 
 Only regular files are opened: a FIFO, socket or device (named, found in a directory, or behind a symlink)
 is skipped as "not a regular file" without being read, so a named pipe nobody writes to cannot block the run.
+A file reached twice (named twice, a link to it, a glob and a directory that both hold it) is read once; ``**``
+in a local glob does not descend into linked directories, so a link to an ancestor cannot repeat the tree.
 
 Bad input never raises mid-stream; it is recorded in `skipped` and the stream goes on:
-    unreadable file (permissions, I/O error, corrupt gzip), binary file (a NUL byte in its first 8 KiB),
-    JSONL line that is not JSON / not an object / lacks the text field / whose field is not a string,
-    empty document. A file that breaks part-way (a truncated .gz) keeps the documents read before the damage;
+    unreadable file (permissions, I/O error, corrupt gzip, a damaged Parquet file), binary file (a NUL byte in
+    its first 8 KiB, read before the rest), document over ``max_document_bytes`` (default 16 MiB: a text file,
+    JSONL line or Parquet value; never held whole), JSONL line that is not JSON (too deeply nested, an integer
+    of over 4300 digits) / not an object / lacks the text field / whose field is not a string, empty document.
+    A file that breaks part-way (a truncated .gz) keeps the documents read before the damage;
     its `Skipped` entry says how many (`documents_used`, `bytes_used`, and in the reason). Invalid UTF-8 is decoded with U+FFFD replacement and counted (`replaced`), or with
     invalid_utf8="skip" the document is skipped. Only a path that does not exist raises (PolymemError), up
     front, since it is a typo rather than bad data.
@@ -40,6 +44,8 @@ What this module does not do: tokenise, deduplicate, or hold the corpus in memor
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import json
 import os
 import stat
@@ -54,12 +60,11 @@ import glob as _glob
 from typing import Any, BinaryIO
 
 from polymem.errors import PolymemError
-from polymem.sources import (FileInfo, LineState, OpenStreams, Piece, decompress, expand, is_url, jsonl_lines,
-                             kind_of, open_raw, parquet_texts, plan_pieces)
+from polymem.sources import (MAX_DOCUMENT_BYTES, FileInfo, LineState, LongLine, OpenStreams, Piece, bounded_lines,
+                             decompress, expand, is_url, jsonl_lines, kind_of, open_raw, parquet_texts, plan_pieces)
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl",)
-CORPUS_SUFFIXES = TEXT_SUFFIXES + JSONL_SUFFIXES
 INVALID_UTF8_POLICIES = ("replace", "skip")
 STDIN_FORMATS = ("text", "jsonl")
 _BINARY_PROBE = 8192  # bytes inspected for a NUL byte
@@ -106,11 +111,14 @@ class Corpus:
     replaced: int = field(default=0, init=False)  # documents whose invalid UTF-8 was replaced
     ignored_files: int = field(default=0, init=False)  # files in directories with other extensions
     storage_options: dict[str, Any] | None = None  # fsspec options for URL inputs (endpoint, credentials, ...)
+    max_document_bytes: int = MAX_DOCUMENT_BYTES  # a longer document is skipped unread ("document too large")
 
     def __post_init__(self) -> None:
+        from polymem.samples import resolve_sample
+
         if isinstance(self.paths, (str, os.PathLike)):
             self.paths = [self.paths]
-        self.paths = list(self.paths)
+        self.paths = [resolve_sample(p) for p in self.paths]  # sample:NAME -> the shipped corpus
         if not self.paths:
             raise PolymemError("no input paths given; pass files, directories, .jsonl(.gz) files, or - for stdin")
         if self.invalid_utf8 not in INVALID_UTF8_POLICIES:
@@ -123,6 +131,10 @@ class Corpus:
             )
         if not isinstance(self.text_field, str) or not self.text_field:
             raise PolymemError(f"text_field={self.text_field!r} must be a non-empty string such as 'text'")
+        if isinstance(self.max_document_bytes, bool) or not isinstance(self.max_document_bytes, int) or \
+                self.max_document_bytes < 1:
+            raise PolymemError(f"max_document_bytes={self.max_document_bytes!r} must be a positive integer "
+                               f"(default {MAX_DOCUMENT_BYTES:,})")
         if sum(1 for p in self.paths if str(p) == "-") > 1:
             raise PolymemError("'-' (stdin) was given more than once; stdin can be read only once")
         missing = [str(p) for p in self.paths if str(p) != "-" and not is_url(p) and not os.path.lexists(p)
@@ -139,11 +151,12 @@ class Corpus:
         self.skipped = []
         self.replaced = 0
         self.ignored_files = 0
+        seen: set[object] = set()
         for p in self.paths:
             if str(p) == "-":
                 yield from self._read_stdin()
             else:
-                for info in self._files(p):
+                for info in _once(self._files(p), seen):
                     yield from self._read_piece(Piece(info))
 
     @property
@@ -158,11 +171,11 @@ class Corpus:
         if not self.can_partition:
             raise PolymemError("stdin (-) cannot be partitioned: it can be read only once, by this process")
         self.skipped, self.replaced, self.ignored_files = [], 0, 0
-        files = [info for p in self.paths for info in self._files(p)]
+        files = list(_once((info for p in self.paths for info in self._files(p)), set()))
         pieces = plan_pieces(files, max(1, int(partition_mb * 1e6)), self.storage_options)
         token = uuid.uuid4().hex  # the partitions of one plan: a stream one leaves open may serve the next
-        return [FilePartition(tuple(ps), self.text_field, self.invalid_utf8, self.storage_options, token)
-                for ps in pieces]
+        return [FilePartition(tuple(ps), self.text_field, self.invalid_utf8, self.storage_options, token,
+                              self.max_document_bytes) for ps in pieces]
 
     def _files(self, p: str | os.PathLike[str]) -> list[FileInfo]:
         """The files an input names: a URL or glob (fsspec), a directory (walked), or one local file."""
@@ -171,7 +184,7 @@ class Corpus:
             self.ignored_files += ignored
             return files
         if not os.path.lexists(p) and _glob.has_magic(str(p)):
-            matches = sorted(_glob.glob(str(p), recursive=True))
+            matches = sorted(_glob_no_links(str(p)))
             if not matches:
                 raise PolymemError(f"input {str(p)!r} matches no file; check the pattern")
             return [info for m in matches for info in self._files(m)]
@@ -201,16 +214,13 @@ class Corpus:
             yield from self._jsonl_lines(stream, "<stdin>")
             return
         try:
-            data = stream.read()
+            data = self._read_text(stream, "<stdin>")
         except OSError as e:
             self._skip("<stdin>", _oserr(e))
             return
-        doc = self._text_document(data, "<stdin>", "<stdin>")
+        doc = self._text_document(data, "<stdin>", "<stdin>") if data is not None else None
         if doc is not None:
             yield doc
-
-    def _read_file(self, path: Path) -> Iterator[Document]:
-        yield from self._read_piece(Piece(_local_info(path, explicit=True)))
 
     def _read_piece(self, piece: Piece, token: str | None = None) -> Iterator[Document]:
         """The documents of one file, or of one part of it (a byte range, a run of Parquet row groups).
@@ -265,8 +275,8 @@ class Corpus:
             if kind == "jsonl":
                 yield from self._jsonl_lines(f, src, used)
             else:
-                data = f.read()
-                doc = self._text_document(data, src, src)
+                data = self._read_text(f, src)
+                doc = self._text_document(data, src, src) if data is not None else None
                 if doc is not None:
                     yield doc
         except (OSError, EOFError, zlib.error, *_zstd_errors()) as e:  # gzip.BadGzipFile is an OSError
@@ -283,7 +293,7 @@ class Corpus:
         used = _Progress()
         keep = False
         try:
-            yield from self._jsonl_records(jsonl_lines(f, piece, state), used)
+            yield from self._jsonl_records(jsonl_lines(f, piece, state, self.max_document_bytes), used)
             keep = resumable and state.ended
         except (OSError, EOFError, zlib.error, *_zstd_errors()) as e:  # gzip.BadGzipFile is an OSError
             self._read_error(e, piece, used)
@@ -325,6 +335,9 @@ class Corpus:
                 if not isinstance(value, str):
                     self._skip(where, f"column {self.text_field!r} holds {_json_type(value)}, expected a string")
                     continue
+                if _utf8_over(value, self.max_document_bytes):
+                    self._skip(where, self._too_large(f"a value of {len(value.encode('utf-8', 'replace')):,} bytes"))
+                    continue
                 value, fixed = self._fix_surrogates(value, where)
                 if value is None:
                     continue
@@ -341,13 +354,17 @@ class Corpus:
     def _jsonl_lines(self, f: BinaryIO, src: str, used: _Progress | None = None) -> Iterator[Document]:
         if self._binary(f, src):
             return
-        yield from self._jsonl_records(((f"{src}:{n}", raw) for n, raw in enumerate(f, start=1)), used)
+        lines = enumerate(bounded_lines(f, self.max_document_bytes), start=1)
+        yield from self._jsonl_records(((f"{src}:{n}", raw) for n, raw in lines), used)
 
-    def _jsonl_records(self, lines: Iterable[tuple[str, bytes]], used: _Progress | None = None
+    def _jsonl_records(self, lines: Iterable[tuple[str, bytes | LongLine]], used: _Progress | None = None
                        ) -> Iterator[Document]:
         used = used if used is not None else _Progress()
         for where, raw in lines:
             used.lines += 1
+            if isinstance(raw, LongLine):
+                self._skip(where, self._too_large(f"a line of {len(raw):,} bytes"))
+                continue
             if not raw.strip():
                 continue
             line = self._decode(raw, where)
@@ -358,6 +375,12 @@ class Corpus:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
                 self._skip(where, f"invalid JSON: {e.msg} at column {e.colno}")
+                continue
+            except RecursionError:
+                self._skip(where, f"invalid JSON: nested deeper than Python's limit ({sys.getrecursionlimit():,})")
+                continue
+            except ValueError as e:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+                self._skip(where, f"invalid JSON: {e}")
                 continue
             if not isinstance(obj, dict):
                 self._skip(where, f"not a JSON object: got {_json_type(obj)}; expected {{\"{self.text_field}\": ...}}")
@@ -385,11 +408,26 @@ class Corpus:
                 yield doc
 
     # ---------------------------------------------------------------------------------------- helpers
-    def _text_document(self, data: bytes, doc_id: str, src: str) -> Document | None:
-        nul = data.find(b"\x00", 0, _BINARY_PROBE)
+    def _read_text(self, f: Any, src: str) -> bytes | None:
+        """A whole-file document, read only after its first _BINARY_PROBE bytes passed the binary check and only
+        up to max_document_bytes (None, recorded in ``skipped``, when it fails either)."""
+        data = _read_upto(f, _BINARY_PROBE)
+        nul = data.find(b"\x00")
         if nul >= 0:
             self._skip(src, f"binary file: NUL byte at offset {nul}; expected UTF-8 text")
             return None
+        if len(data) == _BINARY_PROBE:
+            data += _read_upto(f, self.max_document_bytes + 1 - len(data))
+        if len(data) > self.max_document_bytes:
+            self._skip(src, self._too_large(f"more than {self.max_document_bytes:,} bytes"))
+            return None
+        return data
+
+    def _too_large(self, what: str) -> str:
+        return (f"document too large: {what}; documents are at most {self.max_document_bytes:,} bytes "
+                "(max_document_bytes), so it was left out. Split it into smaller documents, or raise the bound")
+
+    def _text_document(self, data: bytes, doc_id: str, src: str) -> Document | None:
         decoded = self._decode(data, src)
         if decoded is None:
             return None
@@ -508,6 +546,70 @@ def _open_regular(path: Path) -> BinaryIO | str:
     return open(fd, "rb")  # noqa: SIM115 - the caller closes it
 
 
+def _glob_no_links(pattern: str) -> list[str]:
+    """``glob.glob(pattern, recursive=True)``, except that ``**`` does not descend into linked directories (glob
+    does, so a link to an ancestor repeats the tree until the path grows too long: 40 times over, and more with
+    two such links) and passes over hidden entries (as glob's wildcards and the directory walk do)."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        return _glob.glob(pattern)
+    k = parts.index("**")
+    head = os.sep.join(parts[:k])
+    bases = _glob.glob(head) if _glob.has_magic(head) else [head]
+    return [m for base in bases if os.path.isdir(base or ".") for m in _walk_matches(base, parts[k:])]
+
+
+def _walk_matches(base: str, pats: list[str]) -> Iterator[str]:
+    """The paths under directory ``base`` (itself included) whose segments below it match ``pats``."""
+    top = base or "."
+    if base and _segments_match([], pats):
+        yield base
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        rel = [] if dirpath == top else os.path.relpath(dirpath, top).split(os.sep)
+        for name in [*dirnames, *(f for f in filenames if not f.startswith("."))]:
+            if _segments_match([*rel, name], pats):
+                yield os.path.join(base, *rel, name)
+
+
+def _segments_match(segs: list[str], pats: list[str]) -> bool:
+    """Whether path segments match glob segments, ``**`` standing for any number of segments (none included)."""
+    if not pats:
+        return not segs
+    if pats[0] == "**":
+        return any(_segments_match(segs[i:], pats[1:]) for i in range(len(segs) + 1))
+    return bool(segs) and fnmatch.fnmatchcase(segs[0], pats[0]) and _segments_match(segs[1:], pats[1:])
+
+
+def _once(files: Iterable[FileInfo], seen: set[object]) -> Iterator[FileInfo]:
+    """The files not in ``seen`` yet, which records them: a regular file by (device, inode), so that one reached
+    again (named twice, through a link, by a glob and a directory) is read once; anything else by its name."""
+    for info in files:
+        key: object = info.url
+        path = info.url.removeprefix("file://")
+        if not is_url(path):
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                key = (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else key
+        if key not in seen:
+            seen.add(key)
+            yield info
+
+
+def _read_upto(f: Any, n: int) -> bytes:
+    """Up to ``n`` bytes of ``f``: fewer only at its end (a stream's read() may return less)."""
+    parts, got = [], 0
+    while got < n and (chunk := f.read(n - got)):
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _utf8_over(text: str, limit: int) -> bool:
+    """Whether ``text`` has more than ``limit`` UTF-8 bytes (1 to 4 per character: encode only when in doubt)."""
+    return len(text) > limit or (4 * len(text) > limit and len(text.encode("utf-8", "replace")) > limit)
+
+
 def _json_type(value: object) -> str:
     names = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
              bool: "a boolean", type(None): "null"}
@@ -540,9 +642,10 @@ class FilePartition:
     appends what it left out to ``skipped``; ``replaced`` then counts its documents with invalid UTF-8."""
 
     def __init__(self, pieces: tuple[Piece, ...], text_field: str, invalid_utf8: str,
-                 storage_options: dict[str, Any] | None, token: str | None = None) -> None:
+                 storage_options: dict[str, Any] | None, token: str | None = None,
+                 max_document_bytes: int = MAX_DOCUMENT_BYTES) -> None:
         self.pieces, self.text_field, self.invalid_utf8 = pieces, text_field, invalid_utf8
-        self.storage_options = storage_options
+        self.storage_options, self.max_document_bytes = storage_options, max_document_bytes
         self.token = token
         self.replaced = 0
 
@@ -556,7 +659,7 @@ class FilePartition:
 
     def read(self, skipped: list[Skipped]) -> Iterator[Document]:
         reader = Corpus(["-"], text_field=self.text_field, invalid_utf8=self.invalid_utf8,
-                        storage_options=self.storage_options)
+                        storage_options=self.storage_options, max_document_bytes=self.max_document_bytes)
         try:
             for piece in self.pieces:
                 yield from reader._read_piece(piece, self.token)

@@ -38,6 +38,13 @@ from polymem.errors import PolymemError
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 COMPRESSED_RATIO = 4.0  # decompressed / compressed size assumed when cutting a compressed file into ranges
+# Largest document read (a text file, a JSONL line, a Parquet value), in bytes: counting one costs ~130 bytes
+# of memory per byte of text (`coverage` of one 16 MB JSONL line peaked at 2.2 GB), so this bounds a document's
+# peak at ~2.2 GB. A longer one is skipped ("document too large") without being held whole in memory.
+MAX_DOCUMENT_BYTES = 16 << 20
+# More partitions than this is refused: each is a task, and a plan of millions (a tiny partition_mb) takes
+# hundreds of MB and minutes before any work.
+MAX_PARTITIONS = 1_000_000
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _GLOB = re.compile(r"[*?\[]")
 _SKIP_CHUNK = 1 << 20
@@ -77,6 +84,14 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
 
             raise missing_extra("s3fs", "s3", f"reading {url}") from None
         raise PolymemError(f"cannot read {url!r}: {e}; install the fsspec package for {proto}://") from None
+    except ValueError as e:  # fsspec: "Protocol not known: xyz"
+        if "protocol" not in str(e).lower():
+            raise
+        from fsspec.registry import known_implementations
+
+        known = ", ".join(f"{p}://" for p in ("s3", "gs", "az", "http", "https", "file") if p in known_implementations)
+        raise PolymemError(f"cannot read {url!r}: {url.split('://', 1)[0]!r} is not a protocol fsspec knows "
+                           f"(e.g. {known}); check the URL's spelling, or give a local path") from None
 
 
 @dataclass(frozen=True)
@@ -152,7 +167,9 @@ class Piece:
 
 def plan_pieces(files: list[FileInfo], partition_bytes: int, storage_options: dict[str, Any] | None = None
                 ) -> list[list[Piece]]:
-    """Group the files into partitions of about ``partition_bytes`` of text (see the module docstring)."""
+    """Group the files into partitions of about ``partition_bytes`` of text (see the module docstring); more than
+    MAX_PARTITIONS partitions is a PolymemError saying which size would do."""
+    _check_partition_count(files, partition_bytes)
     parts: list[list[Piece]] = []
     cur: list[Piece] = []
     cur_size = 0.0
@@ -190,13 +207,30 @@ def _parquet() -> Any:
     return optional_import("pyarrow.parquet", extra="corpus", purpose="reading Parquet corpora")
 
 
-def _row_group_runs(f: FileInfo, partition_bytes: int, storage_options: dict[str, Any] | None) -> list[tuple[int, int]]:
+def _check_partition_count(files: list[FileInfo], partition_bytes: int) -> None:
+    total = sum(f.size * (COMPRESSED_RATIO if f.compression else 1.0) for f in files)
+    if total / partition_bytes > MAX_PARTITIONS:
+        least = math.ceil(total / MAX_PARTITIONS / 1e3) / 1e3
+        raise PolymemError(
+            f"partitions of {partition_bytes / 1e6:g} MB would cut the corpus (about {total / 1e6:,.1f} MB of text) "
+            f"into about {total / partition_bytes:,.0f} partitions; at most {MAX_PARTITIONS:,} are allowed. Use "
+            f"partitions of at least {least:g} MB (--partition-mb / partition_mb), e.g. the default")
+
+
+def _row_group_runs(f: FileInfo, partition_bytes: int, storage_options: dict[str, Any] | None
+                    ) -> list[tuple[int, int | None]]:
+    """Runs of row groups of about ``partition_bytes``; a file whose footer cannot be read is one run, which its
+    reader then skips, saying why."""
     pq = _parquet()
+    import pyarrow
 
     fs, path = filesystem(f.url, storage_options)
-    with fs.open(path, "rb") as fh:
-        meta = pq.ParquetFile(fh).metadata
-    runs: list[tuple[int, int]] = []
+    try:
+        with fs.open(path, "rb") as fh:
+            meta = pq.ParquetFile(fh).metadata
+    except (OSError, ValueError, pyarrow.ArrowException):
+        return [(0, None)]
+    runs: list[tuple[int, int | None]] = []
     lo, size = 0, 0
     for g in range(meta.num_row_groups):
         s = meta.row_group(g).total_byte_size
@@ -211,8 +245,12 @@ def _row_group_runs(f: FileInfo, partition_bytes: int, storage_options: dict[str
 
 def open_raw(f: FileInfo, storage_options: dict[str, Any] | None = None) -> Any:
     """A binary file object over the file's stored (compressed) bytes (the caller closes it)."""
+    from fsspec.spec import AbstractBufferedFile
+
     fs, path = filesystem(f.url, storage_options)
-    return fs.open(path, "rb")
+    fh = fs.open(path, "rb")
+    # fsspec's remote files take no size in readline(); read_line needs one to bound what a line may hold
+    return io.BufferedReader(fh) if isinstance(fh, AbstractBufferedFile) else fh
 
 
 def decompress(raw: Any, compression: str | None) -> Any:
@@ -273,8 +311,10 @@ class LineState:
     ended: bool = False
 
 
-def jsonl_lines(fh: Any, piece: Piece, state: LineState | None = None) -> Iterator[tuple[str, bytes]]:
-    """(label, raw line) for the lines that start in the piece's byte range of the decompressed stream.
+def jsonl_lines(fh: Any, piece: Piece, state: LineState | None = None, limit: int = MAX_DOCUMENT_BYTES
+                ) -> Iterator[tuple[str, bytes | LongLine]]:
+    """(label, raw line) for the lines that start in the piece's byte range of the decompressed stream; a line
+    over ``limit`` bytes comes as a LongLine (see :func:`read_line`).
     ``state``: where ``fh`` already stands (a stream a previous piece of the file left at a line start at or
     before this piece's start, see :class:`OpenStreams`); it is updated as the lines are read."""
     url, start, stop = piece.file.url, piece.start, piece.stop
@@ -293,22 +333,51 @@ def jsonl_lines(fh: Any, piece: Piece, state: LineState | None = None) -> Iterat
                 pos += len(chunk)
                 line_no += chunk.count(b"\n")
         if pos == start - 1:  # pos == start: a line starts right at the range's start
-            rest = fh.readline()  # the end of the line holding byte start-1: it belongs to the previous range
+            rest = read_line(fh, limit)  # the end of the line holding byte start-1: it belongs to the previous range
             if not rest:
                 return
             pos += len(rest)
-            line_no += 1 if rest.endswith(b"\n") else 0
+            line_no += 1 if isinstance(rest, LongLine) or rest.endswith(b"\n") else 0
     while True:
         st.pos, st.line_no = pos, line_no
         if stop is not None and pos >= stop:
             st.ended = True  # stopped before the next line, which is still unread
             return
-        raw = fh.readline()
+        raw = read_line(fh, limit)
         if not raw:
             return
         line_no += 1
         yield (f"{url}:{line_no}" if known else f"{url}@{pos}"), raw
         pos += len(raw)
+
+
+@dataclass(frozen=True)
+class LongLine:
+    """A line of more than the document bound, read through but not kept: only its length is known."""
+
+    nbytes: int
+
+    def __len__(self) -> int:  # its length in bytes, like a line's
+        return self.nbytes
+
+
+def read_line(fh: Any, limit: int) -> bytes | LongLine:
+    """The next line of ``fh`` (b"" at the end). A line of more than ``limit`` bytes (before its newline) is
+    read through in pieces of 1 MiB and returned as LongLine(its length)."""
+    line = fh.readline(limit + 1)
+    if len(line) <= limit or line.endswith(b"\n"):
+        return line
+    n = len(line)
+    while line and not line.endswith(b"\n"):
+        line = fh.readline(_SKIP_CHUNK)
+        n += len(line)
+    return LongLine(n)
+
+
+def bounded_lines(fh: Any, limit: int) -> Iterator[bytes | LongLine]:
+    """``iter(fh)``, each line through :func:`read_line`."""
+    while line := read_line(fh, limit):
+        yield line
 
 
 class OpenStreams:

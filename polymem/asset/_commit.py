@@ -12,15 +12,24 @@ A page write, under the writer lock:
 Recovery (:func:`recover`, run by a failing writer and by ``polymem verify --repair``): with the marker
 present, if ``zarr.json`` already is the new one, finish (drop ``.old``/``.new`` and the marker); otherwise
 roll back (``SHARD.old`` back over ``SHARD``, drop ``.new``, drop the marker). Without a marker, ``.new`` /
-``.old`` / ``.tmp`` leftovers are stale and removed. Every file-system call goes through :mod:`_fs`.
+``.old`` / ``.tmp`` leftovers are stale and removed. The marker's keys are data: each must be a shard key
+(``pages/c/N/…``) inside the asset with no link on the way (:func:`_fs.contained`), else recovery refuses
+and touches nothing. Every file-system call goes through :mod:`_fs`.
+
+A whole asset (a new one, an overwrite, a subset, a pull) is committed by :func:`install`: its finished
+temporary directory is renamed into place, never over an asset that appeared meanwhile unless overwriting,
+and an overwrite holds the old asset's writer lock across the swap.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from polymem.asset import _fs
 from polymem.asset._format import WRITING_MARKER
@@ -28,6 +37,16 @@ from polymem.errors import PolymemError
 
 STALE_SUFFIXES = (".new", ".old")
 TMP_FILES = (".zarr.json.tmp", WRITING_MARKER + ".tmp")
+_SHARD_KEY = re.compile(r"pages/c(/[0-9]{1,12})+")
+
+
+def shard_path(root: Path, key: str) -> Path:
+    """``root / key`` for a shard key (from the geometry or a marker), contained in the asset."""
+    where = f"{root}: the page-write marker {WRITING_MARKER!r}"
+    if not isinstance(key, str) or not _SHARD_KEY.fullmatch(key):
+        raise PolymemError(f"{where} lists {key!r}, which is not a shard key (pages/c/N/...); refusing to touch it. "
+                           f"Check the asset with `polymem verify`, then remove {WRITING_MARKER!r} by hand")
+    return _fs.contained(root, key, where)
 
 
 def write_marker(root: Path, keys: list[str], new_group_sha256: str) -> None:
@@ -44,6 +63,7 @@ def swap(root: Path, keys: list[str], group_json: bytes) -> None:
     try:
         write_marker(root, keys, hashlib.sha256(group_json).hexdigest())
         for key in keys:
+            shard_path(root, key)
             _fs.unlink(root / (key + ".old"))
             _fs.link(root / key, root / (key + ".old"))
             _fs.replace(root / (key + ".new"), root / key)
@@ -79,8 +99,25 @@ def finish(root: Path, keys: list[str]) -> None:
 
 
 def _stale_files(root: Path) -> list[Path]:
-    out = [p for p in (root / "pages" / "c").rglob("*") if p.is_file() and p.suffix in STALE_SUFFIXES]
-    return sorted(out) + [root / t for t in TMP_FILES if (root / t).exists()]
+    """``.new`` / ``.old`` files under the shard tree (walked without following links; a linked ``pages`` or
+    ``pages/c`` is refused) and the fixed temp files."""
+    _fs.contained(root, "pages/c/x", f"{root}: the shard tree")
+    out = []
+    for d, dirs, files in os.walk(root / "pages" / "c", followlinks=False):
+        out += [Path(d) / f for f in files if Path(f).suffix in STALE_SUFFIXES]
+    return sorted(out) + [root / t for t in TMP_FILES if os.path.lexists(root / t)]
+
+
+def _read_small(path: Path, what: str) -> bytes:
+    """A metadata file, read only if it is a regular file of at most MAX_JSON_BYTES (no link, no giant)."""
+    from polymem.asset._format import MAX_JSON_BYTES
+
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_JSON_BYTES:
+        kind = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"{st.st_size:,} bytes"
+        raise PolymemError(f"{path}: the {what} is {kind}; a polymem {what} is a regular file of at most "
+                           f"{MAX_JSON_BYTES:,} bytes. Check the asset with `polymem verify`, then remove it by hand")
+    return path.read_bytes()
 
 
 def recover(root: Path) -> list[str]:
@@ -89,15 +126,18 @@ def recover(root: Path) -> list[str]:
     done: list[str] = []
     marker = root / WRITING_MARKER
     if marker.exists():
+        raw = _read_small(marker, "page-write marker")
         try:
-            info: Any = json.loads(marker.read_bytes())
+            info: Any = json.loads(raw)
             keys = [str(k) for k in info["replacing"]]
             new_sha = str(info["new_zarr_json_sha256"])
         except (ValueError, KeyError, TypeError):
             keys, new_sha = [], ""
-            keys = sorted(str(p.relative_to(root))[: -len(".old")] for p in (root / "pages" / "c").rglob("*.old"))
+            keys = sorted(str(p.relative_to(root))[: -len(".old")] for p in _stale_files(root) if p.suffix == ".old")
+        for key in keys:  # all checked before anything is touched
+            shard_path(root, key)
         try:
-            cur = hashlib.sha256((root / "zarr.json").read_bytes()).hexdigest()
+            cur = hashlib.sha256(_read_small(root / "zarr.json", "group metadata")).hexdigest()
         except FileNotFoundError:
             cur = ""
         if new_sha and cur == new_sha:
@@ -121,23 +161,95 @@ def recover(root: Path) -> list[str]:
     return done
 
 
+def install(tmp: Path, dest: Path, *, overwrite: bool, lock_timeout: float | None,
+            check: Callable[[], None] | None = None) -> None:
+    """Commit the finished asset directory ``tmp`` as ``dest`` (same parent). Without ``overwrite``, an asset
+    (or anything) that appeared at ``dest`` while ``tmp`` was built is never replaced (atomic no-replace
+    rename). With it, the old asset is moved aside under its writer lock, the new one renamed in, and the old
+    one removed; a failure puts the old one back (or leaves it at ``.NAME.old-*/asset`` for ``--repair``).
+    Raises before the rename on failure; after it, a PolymemError that says the asset was committed.
+    ``check`` runs under the old asset's lock before the swap (an in-place rewrite refuses to drop a write that
+    another writer committed while it read the asset)."""
+    if overwrite and dest.exists():
+        _swap_in(tmp, dest, lock_timeout, check)
+        return
+    try:
+        _fs.rename_noreplace(tmp, dest)
+    except FileExistsError:
+        if overwrite:  # appeared since the check above
+            _swap_in(tmp, dest, lock_timeout, check)
+            return
+        raise PolymemError(f"{str(dest)!r} was created by another writer while this one was building its asset; "
+                           "nothing was replaced. Pass overwrite=True (CLI: --overwrite) to replace it, or pick "
+                           "another path") from None
+    _committed(dest, _fs.fsync_dir, dest.parent)
+
+
+def _swap_in(tmp: Path, dest: Path, lock_timeout: float | None, check: Callable[[], None] | None) -> None:
+    from polymem.asset._format import LOCK_FILE
+
+    if dest.is_symlink():
+        raise PolymemError(f"{str(dest)!r} is a symbolic link (to {str(dest.resolve())!r}); polymem replaces a "
+                           "directory, never writes through a link: pass the real path, or remove the link")
+    if not dest.is_dir():
+        raise PolymemError(f"{str(dest)!r} is a file, not an asset directory; remove it or pick another path")
+    with _fs.writer_lock(dest, LOCK_FILE, lock_timeout, str(dest)):
+        if check is not None:
+            check()
+        old, fd = _fs.locked_mkdtemp(f".{dest.name}.old-", dest.parent)
+        try:
+            _swap_locked(tmp, dest, old)
+        finally:
+            os.close(fd)
+    try:
+        _fs.rmtree(old)
+    except OSError:  # a stale .NAME.old-XXXX: harmless, `verify --repair` removes it
+        pass
+
+
+def _swap_locked(tmp: Path, dest: Path, old: Path) -> None:
+    _fs.replace(dest, old / "asset")
+    try:
+        _fs.replace(tmp, dest)
+    except BaseException:
+        try:  # put the old asset back (if this fails too, `verify --repair` does it)
+            _fs.replace(old / "asset", dest)
+            _fs.rmtree(old)
+        except OSError:
+            pass
+        raise
+    _committed(dest, _fs.fsync_dir, dest.parent)
+
+
+def _committed(dest: Path, fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except BaseException as e:
+        raise PolymemError(f"{dest}: the asset was written (committed), but finishing failed ({e!r}); `polymem "
+                           f"verify --repair {dest}` removes what is left over") from e
+
+
 def recover_siblings(dest: Path) -> list[str]:
     """Stale ``.NAME.tmp-*`` build directories next to the asset go; an ``.NAME.old-*/asset`` left by an
-    interrupted overwrite is moved back when NAME is missing (else removed)."""
+    interrupted overwrite is moved back when NAME is missing (else removed). A directory a live writer holds
+    (its flock) is left alone; links are never followed."""
     done: list[str] = []
     parent = dest.parent
     if not parent.is_dir():
         return done
-    for p in sorted(parent.glob(f".{dest.name}.old-*")):
-        if (p / "asset").is_dir() and not dest.exists():
-            _fs.replace(p / "asset", dest)
-            done.append(f"restored {dest.name!r} from {p.name!r} (an overwrite was interrupted between its renames)")
-        _fs.rmtree(p)
-        if p.exists():
-            continue
-        if not done or not done[-1].startswith("restored"):
-            done.append(f"removed stale directory {p.name!r}")
-    for p in sorted(parent.glob(f".{dest.name}.tmp-*")):
-        _fs.rmtree(p)
-        done.append(f"removed stale build directory {p.name!r}")
-    return done
+    with _fs.stale_dirs(parent, f".{dest.name}.old-") as olds:
+        for p in olds:
+            restored = (p / "asset").is_dir() and not (p / "asset").is_symlink() and not os.path.lexists(dest)
+            if restored:
+                _fs.replace(p / "asset", dest)
+                done.append(f"restored {dest.name!r} from {p.name!r} (an overwrite was interrupted between its renames)")
+            _fs.rmtree(p)
+            if not restored and not p.exists():
+                done.append(f"removed stale directory {p.name!r}")
+    with _fs.stale_dirs(parent, f".{dest.name}.tmp-") as tmps:
+        for p in tmps:
+            _fs.rmtree(p)
+            done.append(f"removed stale build directory {p.name!r}")
+    from polymem.asset.pull import remove_stale_staging
+
+    return done + remove_stale_staging(dest)

@@ -29,12 +29,26 @@ def counts_field(num_rows: int, counts: np.ndarray) -> dict[str, Any]:
 
 
 def check_counts_field(f: Any, layout: Layout, where: str) -> None:
+    c = min(COUNTS_CHUNK_ROWS, layout.num_rows)
     ok = (isinstance(f, Mapping) and f.get("array") == COUNTS_ARRAY and f.get("data_type") == "uint32"
-          and f.get("shape") == [layout.num_rows] and isinstance(f.get("chunk_rows"), int) and f["chunk_rows"] >= 1)
+          and f.get("shape") == [layout.num_rows] and type(f.get("chunk_rows")) is int and f["chunk_rows"] == c)
     if not ok:
         raise FormatError(
-            f"{where}: field 'row_counts' is {f!r}; expected array 'counts', data_type 'uint32', shape "
-            f"[{layout.num_rows}] (the table's rows) and an integer chunk_rows")
+            f"{where}: field 'row_counts' is {str(f)[:200]}; expected array 'counts', data_type 'uint32', shape "
+            f"[{layout.num_rows}] (the table's rows) and chunk_rows {c} (min(2^22, rows)); restore the asset")
+
+
+def check_counts_checksums(f: Mapping[str, Any], got: Any, where: str) -> None:
+    """``checksums.row_counts`` must list exactly counts/zarr.json and every chunk file. Its length is compared
+    first, so a header asking for billions of chunks is refused before one key is made."""
+    n = -(-f["shape"][0] // f["chunk_rows"])
+    if not isinstance(got, Mapping) or len(got) != n + 1:
+        size = len(got) if isinstance(got, Mapping) else 0
+        raise FormatError(f"{where}: field 'checksums.row_counts' lists {size:,} files; the counts array "
+                          f"({f['shape'][0]:,} rows in chunks of {f['chunk_rows']:,}) has {n + 1:,}; the asset was edited")
+    want = {f"{COUNTS_ARRAY}/zarr.json", *chunk_keys(f)}
+    if set(got) != want:
+        raise FormatError(f"{where}: field 'checksums.row_counts' must list exactly {sorted(want)[:4]}…; the asset was edited")
 
 
 def check_counts(counts: Any, num_rows: int) -> np.ndarray:
@@ -82,15 +96,30 @@ def write_counts(root: Path, counts: np.ndarray) -> tuple[dict[str, Any], dict[s
     return f, sums
 
 
+def check_counts_files(raw: Any, f: Mapping[str, Any], where: str) -> None:
+    """Every file of the counts array exists with a size it may have (stat, nothing read): each chunk exactly
+    4·chunk_rows bytes, the metadata at most 16 MiB. A chunk replaced by a huge (sparse) file is never read."""
+    from polymem.asset._format import MAX_JSON_BYTES
+
+    for key in [f"{COUNTS_ARRAY}/zarr.json", *chunk_keys(f)]:
+        if not raw.exists(key):
+            raise FormatError(f"{where}: row counts file {key!r} is missing; restore the asset")
+        size, meta = raw.size(key), key.endswith("zarr.json")
+        want = MAX_JSON_BYTES if meta else 4 * f["chunk_rows"]
+        if size > want or (not meta and size != want):
+            raise FormatError(f"{where}: row counts file {key!r} is {size:,} bytes, expected {'at most ' * meta}"
+                              f"{want:,}; restore the asset")
+
+
 def read_counts(raw: Any, f: Mapping[str, Any], where: str) -> np.ndarray:
-    """The counts array (uint32 [num_rows]) through ``raw`` (local or fsspec)."""
+    """The counts array (uint32 [num_rows]) through ``raw`` (local or fsspec). Every chunk file's size is checked
+    (stat) before anything is allocated or read: a chunk replaced by a huge (sparse) file is never read."""
     R, c = f["shape"][0], f["chunk_rows"]
+    check_counts_files(raw, f, where)
     out = np.empty(R, dtype=np.uint32)
     for i, key in enumerate(chunk_keys(f)):
-        if not raw.exists(key):
-            raise FormatError(f"{where}: row counts chunk {key!r} is missing; restore the asset")
         data = raw.cat(key)
-        if len(data) != 4 * c:
+        if len(data) != 4 * c:  # changed since the stat
             raise FormatError(f"{where}: row counts chunk {key!r} is {len(data)} bytes, expected {4 * c}; restore the asset")
         seg = np.frombuffer(data, dtype="<u4")
         n = min(c, R - i * c)
@@ -98,4 +127,5 @@ def read_counts(raw: Any, f: Mapping[str, Any], where: str) -> np.ndarray:
     return out
 
 
-__all__ = ["COUNTS_ARRAY", "check_counts", "check_counts_field", "chunk_keys", "read_counts", "write_counts"]
+__all__ = ["COUNTS_ARRAY", "check_counts", "check_counts_checksums", "check_counts_field", "check_counts_files",
+           "chunk_keys", "read_counts", "write_counts"]

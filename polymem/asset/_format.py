@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 from polymem.asset import nf4
 from polymem.errors import FormatError, PolymemError
 from polymem.hash.spec import HashSpec, check_orders
@@ -21,9 +23,12 @@ ASSET_FORMAT = "polymem.asset"
 ASSET_VERSION = 2  # v2: every inner chunk (page / nf4 block) carries a crc32c (zarr's `crc32c` codec)
 SUPPORTED_ASSET_VERSIONS = (1, 2)  # v1 opens read-only; `polymem upgrade` / MemoryAsset.upgrade rewrites it as v2
 CRC_BYTES = 4
-DTYPES = ("float32", "float16", "bfloat16", "nf4")
-_STORED = {"float32": "float32", "float16": "float16", "bfloat16": "uint16", "nf4": "uint8"}
+DTYPES = ("float32", "float16", "bfloat16", "nf4", "fp8-e4m3-e8m0", "fp8-e4m3")
+# packed dtypes: rows of bytes (row_bytes) packed into 4 KiB blocks of whole pages, stored as uint8
+PACKED = ("nf4", "fp8-e4m3-e8m0", "fp8-e4m3")
+_STORED = {"float32": "float32", "float16": "float16", "bfloat16": "uint16", **dict.fromkeys(PACKED, "uint8")}
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+FP8_BLOCK = 32  # fp8-e4m3-e8m0: values per E8M0 scale byte
 BLOCK_BYTES = 4096  # flash / OS page: NF4 pages are packed into blocks of this size and never straddle one
 SHARD_TARGET_BYTES = 64 << 20  # default shard size
 ARRAY_NAME = "pages"
@@ -34,6 +39,11 @@ MAX_CHUNK_BYTES = 1 << 30  # one page (float) or one nf4 block
 MAX_CHUNKS_PER_SHARD = 1 << 22  # shard index <= 64 MiB
 MAX_SHARDS = 1 << 20
 MAX_JSON_BYTES = 16 << 20  # zarr.json / pages/zarr.json
+# shard ids (asset-format.md §13): a footer between a shard's chunks and its index, the tag then the first 16
+# bytes of the sha256 of the shard's stored chunks; the header's checksums.shard_ids names each shard's id
+SHARD_ID = "sha256-128"
+SHARD_ID_TAG = b"polymem shard id"
+FOOTER_BYTES = len(SHARD_ID_TAG) + 16
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -48,6 +58,44 @@ def check_dtype(dtype: Any) -> str:
     if dtype not in DTYPES:
         raise PolymemError(f"asset dtype {dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
     return str(dtype)
+
+
+def row_bytes(dtype: str, head_dim: int) -> int:
+    """Bytes of one stored row of a packed dtype: nf4 r/2 + 2, fp8-e4m3-e8m0 r + r/32, fp8-e4m3 r."""
+    if dtype == "nf4":
+        return nf4.row_bytes(head_dim)
+    if dtype == "fp8-e4m3-e8m0" and head_dim % FP8_BLOCK:
+        raise PolymemError(f"fp8-e4m3-e8m0 needs a head_dim that is a multiple of {FP8_BLOCK} (one E8M0 scale per "
+                           f"{FP8_BLOCK} values), got {head_dim}; use fp8-e4m3 or bfloat16 instead")
+    return head_dim + (head_dim // FP8_BLOCK if dtype == "fp8-e4m3-e8m0" else 0)
+
+
+def check_fp8_scale(dtype: str, scale: Any) -> float | None:
+    """fp8-e4m3's global scale: a finite float32 > 0, 1.0 when not given (None for every other dtype)."""
+    if dtype != "fp8-e4m3":
+        if scale is not None:
+            raise PolymemError(f"a global fp8 scale is for dtype fp8-e4m3 only, not {dtype}")
+        return None
+    if scale is None:
+        return 1.0
+    ok = isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0
+    if not ok or float(np.float32(scale)) != scale:
+        raise PolymemError(f"fp8-e4m3 scale {scale!r} must be a finite float32 number > 0 (values are stored as "
+                           "e4m3 × scale); pick one with float(np.float32(x))")
+    return float(scale)
+
+
+def fp8_scale_for(dtype: str, amax: float) -> float | None:
+    """The global scale fp8-e4m3 stores values of absolute maximum ``amax`` with: the smallest float32 with
+    ``amax / scale ≤ 448`` (1.0 for an all-zero table); None for other dtypes."""
+    if dtype != "fp8-e4m3":
+        return None
+    if not amax > 0:
+        return 1.0
+    s = np.float32(amax / 448.0)
+    while amax / float(s) > 448.0 or s == 0:
+        s = np.nextafter(s, np.float32(np.inf))
+    return float(s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +114,17 @@ class Geometry:
     rows_per_page: int  # K·S
     head_dim: int  # r
     crc: bool = True  # v2: each stored chunk is chunk_bytes + a 4-byte crc32c (v1: none)
+    shard_id: bool = False  # each shard carries its id in a footer before the index (v2 assets written since)
+    fp8_scale: float | None = None  # fp8-e4m3: the global scale (value = e4m3 × scale); None for other dtypes
+
+    @property
+    def packed(self) -> bool:
+        """Rows of bytes packed into blocks of whole pages (nf4, fp8): the array is uint8 [B, block_bytes]."""
+        return self.dtype in PACKED
+
+    @property
+    def row_bytes(self) -> int:
+        return self.page_bytes // self.rows_per_page
 
     @property
     def stride(self) -> int:
@@ -95,8 +154,13 @@ class Geometry:
     def chunks_in_shard(self, s: int) -> int:
         return min(self.chunks_per_shard, self.num_chunks - s * self.chunks_per_shard)
 
+    @property
+    def tail_bytes(self) -> int:
+        """Bytes at the end of every shard after its chunks: the shard-id footer (if any), index, crc32c."""
+        return (FOOTER_BYTES if self.shard_id else 0) + 16 * self.chunks_per_shard + 4
+
     def shard_size(self, s: int) -> int:
-        return self.chunks_in_shard(s) * self.stride + 16 * self.chunks_per_shard + 4
+        return self.chunks_in_shard(s) * self.stride + self.tail_bytes
 
     def shard_of_page(self, p: int) -> tuple[int, int]:
         """(shard, chunk index inside the shard) holding page ``p``."""
@@ -110,18 +174,25 @@ class Geometry:
         }
         if self.crc:
             d["chunk_checksum"] = "crc32c"
+        if self.shard_id:
+            d["shard_id"] = SHARD_ID
+        if self.fp8_scale is not None:
+            d["fp8_scale"] = self.fp8_scale
         return d
 
 
-def geometry(layout: Layout, dtype: str, chunks_per_shard: int | None = None, *, version: int = ASSET_VERSION) -> Geometry:
-    """Derive the storage geometry of ``layout`` stored as ``dtype`` (docs/asset-format.md §4-5).
+def geometry(layout: Layout, dtype: str, chunks_per_shard: int | None = None, *, version: int = ASSET_VERSION,
+             shard_id: bool = True, fp8_scale: float | None = None) -> Geometry:
+    """Derive the storage geometry of ``layout`` stored as ``dtype`` (docs/asset-format.md §4-5); shard ids
+    (§13) from version 2 when ``shard_id``; ``fp8_scale``: fp8-e4m3's global scale.
 
     Raises PolymemError when a page/block or a shard index would exceed the format's bounds.
     """
     dtype = check_dtype(dtype)
+    fp8_scale = check_fp8_scale(dtype, fp8_scale)
     KS, r, P = layout.rows_per_page, layout.head_dim, layout.pages
-    if dtype == "nf4":
-        page_bytes = KS * nf4.row_bytes(r)
+    if dtype in PACKED:
+        page_bytes = KS * row_bytes(dtype, r)
         if page_bytes <= BLOCK_BYTES:
             ppc, chunk_bytes = BLOCK_BYTES // page_bytes, BLOCK_BYTES
         else:
@@ -156,7 +227,7 @@ def geometry(layout: Layout, dtype: str, chunks_per_shard: int | None = None, *,
     return Geometry(
         dtype=dtype, data_type=_STORED[dtype], shape=shape, chunk_bytes=chunk_bytes, pages_per_chunk=ppc,
         page_bytes=page_bytes, chunks_per_shard=cps, num_shards=num_shards, pages=P,
-        rows_per_page=KS, head_dim=r, crc=version >= 2,
+        rows_per_page=KS, head_dim=r, crc=version >= 2, shard_id=shard_id and version >= 2, fp8_scale=fp8_scale,
     )
 
 
@@ -256,14 +327,13 @@ def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
             f"{where}: field 'attributes' checksum mismatch (stored {str(checksums.get('attributes'))[:12]}…, "
             f"computed {digest[:12]}…): zarr.json attributes were edited or corrupted; restore the asset"
         )
-    from polymem.hash.idhash import IdHashSpec, is_id_hash_dict
-
     spec: Any
     try:
-        spec = IdHashSpec.from_dict(d["hash_spec"]) if is_id_hash_dict(d["hash_spec"]) else HashSpec.from_dict(d["hash_spec"])
+        spec = _parse_spec(d["hash_spec"])
     except PolymemError as e:
         raise FormatError(f"{where}: field 'hash_spec' is invalid: {e}") from None
-    want_tb = {**dict(spec.tokenizer), "vocab_size": spec.vocab_size} if isinstance(spec, IdHashSpec) else None
+    bound = getattr(spec, "tokenizer_bound", False)
+    want_tb = {**dict(spec.tokenizer), "vocab_size": spec.vocab_size} if bound else None
     if d.get("tokenizer_bound") != want_tb:
         raise FormatError(
             f"{where}: field 'tokenizer_bound' is {d.get('tokenizer_bound')!r}, expected {want_tb!r}: a token-id "
@@ -287,7 +357,7 @@ def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
         raise FormatError(f"{where}: field 'storage' must be an object, got {st!r}")
     cps = st.get("chunks_per_shard")
     try:
-        geom = geometry(layout, dtype, cps, version=ver)
+        geom = geometry(layout, dtype, cps, version=ver, shard_id="shard_id" in st, fp8_scale=st.get("fp8_scale"))
     except PolymemError as e:
         raise FormatError(f"{where}: field 'storage' is invalid: {e}") from None
     if dict(st) != geom.storage_dict():
@@ -299,11 +369,12 @@ def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
     prov = d["provenance"]
     if not isinstance(prov, Mapping):
         raise FormatError(f"{where}: field 'provenance' must be an object, got {prov!r}")
-    if isinstance(spec, IdHashSpec):
+    if bound:
         try:
             spec.check_layout(layout)
         except FormatError as e:
             raise FormatError(f"{where}: {e}") from None
+    _check_shard_ids(checksums, geom, where)
     extras = {k: d[k] for k in OPTIONAL_FIELDS if k in d}
     if "row_counts" in extras:
         from polymem.asset._counts import check_counts_field
@@ -315,6 +386,33 @@ def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
         spec=spec, layout=layout, orders=orders, dtype=dtype, geometry=geom, provenance=dict(prov),
         checksums=dict(checksums), extras=extras,
     )
+
+
+def _parse_spec(d: Any) -> Any:
+    """hash_spec -> a HashSpec (byte hash), an IdHashSpec (``--hash xor``) or an EngineTableSpec (an engine's
+    imported table, polymem/engines/table.py)."""
+    from polymem.engines.table import EngineTableSpec, is_table_dict
+    from polymem.hash.idhash import IdHashSpec, is_id_hash_dict
+
+    if is_id_hash_dict(d):
+        return IdHashSpec.from_dict(d)
+    if is_table_dict(d):
+        return EngineTableSpec.from_dict(d)
+    return HashSpec.from_dict(d)
+
+
+def _check_shard_ids(checksums: Mapping[str, Any], geom: Geometry, where: str) -> None:
+    """``checksums.shard_ids`` (§13): present iff ``storage.shard_id``, one 32-hex-digit id per listed shard."""
+    ids = checksums.get("shard_ids")
+    if not geom.shard_id:
+        if ids is not None:
+            raise FormatError(f"{where}: field 'checksums.shard_ids' is set but 'storage.shard_id' is not; the asset was edited")
+        return
+    ok = isinstance(ids, Mapping) and set(ids) == set(checksums["shards"]) and all(
+        isinstance(v, str) and len(v) == 32 and set(v) <= set("0123456789abcdef") for v in ids.values())
+    if not ok:
+        raise FormatError(f"{where}: field 'checksums.shard_ids' must map every shard of 'checksums.shards' to a "
+                          "32-hex-digit shard id; the asset was edited, restore it")
 
 
 def check_array_metadata(meta: Mapping[str, Any], geom: Geometry, where: str) -> None:

@@ -46,13 +46,17 @@ def plan_rows(rows, rpc):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, inline="always")
 def _nf4_row(src, base, pairs, half, out, i):  # pragma: no cover - compiled
-    """out[i] = the NF4 row at src[base:]: r/2 code bytes (low nibble = even column), then a float16 scale."""
+    """out[i] = the NF4 row at src[base:]: r/2 code bytes (low nibble = even column), then a float16 scale.
+    False (out[i] untouched) when the scale is not a finite number >= 0 (NaN fails both comparisons)."""
     h = out.shape[1] // 2
     scale = half[np.int64(src[base + h]) | (np.int64(src[base + h + 1]) << 8)]
+    if not (scale >= 0 and scale <= 65504):
+        return False
     for j in range(h):
         b = src[base + j]
         out[i, 2 * j] = pairs[b, 0] * scale
         out[i, 2 * j + 1] = pairs[b, 1] * scale
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -60,9 +64,11 @@ def nf4_rows(stage, slot, inner, row_bytes, pairs, half, out):  # pragma: no cov
     """NF4 rows out of the stage (uint8 [n, chunk_bytes]): row i = chunk slot[i], row inner[i]; each row is r/2
     code bytes (low nibble = even column) then a float16 scale. out[i] = levels * scale in float32, the
     products of :func:`polymem.asset.nf4.dequantize`. pairs: float32 [256, 2] byte -> levels; half: float32
-    [65536] float16 bits -> value."""
+    [65536] float16 bits -> value. Returns -1, or the first i whose scale is bad (not finite, or < 0)."""
     for i in range(slot.shape[0]):
-        _nf4_row(stage[slot[i]], inner[i] * row_bytes, pairs, half, out, i)
+        if not _nf4_row(stage[slot[i]], inner[i] * row_bytes, pairs, half, out, i):
+            return i
+    return -1
 
 
 # ------------------------------------------------------------------ the page service's chunk index (chunk -> slot)
@@ -155,7 +161,8 @@ def rows_from_cache(rows, rpc, keys, vals, slab, row_bytes, code, pairs, half, o
     chunk found through the index. code: DTYPE_CODES. The same float32 values as the vectorised decoders
     (float16/bfloat16 widened exactly; NF4 levels × the row's float16 scale, as :func:`nf4_rows`). outw: ``out``
     viewed as uint32 (bit copies).
-    Returns -1 if a row's chunk is not in the cache (nothing else is wrong), else 0."""
+    Returns -1 if a row's chunk is not in the cache (nothing else is wrong), -3 at a bad NF4 scale (the caller's
+    general path decodes again and names it), else 0."""
     r = out.shape[1]
     i = 0
     last_c = -1
@@ -175,7 +182,8 @@ def rows_from_cache(rows, rpc, keys, vals, slab, row_bytes, code, pairs, half, o
         base = (row - c * rpc) * row_bytes
         src = slab[s]
         if code == 0:
-            _nf4_row(src, base, pairs, half, out, i)
+            if not _nf4_row(src, base, pairs, half, out, i):
+                return -3
         elif code == 1:
             for j in range(r):
                 out[i, j] = half[np.int64(src[base + 2 * j]) | (np.int64(src[base + 2 * j + 1]) << 8)]

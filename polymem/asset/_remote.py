@@ -106,8 +106,10 @@ def missing_asset_error(url: str, storage_options: dict[str, Any] | None) -> For
 def download(url: str, local: Path, storage_options: dict[str, Any] | None) -> None:
     """Copy a remote asset's objects into the local directory ``local``."""
     fs, root = filesystem(url, storage_options)
+    from polymem.asset import _fs
+
     keys = _objects(fs, root)
-    for k in keys:
-        dest = local / k[len(root) + 1:]
+    dests = [_fs.contained(local, _fs.check_key(k[len(root) + 1:], f"{url}: object"), f"{url}: object") for k in keys]
+    for dest in dests:
         os.makedirs(dest.parent, exist_ok=True)
-    fs.get(keys, [str(local / k[len(root) + 1:]) for k in keys])
+    fs.get(keys, [str(d) for d in dests])

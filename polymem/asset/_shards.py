@@ -3,9 +3,10 @@
 A shard is ``chunks ‖ index ‖ crc32c``: the present chunks back to back — from format v2 each stored chunk is
 ``chunk bytes ‖ crc32c(chunk bytes)`` (zarr's ``crc32c`` codec inside the sharding codec) — then
 ``chunks_per_shard`` little-endian uint64 pairs (offset, nbytes) — ``(2^64-1, 2^64-1)`` for chunks past the
-array's end — then the crc32c of the index. This is byte for byte what zarr-python's ``sharding_indexed``
-codec writes with a ``[bytes, crc32c]`` chain and ``write_empty_chunks=True`` (tests/test_asset_zarr.py
-proves it), but ~an order of magnitude faster.
+array's end — then the crc32c of the index. Apart from the 32-byte shard-id footer between the chunks and
+the index (docs/asset-format.md §13; no index entry points into it), this is byte for byte what zarr-python's
+``sharding_indexed`` codec writes with a ``[bytes, crc32c]`` chain and ``write_empty_chunks=True``
+(tests/test_asset_zarr.py proves it), but ~an order of magnitude faster.
 
 :class:`FastReader` reads chunks with ``pread`` (never a memory map: a shard truncated or rewritten under a
 reader gives a FormatError, not SIGBUS) and checks every chunk's crc32c on every read. Batches go through a
@@ -27,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from polymem.asset import _ckern as _c, _fs
-from polymem.asset._format import CRC_BYTES, Geometry
+from polymem.asset._format import CRC_BYTES, FOOTER_BYTES, SHARD_ID_TAG, Geometry
 from polymem.errors import FormatError
 
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -160,6 +161,15 @@ def shard_index(geom: Geometry, s: int) -> bytes:
     return raw + crc32c(raw).to_bytes(4, "little")
 
 
+def index_of_tail(geom: Geometry, s: int, tail: bytes, ids: Any, where: str) -> bytes:
+    """The index bytes of ``tail`` (the last ``geom.tail_bytes`` of shard s), after checking that its footer holds
+    the shard id ``ids`` (checksums.shard_ids) names for it. One read at open binds the shard to the header."""
+    if not geom.shard_id:
+        return tail
+    check_shard_id(geom, s, tail[:FOOTER_BYTES], ids[geom.shard_key(s)], where)
+    return tail[FOOTER_BYTES:]
+
+
 def check_shard_index(geom: Geometry, s: int, tail: bytes, where: str) -> None:
     """Raise FormatError unless ``tail`` (the last 16·cps+4 bytes of shard s) is exactly the expected index."""
     key = geom.shard_key(s)
@@ -205,14 +215,46 @@ def write_shard(path: Path, geom: Geometry, s: int, data: np.ndarray | None) -> 
     Returns the sha256 of the file. Every write goes through :mod:`polymem.asset._fs` (fault injection).
     """
     body = shard_bytes(geom, s, data)
-    index = shard_index(geom, s)
+    tail = shard_footer(geom, body) + shard_index(geom, s)
     h = hashlib.sha256(body)
-    h.update(index)
+    h.update(tail)
     with _fs.open_write(path) as f:
         _fs.write(f, body)
-        _fs.write(f, index)
+        _fs.write(f, tail)
         _fs.fsync(f)
     return h.hexdigest()
+
+
+def shard_footer(geom: Geometry, body: Any) -> bytes:
+    """The shard-id footer (docs/asset-format.md §13) of a shard whose stored chunks are ``body``; b"" without ids."""
+    if not geom.shard_id:
+        return b""
+    return SHARD_ID_TAG + hashlib.sha256(body).digest()[:16]
+
+
+def read_shard_ids(root: Path, geom: Geometry, keys: Any, suffix: str = "") -> dict[str, str]:
+    """The shard id (hex) in the footer of each shard file ``root/key+suffix`` just written (one small read each)."""
+    out = {}
+    for key in keys:
+        with open(root / (key + suffix), "rb") as f:
+            f.seek(-geom.tail_bytes, os.SEEK_END)
+            out[key] = f.read(FOOTER_BYTES)[len(SHARD_ID_TAG):].hex()
+    return out
+
+
+def check_shard_id(geom: Geometry, s: int, footer: bytes, want: str, where: str) -> None:
+    """Raise FormatError unless ``footer`` (the bytes before shard s's index) names shard id ``want``."""
+    key = geom.shard_key(s)
+    if footer[: len(SHARD_ID_TAG)] != SHARD_ID_TAG:
+        raise FormatError(f"{where}: shard {key!r} has no shard-id footer although the header gives it one (a shard "
+                          "written by another tool, or overwritten); restore the asset")
+    got = footer[len(SHARD_ID_TAG):].hex()
+    if got != want:
+        raise FormatError(
+            f"{where}: shard {key!r} is from another write of the asset (shard id {got[:12]}…, the header names "
+            f"{want[:12]}…): restored from an older backup or copied from another asset, its pages are not the ones "
+            "zarr.json describes; restore this shard together with its zarr.json (or the whole asset)"
+        )
 
 
 def file_sha256(path: Path) -> str:
@@ -266,6 +308,22 @@ def corrupt_chunk(geom: Geometry, s: int, i: int, where: str) -> FormatError:
     )
 
 
+def bad_scale(geom: Geometry, row: int, value: float, where: str) -> FormatError:
+    """The error for table row ``row`` of an nf4 asset whose stored scale ``value`` is not finite and >= 0, or
+    of an fp8 asset whose row decodes to ``value`` (NaN or ±inf)."""
+    page = row // geom.rows_per_page
+    s, _ = geom.shard_of_page(page)
+    if geom.dtype != "nf4":
+        return FormatError(
+            f"{where}: shard {geom.shard_key(s)!r} page {page} (row {row}) decodes to {value!r} ({geom.dtype}: a NaN "
+            "code or a scale no writer makes), so the bytes are bad although their checksums match; restore the asset")
+    return FormatError(
+        f"{where}: shard {geom.shard_key(s)!r} page {page} (row {row}) has nf4 scale {value!r}: a scale is the row's "
+        f"absolute maximum, a finite number >= 0, so the bytes are bad although their checksums match (written by a "
+        "faulty tool, or edited); restore the asset"
+    )
+
+
 # ------------------------------------------------------------------------------------------ reads
 class _ShardFile:
     """A read-only descriptor, closed when the last holder lets go: a reader thread that took it from the
@@ -308,7 +366,7 @@ class FastReader:
         self._files: list[_ShardFile | None] = [None] * geom.num_shards
         self._dtype = np.dtype(geom.data_type).newbyteorder("<")
         self._chunk_shape = geom.chunk_shape[1:]
-        self._page_shape = (1,) + geom.chunk_shape[1:] if geom.dtype != "nf4" else (1, geom.page_bytes)
+        self._page_shape = (1,) + geom.chunk_shape[1:] if not geom.packed else (1, geom.page_bytes)
         self._count = geom.chunk_bytes // self._dtype.itemsize
         self._cps, self._stride, self._cb, self._crc = geom.chunks_per_shard, geom.stride, geom.chunk_bytes, geom.crc
         # memory maps: only where every read is checked (v2); None = not mapped (yet), False = never for this shard
@@ -400,7 +458,7 @@ class FastReader:
     def read_page(self, p: int) -> np.ndarray:
         """One page as stored, [1, K*S, r] (float dtypes) or uint8 [1, page_bytes] (nf4); verified. Lean on purpose."""
         g = self._geom
-        if g.pages_per_chunk == 1 and g.dtype != "nf4":
+        if g.pages_per_chunk == 1 and not g.packed:
             s, i = divmod(p, self._cps)
             return np.ndarray(self._page_shape, self._dtype, bytearray(self._stored(s, i)))
         c, j = divmod(p, g.pages_per_chunk)
@@ -411,7 +469,7 @@ class FastReader:
     def lean_reader(self) -> Any:
         """``read_page`` specialised for this geometry: a closure over locals (the single-page hot path)."""
         g = self._geom
-        if g.pages_per_chunk != 1 or g.dtype == "nf4" or not self._mappable:
+        if g.pages_per_chunk != 1 or g.packed or not self._mappable:
             return self.read_page
         maps, st, cps, stored = self._maps, self._stride, self._cps, self._stored
         crc, res, nd, shape, dt = _crc_bytes, CRC_RESIDUE, np.ndarray, self._page_shape, self._dtype
@@ -527,7 +585,7 @@ class FastReader:
             s, i = divmod(int(rows[bad]) // KS // ppc, cps)
             self._stored(s, i)
             return self._read_rows_by_page(rows)
-        return out if g.dtype == "nf4" else out.view(self._dtype)
+        return out if g.packed else out.view(self._dtype)
 
     def _read_rows_by_page(self, rows: np.ndarray) -> np.ndarray:
         g = self._geom
@@ -536,7 +594,7 @@ class FastReader:
         chunks, inv = np.unique(page // ppc, return_inverse=True)
         buf = np.empty((chunks.shape[0], self._cb), np.uint8)
         self.read_chunks_into(chunks, buf)
-        if g.dtype != "nf4":
+        if not g.packed:
             return buf.view(self._dtype).reshape(chunks.shape[0], KS, g.head_dim)[inv, rows % KS]
         rb = g.page_bytes // KS
         off = (page % ppc) * g.page_bytes + (rows % KS) * rb

@@ -18,7 +18,7 @@ import google_crc32c
 import numpy as np
 
 from polymem.asset._format import Geometry, Header
-from polymem.asset._shards import FastReader
+from polymem.asset._shards import FastReader, index_of_tail
 from polymem.errors import FormatError
 
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -38,7 +38,7 @@ def sparse_index(geom: Geometry, present: np.ndarray) -> bytes:
 def write_sparse_shard(path: Path, geom: Geometry, present: np.ndarray, chunks: np.ndarray) -> str:
     """Write the present chunks (stored dtype, [n_present, ...]; their crc32c is appended for v2) and the sparse
     index; fsync; return sha256."""
-    from polymem.asset._shards import chunk_crcs
+    from polymem.asset._shards import chunk_crcs, shard_footer
 
     k, cb = int(present.sum()), geom.chunk_bytes
     raw = np.ascontiguousarray(chunks).view(np.uint8).reshape(-1)
@@ -50,13 +50,14 @@ def write_sparse_shard(path: Path, geom: Geometry, present: np.ndarray, chunks: 
     if geom.crc:
         out[:, cb:] = chunk_crcs(raw).astype("<u4").view(np.uint8).reshape(k, 4)
     buf = memoryview(out).cast("B")
-    index = sparse_index(geom, present)
+    index = shard_footer(geom, buf) + sparse_index(geom, present)  # (the shard-id footer, then the index)
     h = hashlib.sha256()
-    with open(path, "wb") as f:
-        f.write(buf)
-        f.write(index)
-        f.flush()
-        os.fsync(f.fileno())
+    from polymem.asset import _fs
+
+    with _fs.open_write(path) as f:
+        _fs.write(f, buf)
+        _fs.write(f, index)
+        _fs.fsync(f)
     h.update(buf)
     h.update(index)
     return h.hexdigest()
@@ -80,9 +81,9 @@ def parse_sparse_index(geom: Geometry, s: int, tail: bytes, size: int, where: st
             f"{where}: shard {key!r} index entry {i} is (offset {idx[i, 0]}, nbytes {idx[i, 1]}), expected "
             f"({want[i, 0]}, {want[i, 1]}): stored chunks must be back to back in chunk order; re-create the subset")
     k = int(present.sum())
-    if size != k * geom.stride + 16 * geom.chunks_per_shard + 4:
+    if size != k * geom.stride + geom.tail_bytes:
         raise FormatError(
-            f"{where}: shard {key!r} is {size} bytes, expected {k * geom.stride + 16 * geom.chunks_per_shard + 4} "
+            f"{where}: shard {key!r} is {size} bytes, expected {k * geom.stride + geom.tail_bytes} "
             f"for {k} stored chunks (truncated or overwritten); restore the asset")
     rank = np.full(n, -1, dtype=np.int64)
     rank[np.flatnonzero(present[:n])] = np.arange(k)
@@ -104,10 +105,10 @@ def validate_sparse(raw: Any, header: Header, where: str) -> list[np.ndarray | N
         if not raw.exists(key):
             raise FormatError(f"{where}: shard {key!r} is missing; restore it or re-create the asset")
         size = raw.size(key)
-        tail_n = 16 * geom.chunks_per_shard + 4
-        if size < tail_n:
+        if size < geom.tail_bytes:
             raise FormatError(f"{where}: shard {key!r} is {size} bytes, shorter than its index; restore the asset")
-        ranks.append(parse_sparse_index(geom, s, raw.tail(key, tail_n), size, where))
+        index = index_of_tail(geom, s, raw.tail(key, geom.tail_bytes), header.checksums.get("shard_ids"), where)
+        ranks.append(parse_sparse_index(geom, s, index, size, where))
     return ranks
 
 
@@ -140,18 +141,9 @@ class SparseReader(FastReader):
         c, j = divmod(p, g.pages_per_chunk)
         buf = np.empty((1, self._cb), np.uint8)
         self.read_chunks_into(np.array([c], dtype=np.int64), buf)
-        if g.pages_per_chunk == 1 and g.dtype != "nf4":
+        if g.pages_per_chunk == 1 and not g.packed:
             return buf.view(self._dtype).reshape(self._page_shape)
         return buf[:, j * g.page_bytes : (j + 1) * g.page_bytes].reshape(self._page_shape).copy()
-
-    def present_chunks(self) -> np.ndarray:
-        """bool [num_chunks]: which chunks are stored."""
-        g = self._geom
-        out = np.zeros(g.num_chunks, dtype=bool)
-        for s, rank in enumerate(self._ranks):
-            if rank is not None:
-                out[s * g.chunks_per_shard : s * g.chunks_per_shard + rank.shape[0]] = rank >= 0
-        return out
 
 
 __all__ = ["SparseReader", "parse_sparse_index", "sparse_index", "validate_sparse", "write_sparse_shard"]
@@ -160,13 +152,9 @@ __all__ = ["SparseReader", "parse_sparse_index", "sparse_index", "validate_spars
 def write_sparse_asset(dest: Path, src: Any, chunk_keep: np.ndarray, provenance: dict[str, Any], *,
                        overwrite: bool = False, row_counts: np.ndarray | None = None) -> None:
     """Write a sparse copy of ``src`` (a MemoryAsset) holding the chunks ``chunk_keep`` (bool [num_chunks]); atomic."""
-    import shutil
-    import tempfile
-
-    from polymem.asset import _zarr
+    from polymem.asset import _commit, _fs, _zarr
     from polymem.asset._format import canonical_json, header_body, sha256_hex
-    from polymem.asset._shards import file_sha256
-    from polymem.asset._fs import fsync_dir as _fsync_dir
+    from polymem.asset._shards import file_sha256, read_shard_ids
     from polymem.asset.core import _write_group_json
     from polymem.errors import PolymemError
 
@@ -175,9 +163,10 @@ def write_sparse_asset(dest: Path, src: Any, chunk_keep: np.ndarray, provenance:
     from polymem.asset._format import geometry
 
     g_src = src.geometry
-    g = geometry(src.layout, src.dtype, g_src.chunks_per_shard)  # subsets are written in the current version
+    g = geometry(src.layout, src.dtype, g_src.chunks_per_shard,  # subsets are written in the current version
+                 fp8_scale=g_src.fp8_scale)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    tmp, tmp_fd = _fs.locked_mkdtemp(f".{dest.name}.tmp-", dest.parent)
     try:
         _zarr.create_array_metadata(tmp, g)
         shards: dict[str, str] = {}
@@ -204,19 +193,16 @@ def write_sparse_asset(dest: Path, src: Any, chunk_keep: np.ndarray, provenance:
         body = header_body(h.spec, h.layout, h.orders, h.dtype, g, provenance, extras)
         checksums: dict[str, Any] = {"algorithm": "sha256", "attributes": sha256_hex(canonical_json(body)),
                                      "array_metadata": file_sha256(tmp / "pages" / "zarr.json"), "shards": shards}
+        if g.shard_id:
+            checksums["shard_ids"] = read_shard_ids(tmp, g, shards)
         if count_sums:
             checksums["row_counts"] = count_sums
         _write_group_json(tmp, body, checksums)
         for d in {tmp, tmp / "pages", *((tmp / k).parent for k in shards)}:
-            _fsync_dir(d)
-        old: Path | None = None
-        if dest.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
-            os.replace(dest, old / "asset")
-        os.replace(tmp, dest)
-        _fsync_dir(dest.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            _fs.fsync_dir(d)
+        _commit.install(tmp, dest, overwrite=overwrite, lock_timeout=None)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _fs.rmtree(tmp)
         raise
+    finally:
+        os.close(tmp_fd)

@@ -14,7 +14,7 @@ from typing import Any
 from polymem.asset._format import (
     MAX_JSON_BYTES, WRITING_MARKER, Header, check_array_metadata, parse_header, sha256_hex,
 )
-from polymem.asset._shards import check_shard_index, file_sha256
+from polymem.asset._shards import check_shard_index, file_sha256, index_of_tail
 from polymem.errors import FormatError
 
 
@@ -109,15 +109,10 @@ def validate(raw: Raw, where: str) -> Header:
         raise FormatError(f"{where}: field 'checksums.array_metadata' does not match pages/zarr.json; it was edited")
     check_array_metadata(meta, geom, where)
     if "row_counts" in header.extras:
-        from polymem.asset._counts import COUNTS_ARRAY, chunk_keys
+        from polymem.asset._counts import check_counts_checksums, check_counts_files
 
-        want = {f"{COUNTS_ARRAY}/zarr.json", *chunk_keys(header.extras["row_counts"])}
-        got = header.checksums.get("row_counts")
-        if not isinstance(got, dict) or set(got) != want:
-            raise FormatError(f"{where}: field 'checksums.row_counts' must list exactly {sorted(want)}; the asset was edited")
-        for key in sorted(want):
-            if not raw.exists(key):
-                raise FormatError(f"{where}: row counts file {key!r} is missing; restore the asset")
+        check_counts_checksums(header.extras["row_counts"], header.checksums.get("row_counts"), where)
+        check_counts_files(raw, header.extras["row_counts"], where)
     if header.sparse:
         from polymem.asset._sparse import validate_sparse
 
@@ -135,5 +130,6 @@ def validate(raw: Raw, where: str) -> Header:
             raise FormatError(
                 f"{where}: shard {key!r} is {size} bytes, expected {want} (truncated or overwritten); restore the asset"
             )
-        check_shard_index(geom, s, raw.tail(key, 16 * geom.chunks_per_shard + 4), where)
+        tail = raw.tail(key, geom.tail_bytes)
+        check_shard_index(geom, s, index_of_tail(geom, s, tail, header.checksums.get("shard_ids"), where), where)
     return header

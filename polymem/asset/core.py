@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -20,10 +21,12 @@ import numpy as np
 
 from polymem.asset import _codec, _commit, _fs
 from polymem.asset._format import (
-    ASSET_VERSION, LOCK_FILE, WRITING_MARKER, Geometry, Header, canonical_json, check_dtype, check_orders,
-    check_provenance, geometry, header_body, parse_header, sha256_hex,
+    ASSET_VERSION, LOCK_FILE, Geometry, Header, canonical_json, check_dtype, check_orders,
+    check_provenance, fp8_scale_for, geometry, header_body, parse_header, sha256_hex,
 )
-from polymem.asset._shards import FastReader, file_sha256, read_shard_checked, write_shard
+from polymem.asset._shards import (
+    FastReader, bad_scale, file_sha256, read_shard_checked, read_shard_ids, write_shard,
+)
 from polymem.asset import _remote
 from polymem.asset._validate import Raw as _Raw
 from polymem.asset._validate import validate as _validate
@@ -39,6 +42,34 @@ PageSource = Callable[[int, int], np.ndarray]  # (first page, stop page) -> floa
 
 
 ChunkSource = Callable[[int], np.ndarray]  # shard s -> its stored chunks (any dtype, C-contiguous)
+
+
+def row_ids(rows: Any, num_rows: int) -> np.ndarray:
+    """Table rows (integers, -1 = none) -> int64 array of the same shape. Refuses other dtypes — a float row
+    index would be truncated silently, even a whole one is refused, as page ids are — and rows out of range."""
+    a = np.asarray(rows)
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        first = a.reshape(-1)[0].item()
+        raise PolymemError(f"rows must be integers (-1 = none), got dtype {a.dtype} (first value {first!r}); "
+                           "pass integer row ids, e.g. rows.astype(np.int64) after rounding")
+    if a.size and (int(a.max()) >= num_rows or int(a.min()) < -1):
+        bad = int(a.max()) if int(a.max()) >= num_rows else int(a.min())
+        raise PolymemError(f"row {bad} is out of range; this asset has rows 0..{num_rows - 1} (and -1 = none)")
+    return a.astype(np.int64, copy=False)
+
+
+def _unchanged_since(src: "MemoryAsset | None", dest: Path) -> Callable[[], None] | None:
+    """For a rewrite of ``src`` over itself: a check (run under the writer lock, before the swap) that no other
+    writer committed since ``src`` was opened; their pages would be lost."""
+    if src is None or src._raw.local is None or not dest.exists() or not os.path.samefile(dest, src._raw.local):
+        return None
+
+    def check() -> None:
+        if _validate(_Raw(str(dest)), src.path).checksums != src._header.checksums:
+            raise PolymemError(f"{src.path}: another writer committed pages while this rewrite read the asset; "
+                               "nothing was replaced (their pages would have been lost). Run it again")
+
+    return check
 
 
 def _group_json_bytes(body: dict[str, Any], checksums: dict[str, Any]) -> bytes:
@@ -229,9 +260,11 @@ class MemoryAsset:
         def source(a: int, b: int) -> np.ndarray:
             return np.asarray(table[a * KS : b * KS], dtype=np.float32).reshape(b - a, KS, r)
 
+        amax = float(np.abs(table).max()) if dtype == "fp8-e4m3" and table.size else 0.0
         return cls._write_new(path, spec, layout, source, dtype=dtype, orders=orders, provenance=provenance,
                               overwrite=overwrite, chunks_per_shard=chunks_per_shard, lock_timeout=lock_timeout,
-                              storage_options=storage_options, row_counts=row_counts)
+                              storage_options=storage_options, row_counts=row_counts,
+                              fp8_scale=fp8_scale_for(dtype, amax))
 
     @classmethod
     def _write_remote(cls, url: str, storage_options: Mapping[str, Any] | None, overwrite: bool,
@@ -252,20 +285,23 @@ class MemoryAsset:
         dtype: str, orders: Any, provenance: Mapping[str, Any] | None, overwrite: bool,
         chunks_per_shard: int | None, chunk_source: ChunkSource | None = None, lock_timeout: float | None = None,
         storage_options: Mapping[str, Any] | None = None, format_version: int = ASSET_VERSION,
-        row_counts: Any = None,
+        row_counts: Any = None, fp8_scale: float | None = None, based_on: "MemoryAsset | None" = None,
     ) -> "MemoryAsset":
         location = os.fspath(path)
         if _remote.is_remote(location):
             return cls._write_remote(location, storage_options, overwrite, lambda local: cls._write_new(
                 local, spec, layout, source, dtype=dtype, orders=orders, provenance=provenance, overwrite=False,
                 chunks_per_shard=chunks_per_shard, chunk_source=chunk_source, format_version=format_version,
-                row_counts=row_counts))
+                row_counts=row_counts, fp8_scale=fp8_scale))
         dest = Path(location.removeprefix("file://"))
         from polymem.hash.idhash import IdHashSpec
 
-        if not isinstance(spec, (HashSpec, IdHashSpec)) or not isinstance(layout, Layout):
-            raise PolymemError("spec must be a polymem.HashSpec (or an IdHashSpec) and layout a polymem.Layout")
-        if isinstance(spec, IdHashSpec):
+        from polymem.engines.table import EngineTableSpec
+
+        if not isinstance(spec, (HashSpec, IdHashSpec, EngineTableSpec)) or not isinstance(layout, Layout):
+            raise PolymemError("spec must be a polymem.HashSpec (or an IdHashSpec, EngineTableSpec) and layout a "
+                               "polymem.Layout")
+        if isinstance(spec, (IdHashSpec, EngineTableSpec)):
             spec.check_layout(layout)
         counts = None
         if row_counts is not None:
@@ -275,17 +311,17 @@ class MemoryAsset:
         dtype = check_dtype(dtype)
         orders_t = check_orders(orders)
         prov = check_provenance(provenance)
-        geom = geometry(layout, dtype, chunks_per_shard, version=format_version)  # version 1: tests/benchmarks only
+        geom = geometry(layout, dtype, chunks_per_shard, version=format_version,  # version 1: tests/benchmarks only
+                        fp8_scale=fp8_scale)
         if dest.exists() and not overwrite:
             raise PolymemError(f"{str(dest)!r} already exists; pass overwrite=True (CLI: --overwrite) or pick another path")
         if dest.exists() and not dest.is_dir():
             raise PolymemError(f"{str(dest)!r} is a file, not an asset directory; remove it or pick another path")
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _fs.mkdtemp(f".{dest.name}.tmp-", dest.parent)
+            tmp, tmp_fd = _fs.locked_mkdtemp(f".{dest.name}.tmp-", dest.parent)  # held: repair leaves it alone
         except OSError as e:
             raise PolymemError(f"cannot create {str(dest)!r}: {e.strerror} ({e.filename}); pick a writable directory") from None
-        committed = False
         try:
             from polymem.asset import _zarr
 
@@ -319,45 +355,23 @@ class MemoryAsset:
                 "algorithm": "sha256", "attributes": sha256_hex(canonical_json(body)),
                 "array_metadata": file_sha256(tmp / "pages" / "zarr.json"), "shards": shards,
             }
+            if geom.shard_id:
+                checksums["shard_ids"] = read_shard_ids(tmp, geom, shards)
             if count_sums:
                 checksums["row_counts"] = count_sums
             _write_group_json(tmp, body, checksums)
             for d in [tmp, tmp / "pages", *(tmp / geom.shard_key(s) for s in range(geom.num_shards))]:
                 _fs.fsync_dir(d if d.is_dir() else d.parent)
-            if dest.exists():  # overwrite: hold the old asset's writer lock across the swap
-                with _fs.writer_lock(dest, LOCK_FILE, lock_timeout, str(dest)):
-                    old = _fs.mkdtemp(f".{dest.name}.old-", dest.parent)
-                    _fs.replace(dest, old / "asset")
-                    try:
-                        _fs.replace(tmp, dest)
-                    except BaseException:
-                        try:  # put the old asset back (if this fails too, `verify --repair` does it)
-                            _fs.replace(old / "asset", dest)
-                            _fs.rmtree(old)
-                        except OSError:
-                            pass
-                        raise
-                    committed = True
-                    _fs.fsync_dir(dest.parent)
-                try:
-                    _fs.rmtree(old)
-                except OSError:  # a stale .NAME.old-XXXX: harmless, `verify --repair` removes it
-                    pass
-            else:
-                _fs.replace(tmp, dest)
-                committed = True
-                _fs.fsync_dir(dest.parent)
-        except BaseException as e:
-            if committed:
-                raise PolymemError(
-                    f"{dest}: the asset was written (committed), but finishing failed ({e!r}); `polymem verify "
-                    f"--repair {dest}` removes what is left over"
-                ) from e
+            _commit.install(tmp, dest, overwrite=overwrite, lock_timeout=lock_timeout,
+                            check=_unchanged_since(based_on, dest))
+        except BaseException:
             try:
                 _fs.rmtree(tmp)
             except OSError:  # a stale .NAME.tmp-XXXX: `verify --repair` removes it
                 pass
             raise
+        finally:
+            os.close(tmp_fd)
         return cls.open(dest)
 
     # ---- reads
@@ -371,7 +385,8 @@ class MemoryAsset:
             return np.array(page_ids, dtype=np.int64), (1,)
         ids = np.asarray(page_ids)
         if ids.size and not np.issubdtype(ids.dtype, np.integer):
-            raise PolymemError(f"page ids must be integers, got dtype {ids.dtype}")
+            raise PolymemError(f"page ids must be integers, got dtype {ids.dtype}; pass integer ids, e.g. "
+                               "ids.astype(np.int64) after rounding (floats are refused, never truncated)")
         shape = ids.shape
         ids = ids.astype(np.int64, copy=False).reshape(-1)
         if ids.size:
@@ -382,14 +397,14 @@ class MemoryAsset:
 
     def read_stored(self, page_ids: Any) -> np.ndarray:
         """Pages as stored, not decoded: [..., K*S, r] float32/float16/uint16 (bfloat16 bits), or uint8
-        [..., page_bytes] for nf4 (rows of r/2 code bytes + fp16 scale, docs/asset-format.md §5)."""
+        [..., page_bytes] for the packed dtypes (nf4, fp8: rows of bytes, docs/asset-format.md §5)."""
         if type(page_ids) is list and len(page_ids) == 1 and type(page_ids[0]) is int and self._lean is not None:
             p = page_ids[0]  # the hot single-page path: no numpy id arrays, one slice of the mapped shard
             if 0 <= p < self._pages:
                 return self._lean(p)
         ids, shape = self._check_ids(page_ids)
         g = self.geometry
-        if g.dtype != "nf4":
+        if not g.packed:
             return self._reader.read_chunks(ids).reshape(shape + (g.rows_per_page, g.head_dim))
         ppc = g.pages_per_chunk
         chunks = np.ascontiguousarray(self._reader.read_chunks(ids // ppc))  # [n, chunk_bytes]
@@ -399,11 +414,20 @@ class MemoryAsset:
         """int page ids [n] -> float32 [n, K*S, r], dequantised."""
         g = self.geometry
         stored = self.read_stored(page_ids)
-        if g.dtype == "nf4":
+        if g.packed:
             lead = stored.shape[:-1]
-            rows = stored.reshape(lead + (g.rows_per_page, g.page_bytes // g.rows_per_page))
-            return nf4.dequantize(rows, g.head_dim)
+            rows = stored.reshape(lead + (g.rows_per_page, g.row_bytes))
+            KS = g.rows_per_page
+            return self._unpack(rows, lambda i: int(np.asarray(page_ids).reshape(-1)[i // KS]) * KS + i % KS)
         return _codec.decode_chunks(stored, g)
+
+    def _unpack(self, stored: np.ndarray, row_of: Callable[[int], int]) -> np.ndarray:
+        """Decode stored rows of a packed dtype [..., row_bytes]; a bad scale (nf4) or a non-finite value (fp8)
+        is a FormatError naming its shard, page and row (``row_of``: flat index of a decoded row -> its table row)."""
+        try:
+            return _codec.decode_rows(stored, self.geometry)
+        except nf4.ScaleError as e:
+            raise bad_scale(self.geometry, row_of(e.row), e.value, self.path) from None
 
     def iter_pages(self, batch_pages: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """Yield (first page, float32 pages [n, K*S, r]) over the whole table, one shard at a time."""
@@ -434,25 +458,23 @@ class MemoryAsset:
 
     def read_rows(self, rows: Any) -> np.ndarray:
         """Table rows int [...] (-1 = none) -> float32 [..., r] (zeros for -1), dequantised."""
-        rows = np.asarray(rows, dtype=np.int64)
+        rows = row_ids(rows, self.layout.num_rows)
         flat = rows.reshape(-1)
         g = self.geometry
         KS, r = g.rows_per_page, g.head_dim
-        if flat.size and int(flat.max()) >= self.layout.num_rows:
-            raise PolymemError(f"row {int(flat.max())} is out of range; this asset has rows 0..{self.layout.num_rows - 1}")
         ok = flat >= 0
         all_ok = bool(ok.all())
         sel = flat if all_ok else flat[ok]
         if isinstance(self._reader, FastReader):
-            stored = self._reader.read_rows(sel)  # [n, r] or nf4 [n, r/2+2]
+            stored = self._reader.read_rows(sel)  # [n, r] or packed [n, row_bytes]
         else:  # fallback readers fetch whole pages
             pages, inv = np.unique(sel // KS, return_inverse=True)
             st = self.read_stored(pages)
-            if g.dtype == "nf4":
+            if g.packed:
                 st = st.reshape(pages.shape[0], KS, -1)
             stored = st[inv.reshape(-1), sel % KS]
-        if g.dtype == "nf4":
-            vec = nf4.dequantize(stored, r)
+        if g.packed:
+            vec = self._unpack(stored, lambda i: int(sel[i]))
         else:
             vec = _codec.decode_chunks(stored, g)
         if all_ok:
@@ -537,6 +559,8 @@ class MemoryAsset:
             shard_of = chunk_of // cps
             new_sums: dict[str, str] = {}
             touched = sorted({int(s) for s in shard_of})
+            for s in touched:  # contained: no link on the way to any file this write creates
+                _commit.shard_path(root, g.shard_key(s))
             try:
                 for s in touched:
                     key = g.shard_key(s)
@@ -545,7 +569,7 @@ class MemoryAsset:
                     chunks = chunks.view(np.dtype(g.data_type).newbyteorder("<")).reshape(
                         (chunks.shape[0],) + g.chunk_shape[1:])
                     sel = np.flatnonzero(shard_of == s)
-                    if g.dtype == "nf4":
+                    if g.packed:
                         _codec.page_view(chunks, g)[chunk_of[sel] - c0, ids[sel] % ppc] = stored[sel]
                     else:
                         chunks[chunk_of[sel] - c0] = stored[sel]
@@ -559,6 +583,8 @@ class MemoryAsset:
                 raise
             checksums = dict(header.checksums)
             checksums["shards"] = {**header.checksums["shards"], **new_sums}
+            if g.shard_id:
+                checksums["shard_ids"] = {**header.checksums["shard_ids"], **read_shard_ids(root, g, new_sums, ".new")}
             body = header_body(header.spec, header.layout, header.orders, header.dtype, g, header.provenance,
                                header.extras)
             try:
@@ -607,13 +633,45 @@ class MemoryAsset:
                     f"{self.path}: shard {key!r} checksum mismatch (stored {header.checksums['shards'][key][:12]}…, "
                     f"computed {got[:12]}…): its bytes changed; restore the asset"
                 )
+        if header.geometry.packed and not out:
+            out += self._scale_problems()
         return out
 
+    def _scale_problems(self) -> list[str]:
+        """The first nf4 row scale that is not a finite number >= 0, or fp8 row that decodes to NaN or ±inf
+        (its checksums may still match), one shard at a time."""
+        g = self.geometry
+        for s in range(g.num_shards):
+            c0 = s * g.chunks_per_shard
+            chunks = np.ascontiguousarray(self._reader.read_chunks(np.arange(c0, c0 + g.chunks_in_shard(s))))
+            try:
+                rows = _codec.page_view(chunks, g).reshape(-1, g.row_bytes)
+                if g.dtype == "nf4":
+                    nf4.check_scales(rows, g.head_dim)
+                else:
+                    _codec.decode_rows(rows, g)
+            except nf4.ScaleError as e:
+                return [str(bad_scale(g, c0 * g.pages_per_chunk * g.rows_per_page + e.row, e.value, self.path))]
+        return []
+
     def verify(self) -> None:
-        """Raise FormatError naming the first bad shard or field."""
+        """Raise FormatError naming the first bad shard or field; warn with :meth:`notes` (UserWarning)."""
+        self._verify_sound()
+        for note in self.notes():
+            warnings.warn(note, UserWarning, stacklevel=2)
+
+    def _verify_sound(self) -> None:
         probs = self.problems()
         if probs:
             raise FormatError(probs[0] + (f" (and {len(probs) - 1} more problems)" if len(probs) > 1 else ""))
+
+    def notes(self) -> list[str]:
+        """Weaknesses that are not damage: an asset whose shards carry no shard id (format v1, or v2 written
+        before shard ids, asset-format.md §13), so a shard restored from an older backup passes `open`."""
+        if self.geometry.shard_id:
+            return []
+        return [f"{self.path}: no generation binding (its shards carry no shard id): a shard restored from an "
+                f"older backup is caught only by a full verify; run `polymem upgrade {self.path}` to add it"]
 
     # ---- conversion
     def quantize(self, out: str | os.PathLike[str], *, to: str = "nf4", overwrite: bool = False,
@@ -621,14 +679,15 @@ class MemoryAsset:
                  storage_options: Mapping[str, Any] | None = None) -> tuple["MemoryAsset", QuantError]:
         """Write a copy stored as ``to`` (streamed shard by shard); returns it and the per-row reconstruction error."""
         to = check_dtype(to)
-        self.verify()  # never build on bytes that do not match their checksums
+        self._verify_sound()  # never build on bytes that do not match their checksums
         errs: list[QuantError] = []
-        geom_to = geometry(self.layout, to)
+        amax = max((float(np.abs(p).max()) for _, p in self.iter_pages()), default=0.0) if to == "fp8-e4m3" else 0.0
+        geom_to = geometry(self.layout, to, fp8_scale=fp8_scale_for(to, amax))
 
         def source(a: int, b: int) -> np.ndarray:
             x = self.read_pages(np.arange(a, b))
-            if to == "nf4":
-                xq = nf4.dequantize(nf4.quantize(x), self.layout.head_dim)
+            if geom_to.packed:
+                xq = _codec.decode_rows(_codec.encode_rows(x, geom_to), geom_to)
             else:
                 xq = _codec.decode_chunks(_codec.encode_pages(x, geom_to), geom_to)
             errs.append(reconstruction_error(x, xq))
@@ -640,7 +699,8 @@ class MemoryAsset:
                                        provenance=prov, overwrite=overwrite, chunks_per_shard=None,
                                        lock_timeout=lock_timeout,
                                        storage_options=self._raw.storage_options if storage_options is None
-                                       else storage_options, row_counts=self.row_counts())
+                                       else storage_options, row_counts=self.row_counts(),
+                                       fp8_scale=geom_to.fp8_scale, based_on=self)
         return asset, _merge_errors(errs)
 
     def subset(
@@ -658,14 +718,15 @@ class MemoryAsset:
     # ---- upgrade and repair
     @classmethod
     def upgrade(cls, path: str | os.PathLike[str], *, lock_timeout: float | None = None) -> "MemoryAsset":
-        """Rewrite a format-version-1 asset in place as the current version (same pages, spec, layout,
-        provenance; a crc32c per page). Verifies every shard first; atomic. A current asset is returned as is."""
+        """Rewrite a format-version-1 asset, or a version-2 one without shard ids (§13), in place as the current
+        version (same pages, spec, layout, provenance; a crc32c per page, a shard id per shard). Verifies every
+        shard first; atomic. A current asset is returned as is."""
         old = cls.open(path)
-        if old.version == ASSET_VERSION:
+        if old.version == ASSET_VERSION and old.geometry.shard_id:
             return old
-        old.verify()
+        old._verify_sound()
         g_old = old.geometry
-        g_new = geometry(old.layout, old.dtype, g_old.chunks_per_shard)
+        g_new = geometry(old.layout, old.dtype, g_old.chunks_per_shard, fp8_scale=g_old.fp8_scale)
         assert (g_new.chunks_per_shard, g_new.num_shards) == (g_old.chunks_per_shard, g_old.num_shards)
         root = old._raw.local
         if root is None:
@@ -677,7 +738,8 @@ class MemoryAsset:
 
         out = cls._write_new(root, old.spec, old.layout, None, dtype=old.dtype, orders=old.orders,
                              provenance=old.provenance, overwrite=True, chunks_per_shard=g_old.chunks_per_shard,
-                             chunk_source=chunks, lock_timeout=lock_timeout, row_counts=old.row_counts())
+                             chunk_source=chunks, lock_timeout=lock_timeout, row_counts=old.row_counts(),
+                             based_on=old)
         old.close()
         return out
 

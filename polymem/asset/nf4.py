@@ -9,7 +9,8 @@ code ``2i`` in its low nibble and code ``2i+1`` in its high nibble. Worked examp
     bytes  = 2f a7 00 3c                    0x2f = 15 | 2<<4, 0xa7 = 7 | 10<<4, then 00 3c
 
 The scale is a float16, so rows whose absolute maximum is below float16's smallest subnormal (~6e-8)
-decode to zero, and rows above 65504 are refused. The asset packs these rows into pages and 4 KiB blocks (``docs/asset-format.md`` §5); this module only
+decode to zero, and rows above 65504 are refused. Decoding refuses a scale no encoder makes (NaN, ±inf,
+negative: :class:`ScaleError`), so a corrupt scale never reaches a model as NaN. The asset packs these rows into pages and 4 KiB blocks (``docs/asset-format.md`` §5); this module only
 encodes and decodes rows. Not here: files, zarr, torch.
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from polymem.errors import PolymemError
+from polymem.errors import FormatError, PolymemError
 
 #: QLoRA's 16 NormalFloat levels (quantiles of N(0,1) scaled to [-1, 1], exact zero at code 7).
 NF4_LEVELS = np.array(
@@ -120,8 +121,35 @@ def dequantize(q: np.ndarray, head_dim: int) -> np.ndarray:
     codes = np.empty(q.shape[:-1] + (head_dim,), dtype=np.uint8)
     codes[..., 0::2] = q[..., : head_dim // 2] & 0x0F
     codes[..., 1::2] = q[..., : head_dim // 2] >> 4
-    scale = np.ascontiguousarray(q[..., head_dim // 2 :]).view("<f2")[..., 0].astype(np.float32)  # [...]
-    return NF4_LEVELS[codes] * scale[..., None]
+    bits = np.ascontiguousarray(q[..., head_dim // 2 :]).view("<u2")[..., 0]  # float16 scale bits [...]
+    _check_scales(bits)
+    return NF4_LEVELS[codes] * bits.view("<f2").astype(np.float32)[..., None]
+
+
+def check_scales(q: np.ndarray, head_dim: int) -> None:
+    """Raise :class:`ScaleError` unless every row of uint8 [..., r/2 + 2] has a finite scale >= 0."""
+    _check_scales(np.ascontiguousarray(q[..., head_dim // 2 :]).view("<u2")[..., 0])
+
+
+def _check_scales(bits: np.ndarray) -> None:
+    """float16 bits: one max decides the common case (sign bit or an all-ones exponent set = negative, ±inf or
+    NaN, or -0, which is allowed)."""
+    if bits.size and bits.max() >= 0x7C00:
+        bad = np.flatnonzero((bits >= 0x7C00) & (bits != 0x8000))
+        if bad.size:
+            i = int(bad[0])
+            raise ScaleError(i, float(bits.reshape(-1)[i : i + 1].view("<f2")[0]))
+
+
+class ScaleError(FormatError):
+    """A stored row scale that no writer makes (NaN, ±inf or negative: a scale is a row's absolute maximum).
+
+    ``row`` is the flat index of the row among those decoded; readers re-raise it naming the shard and page."""
+
+    def __init__(self, row: int, value: float) -> None:
+        super().__init__(f"nf4 row {row} has scale {value!r}; a scale is the row's absolute maximum, a finite "
+                         "number >= 0, so the stored bytes are corrupt; restore the asset")
+        self.row, self.value = row, value
 
 
 @dataclass(frozen=True)

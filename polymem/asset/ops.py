@@ -10,19 +10,19 @@
 
 Sources for convert: a polymem asset or table file written by ``polymem train --hash xor`` (or any
 tokenizer-bound asset), or an Engram demo table in the safetensors form of docs/asset-format.md §10
-(:func:`read_engram_table`, :func:`write_engram_table`).
+(:func:`read_engram_table`, :func:`write_engram_table`), or an imported engine table (``polymem import``),
+which :mod:`polymem.engines.convert` re-addresses one layer at a time.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -190,6 +190,17 @@ def open_id_table(src: Any) -> IdTable:
                    source={"kind": "polymem", "path": str(a.path), "provenance": dict(a.provenance)})
 
 
+def convert_source(src: Any) -> tuple[Any, int, int]:
+    """(the opened convert source, its heads per order, its row width): what a target layout must match."""
+    from polymem.engines.convert import as_engine_table
+
+    engine = as_engine_table(src)
+    if engine is not None:
+        return engine, engine.spec.addressing.heads, engine.layout.head_dim
+    idt = open_id_table(src)
+    return idt, idt.spec.heads, idt.table.shape[1]
+
+
 # ------------------------------------------------------------------------------------------- helpers
 def _atomic_file(dest: Path, write: Callable[[Path], Any], overwrite: bool = True) -> Path:
     if dest.exists() and not overwrite:
@@ -255,22 +266,35 @@ class ConvertReport:
 def convert(
     src: Any, tokenizer: Any, corpus: Any, out: str | os.PathLike[str], *, spec: HashSpec | None = None,
     layout: Layout | None = None, dtype: str = "float32", overwrite: bool = False, progress: Progress | None = None,
-) -> ConvertReport:
+    layer: int | None = None,
+) -> Any:
     """Re-address a tokenizer-bound table by bytes (see the module doc). Returns the report; writes ``out`` atomically.
 
     src: a ``--hash xor`` asset / table file, an Engram safetensors file, or an :class:`IdTable`. tokenizer: the
     source's tokenizer (its fingerprint must match the one the source names, when it names one). corpus: paths.
     layout: the target layout (default: page-local, the source's K heads and r, about the source's row count).
+    An imported engine table goes to :func:`polymem.engines.convert.convert_engine` (``layer``: which of its
+    layers; ``tokenizer`` optional for DeepSeek) and returns its ``EngineConvertReport``.
     """
     from polymem.asset.core import MemoryAsset
+    from polymem.engines.convert import as_engine_table, convert_engine
     from polymem.hash.token_hashes import TokenHashes
     from polymem.tokenizers import load_tokenizer
 
+    engine = as_engine_table(src)
+    if engine is not None:
+        return convert_engine(engine, corpus, out, tokenizer=tokenizer, layer=layer, spec=spec, layout=layout,
+                              dtype=dtype, overwrite=overwrite, progress=progress)
+    if layer is not None:
+        raise PolymemError(f"--layer {layer} picks a layer of an engine table (`polymem import`); this source is "
+                           "not one, and has one table: drop --layer")
     say = progress or _noop
     t0 = time.perf_counter()
     dest = _check_out(out, overwrite)
     idt = open_id_table(src)
     s = idt.spec
+    if tokenizer is None:
+        raise PolymemError("converting a tokenizer-bound table needs its tokenizer; fix: pass --tokenizer")
     tok = load_tokenizer(tokenizer)
     want_fp = s.tokenizer.get("fingerprint")
     if want_fp and tok.fingerprint != want_fp:
@@ -569,5 +593,5 @@ def merge(
                        seconds=time.perf_counter() - t0)
 
 
-__all__ = ["ConvertReport", "IdTable", "MERGE_HOWS", "MergeReport", "SubsetReport", "convert", "merge",
-           "open_id_table", "read_engram_table", "subset", "write_engram_table"]
+__all__ = ["ConvertReport", "IdTable", "MERGE_HOWS", "MergeReport", "SubsetReport", "convert", "convert_source",
+           "merge", "open_id_table", "read_engram_table", "subset", "write_engram_table"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -25,7 +26,7 @@ def _choices(name: str, values: tuple[str, ...] | list[str]) -> type[Enum]:
     return Enum(name, [(v, v) for v in values], type=str)  # type: ignore[return-value]
 
 
-AssetDtype = _choices("AssetDtype", ("float32", "float16", "bfloat16", "nf4"))  # = polymem.asset.DTYPES
+AssetDtype = _choices("AssetDtype", ("float32", "float16", "bfloat16", "nf4", "fp8-e4m3-e8m0", "fp8-e4m3"))  # = polymem.asset.DTYPES
 LayoutKind = _choices("LayoutKind", LAYOUT_KINDS)
 Normalizer = _choices("Normalizer", sorted(NORMALIZERS))
 Gate = _choices("Gate", ("scalar", "context"))  # = polymem.torch.site.GATES
@@ -60,13 +61,60 @@ def parse_orders(text: str) -> tuple[int, ...]:
     return check_orders(values)
 
 
+# ------------------------------------------------------------------------------ paths and URLs
+# typer's Path type would turn s3://bucket/t into the local path s3:/bucket/t; path options parse the text
+# themselves: a URL is kept where the library reads or writes URLs, refused where it needs a local path.
+def is_url(value: str) -> bool:
+    """An fsspec URL (s3://…, https://…, memory://…); file://PATH is a local path."""
+    from polymem.sources import is_url as _is_url
+
+    return _is_url(value) and not value.startswith("file://")
+
+
+def local_path(takes: str, *, exists: bool = False, file: bool = False) -> Callable[[str], Path]:
+    """A typer ``parser`` for an option that takes a local path (``takes``: what, e.g. "a local file"): the
+    Path (file://PATH too); a URL is refused, with ``exists`` a path that is not there, with ``file`` a
+    directory."""
+
+    def parse(value: str) -> Path:
+        if is_url(value):
+            raise typer.BadParameter(f"{value!r} is a URL; this takes {takes}: give a local path (or file://PATH)")
+        path = Path(value.removeprefix("file://"))
+        if exists and not path.exists():
+            raise typer.BadParameter(f"{value!r} does not exist; give {takes}")
+        if file and path.is_dir():
+            raise typer.BadParameter(f"{value!r} is a directory; give {takes}")
+        return path
+
+    return parse
+
+
+def corpus_source(value: str) -> str | Path:
+    """A typer ``parser`` for a corpus option: ``sample:NAME`` the shipped corpus NAME, a URL as given (read
+    through fsspec), else a local path that must exist."""
+    if value.startswith("sample:"):
+        return sample_corpus(value)
+    return value if is_url(value) else local_path("corpus files or folders", exists=True)(value)
+
+
+def sample_corpus(value: str) -> str:
+    """A typer ``parser`` for corpus arguments that also take globs and ``-``: ``sample:NAME`` resolved to the
+    shipped file (polymem/samples.py), anything else as given."""
+    from polymem.samples import resolve_sample
+
+    try:
+        return str(resolve_sample(value))
+    except PolymemError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
 # ------------------------------------------------------------------------------ tokenizer and corpus
 Tokenizer = Annotated[str, typer.Option("--tokenizer", "-t", help="Tokenizer spec: a name (cl100k_base, mistral-v1, bytes, …), hf:NAME, or a path to tokenizer.json / .model / .tiktoken.")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="A pretrained model: smollm2-135m, gemma3-270m, a .gguf file, a transformers checkpoint folder, or hf:ORG/NAME (needs polymem[models]). Brings its own tokenizer.")]
-CorpusFiles = Annotated[list[Path], typer.Option("--corpus", "-c", exists=True, help="Corpus files/folders (.txt, .md, .jsonl[.gz]); repeatable.")]
+CorpusFiles = Annotated[list[Path], typer.Option("--corpus", "-c", parser=corpus_source, help="Corpus files/folders (.txt, .md, .jsonl[.gz]), URLs (s3://bucket/shard-*.jsonl.zst) or sample:pydocs (shipped with polymem); repeatable.")]
 MaxN = Annotated[int, typer.Option("--max-n", min=1, max=32, help="n-gram orders 1..N.")]
-JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write the result as JSON here.")]
-PlotOut = Annotated[Optional[Path], typer.Option("--plot", help="Write a plot (PNG) here; needs polymem[plot].")]
+JsonOut = Annotated[Optional[Path], typer.Option("--json", parser=local_path("a local file"), help="Write the result as JSON here.")]
+PlotOut = Annotated[Optional[Path], typer.Option("--plot", parser=local_path("a local file"), help="Write a plot (PNG) here; needs polymem[plot].")]
 NormalizerOpt = Annotated[Normalizer, typer.Option("--normalizer", help="Per-byte normaliser of the hash spec.")]
 
 # ------------------------------------------------------------------------------ table geometry (K, S, r, params)

@@ -26,7 +26,7 @@ def precision_option(precision: str, bf16: bool | None) -> str:
 def say_precision(cfg) -> tuple[str, str]:
     """Print which training precision was chosen and why (one line); returns (precision, reason)."""
     from rich.console import Console
-    from rich.markup import escape
+    from polymem.cli._display import escape
 
     name, why = cfg.precision_choice()
     Console().print(f"precision: [bold]{name}[/] — {escape(why)}", highlight=False, soft_wrap=True)

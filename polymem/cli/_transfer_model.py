@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+
+from polymem.cli._display import escape
 
 console = Console()
 
@@ -105,7 +106,7 @@ def print_result(result: dict[str, Any]) -> None:
                            f"change vs the model alone)"), title_justify="left")
     t.add_column("arm")
     for k in sets:
-        t.add_column(f"{k}{' (in domain)' if k == result['in_domain'] else ''}", justify="right")
+        t.add_column(escape(f"{k}{' (in domain)' if k == result['in_domain'] else ''}"), justify="right")
     for arm, v in result["arms"].items():
         cells = []
         for k in sets:
@@ -122,7 +123,7 @@ def print_result(result: dict[str, Any]) -> None:
         ctl = name.split("_vs_")[1]
         for k, q in p.items():
             m = ", ".join(f"{x:+.4f}" for x in q["margin_bpb"])
-            console.print(f"{ctl} minus donor on {k}, per seed: {m} → donor better on every seed: "
+            console.print(f"{ctl} minus donor on {escape(k)}, per seed: {m} → donor better on every seed: "
                           f"{'yes' if q['donor_better_every_seed'] else 'no'}", highlight=False)
     hit = result.get("donor_rows_hit", {}).get("per_order")
     if hit:

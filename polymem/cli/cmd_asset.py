@@ -5,18 +5,19 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from polymem.cli._display import escape
+from polymem.cli._needs import check_needs
 from polymem.cli._options import (
     StorageOptionsOpt,
     parse_storage_options,
-    AssetDtype, Dtype, HeadDim, Heads, LayoutKind, Normalizer, NormalizerOpt, Orders, Params, Slots, parse_count,
-    parse_orders,
+    AssetDtype, Dtype, HeadDim, Heads, LayoutKind, Normalizer, NormalizerOpt, Orders, Params, Slots, is_url,
+    local_path, parse_count, parse_orders,
 )
 
 console = Console()
@@ -31,7 +32,8 @@ def _human(n: float) -> str:
 
 
 def init(
-    asset: Annotated[Path, typer.Argument(help="Directory to create (a zarr v3 group).")],
+    asset: Annotated[str, typer.Argument(help="Directory to create (a zarr v3 group), or a URL such as "
+                                         "s3://bucket/t.pmem.")],
     params: Params = "200M",
     heads: Heads = 8,
     slots: Slots = 4,
@@ -41,19 +43,24 @@ def init(
     orders: Orders = "1,2,3",
     normalizer: NormalizerOpt = Normalizer("none"),
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing asset at ASSET.")] = False,
+    storage_options: StorageOptionsOpt = None,
 ) -> None:
     """Create an all-zero memory asset sized from a parameter budget."""
+    check_needs("init", locals())
+
     from polymem import HashSpec, Layout, MemoryAsset, __version__
     from polymem._io import check_output_path
 
     layout = Layout.for_params(parse_count(params), heads=heads, slots=slots, head_dim=head_dim, kind=kind.value)
-    check_output_path(asset, directory=True)
+    options = parse_storage_options(storage_options)
+    if not is_url(asset):
+        asset = str(check_output_path(asset.removeprefix("file://"), directory=True))
     prov = {"created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "created_by": f"polymem {__version__}"}
     a = MemoryAsset.create(asset, HashSpec(normalizer=normalizer.value), layout, dtype=dtype.value,
-                           orders=parse_orders(orders), provenance=prov, overwrite=overwrite)
+                           orders=parse_orders(orders), provenance=prov, overwrite=overwrite, storage_options=options)
     g = a.geometry
     console.print(
-        f"created [bold]{escape(str(asset))}[/]: {layout.kind}, P={layout.pages:,} pages × K={layout.heads} × S={layout.slots} "
+        f"created [bold]{escape(asset)}[/]: {layout.kind}, P={layout.pages:,} pages × K={layout.heads} × S={layout.slots} "
         f"rows of r={layout.head_dim} = {layout.params:,} parameters, {a.dtype}, "
         f"{g.num_shards} shard(s), {_human(g.num_chunks * g.chunk_bytes)} of pages", highlight=False,
     )
@@ -89,6 +96,8 @@ def inspect(
     storage_options: StorageOptionsOpt = None,
 ) -> None:
     """Show an asset's hash spec, layout, sizes, provenance and how many pages are non-zero."""
+    check_needs("inspect", locals())
+
     from polymem import MemoryAsset
 
     a = MemoryAsset.open(asset, storage_options=parse_storage_options(storage_options))
@@ -104,7 +113,7 @@ def inspect(
     if nz is not None:
         t.add_row("pages non-zero", f"{nz:,} of {a.layout.pages:,} ({100 * nz / a.layout.pages:.2f}%)")
     prov = a.provenance
-    t.add_row("provenance", escape("\n".join(f"{k}: {json.dumps(v)}" for k, v in prov.items())) or "(none)")
+    t.add_row("provenance", "\n".join(escape(f"{k}: {json.dumps(v)}") for k, v in prov.items()) or "(none)")
     console.print(t)
 
 
@@ -115,6 +124,8 @@ def verify(
 ) -> None:
     """Check every checksum and the storage geometry. Exit 1 naming the bad shard or field (for a URL without an
     asset, the orphan objects of an interrupted write)."""
+    check_needs("verify", locals())
+
     from polymem import MemoryAsset
     from polymem.errors import FormatError
 
@@ -137,25 +148,34 @@ def verify(
     g = a.geometry
     crc = " (and their per-page crc32c)" if a.version >= 2 else f" (format version {a.version}: `polymem upgrade` adds per-page checksums)"
     console.print(f"[green]OK[/] {escape(str(asset))}: attributes, array metadata and {g.num_shards} shard(s) match their sha256{crc}", highlight=False, soft_wrap=True)
+    for note in a.notes():
+        console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
 
 
 def quantize(
     asset: Annotated[str, typer.Argument(help="Source asset.")],
-    output: Annotated[str, typer.Option("--output", "-o", help="Where to write the converted asset (a directory or "
-                                        "a URL such as s3://bucket/t-nf4.pmem).")],
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Where to write the converted asset (a "
+                                                  "directory or a URL such as s3://bucket/t-nf4.pmem); required.")]
+    = None,
     to: Annotated[AssetDtype, typer.Option("--to", help="Target storage type.")] = AssetDtype("nf4"),
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing asset at OUTPUT.")] = False,
     storage_options: StorageOptionsOpt = None,
 ) -> None:
     """Convert an asset to another storage type (nf4: 4-bit codes + fp16 scale per head row); report the error per row."""
+    check_needs("quantize", locals())
+    if output is None:
+        from polymem.errors import PolymemError
+
+        raise PolymemError(f"quantize needs --output/-o, where to write the {to.value} copy: e.g. `polymem quantize "
+                           f"{asset} --to {to.value} -o {Path(asset).stem}-{to.value}.pmem`")
+
     from polymem import MemoryAsset
 
-    from polymem._io import check_output_path
+    from polymem._io import check_outputs_not_inputs
 
     options = parse_storage_options(storage_options)
+    check_outputs_not_inputs({"--output": output}, [("asset", asset)])
     src = MemoryAsset.open(asset, storage_options=options)
-    if "://" not in output or output.startswith("file://"):
-        check_output_path(Path(output.removeprefix("file://")), directory=True)
     out, err = src.quantize(output, to=to.value, overwrite=overwrite, storage_options=options)
     t = Table(title=f"{escape(str(asset))} ({src.dtype}) -> {escape(str(output))} ({out.dtype})", title_justify="left")
     t.add_column("per-row reconstruction error")
@@ -172,9 +192,13 @@ def quantize(
 
 
 def upgrade(
-    asset: Annotated[Path, typer.Argument(help="Local asset directory of an older format version.")],
+    asset: Annotated[Path, typer.Argument(parser=local_path("a local asset directory (upgrade rewrites it in "
+                                                            "place)"), help="Local asset directory of an older format "
+                                                                            "version.")],
 ) -> None:
     """Rewrite an older-format asset in place as the current format (checks every shard first; atomic)."""
+    check_needs("upgrade", locals())
+
     from polymem import MemoryAsset
 
     before = MemoryAsset.open(asset)

@@ -8,28 +8,32 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from polymem.cli._options import Normalizer, NormalizerOpt, Tokenizer
+from polymem.cli._display import escape
+from polymem.cli._needs import check_needs
+from polymem.cli._options import Normalizer, NormalizerOpt, Tokenizer, local_path
 
 console = Console()
 
 
 def build_cache(
     tokenizer: Tokenizer,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the cache (.npz). Default: the user cache dir.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=local_path("a local file"), help="Where to write the cache (.npz). Default: the user cache dir.")] = None,
     max_n: Annotated[int, typer.Option("--max-n", min=1, max=32, help="Highest n-gram order to check on the sample (the cache itself serves any order).")] = 7,
     normalizer: NormalizerOpt = Normalizer("none"),
 ) -> None:
     """Hash every token of a tokenizer: C(t), byte length L(t), base powers. Saves a cache and reports it."""
+    check_needs("build-cache", locals())
+
     from polymem import HashSpec, TokenHashes
     from polymem.hash.token_hashes import default_cache_path
     from polymem.samples import sample_text
     from polymem.tokenizers import check_fidelity, load_tokenizer
 
-    from polymem._io import check_output_path
+    from polymem._io import check_output_path, check_outputs_not_inputs
 
+    check_outputs_not_inputs({"--output": output}, [("tokenizer", tokenizer)])
     t0 = time.perf_counter()
     tok = load_tokenizer(tokenizer)
     load_s = time.perf_counter() - t0
@@ -61,10 +65,12 @@ def build_cache(
 def demo(
     a: Annotated[str, typer.Option("--a", help="First tokenizer.")] = "cl100k_base",
     b: Annotated[str, typer.Option("--b", help="Second tokenizer (another family).")] = "mistral-v1",
-    text: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="Text file (default: the embedded multilingual sample).")] = None,
+    text: Annotated[Optional[Path], typer.Option(parser=local_path("a local text file", exists=True, file=True), help="Text file (default: the embedded multilingual sample).")] = None,
     max_n: Annotated[int, typer.Option("--max-n", min=1, max=32)] = 7,
 ) -> None:
     """Build caches for two tokenizers of different families and show that byte-equivalent n-grams hash alike."""
+    check_needs("demo", locals())
+
     from polymem import HashSpec, TokenHashes
     from polymem.analysis.crosscheck import crosscheck
     from polymem.samples import sample_text

@@ -12,7 +12,10 @@ from typing import Annotated, Any
 
 import typer
 
-from polymem.cli._options import StorageOptionsOpt
+from polymem.cli._needs import check_needs
+from polymem.cli._options import StorageOptionsOpt, local_path, sample_corpus
+
+_local_file = local_path("a local file")
 
 
 class _InvalidUtf8(str, Enum):
@@ -31,18 +34,20 @@ def register(app: typer.Typer) -> None:
 
 def coverage_cmd(
     paths: Annotated[list[str], typer.Argument(
+        parser=sample_corpus,
         help="Text files, directories (recursively: .txt .md .jsonl and .gz of these), .jsonl(.gz) files with a "
-             "text field, or - for stdin. One document per file or per JSONL line.", metavar="PATH")],
+             "text field, - for stdin, or sample:pydocs (shipped). One document per file or per JSONL line.",
+        metavar="PATH")],
     target: Annotated[str, typer.Option("--target", "-t", help="The tokenizer whose n-grams should be served "
                                         "(e.g. mistral-v1, a tokenizer.json, a .model, a .tiktoken).")],
     reference: Annotated[str, typer.Option("--reference", "-r", help="The donor tokenizer whose table would "
                                            "serve them (e.g. cl100k_base).")],
     max_n: Annotated[int, typer.Option("--max-n", help="Measure target (and reference) n-gram orders 1..max-n "
                                        "(1-32; the Tokenizer-Agnostic Engram paper uses 7).")] = 7,
-    json_out: Annotated[str | None, typer.Option("--json", help="Write the report as JSON to this file "
-                                                 "(- for stdout); schema in docs/coverage.md.")] = None,
-    csv_out: Annotated[Path | None, typer.Option("--csv", help="Write one row per target order as CSV.")] = None,
-    plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a stacked-bar PNG like Fig. 2 of the Tokenizer-Agnostic Engram paper.")]
+    json_out: Annotated[Path | None, typer.Option("--json", parser=_local_file, help="Write the report as JSON to "
+                                                  "this file (- for stdout); schema in docs/coverage.md.")] = None,
+    csv_out: Annotated[Path | None, typer.Option("--csv", parser=_local_file, help="Write one row per target order as CSV.")] = None,
+    plot_out: Annotated[Path | None, typer.Option("--plot", parser=_local_file, help="Write a stacked-bar PNG like Fig. 2 of the Tokenizer-Agnostic Engram paper.")]
     = None,
     workers: Annotated[int, typer.Option("--workers", "-j", min=1, help="Count on N threads of this process "
                                          "(the SentencePiece and tiktoken tokenizers and the kernels release the "
@@ -52,6 +57,8 @@ def coverage_cmd(
                                             "start-up; needs polymem[dask]).")] = False,
     dask: Annotated[str | None, typer.Option("--dask", metavar="ADDRESS", help="Count on an existing Dask "
                                              "cluster, e.g. tcp://scheduler:8786.")] = None,
+    dask_timeout: Annotated[float, typer.Option("--dask-timeout", min=0.1, max=3600, metavar="SECONDS",
+                                                help="With --dask: give up connecting after this long.")] = 30.0,
     partition_mb: Annotated[float | None, typer.Option("--partition-mb", help="MB of text per partition (the "
                                                        "unit of work and of memory; default 4 in one process, 2 "
                                                        "with --workers or on Dask).")] = None,
@@ -79,14 +86,17 @@ def coverage_cmd(
     of any order, compared by their bytes; plus the breakdown by reference order, the occurrence-weighted
     corpus-level share, and the same measure under Engram's XOR token-id hash. See docs/coverage.md.
     """
+    check_needs("coverage", locals())
+
     from rich.console import Console
-    from rich.markup import escape
 
-    from polymem.corpus import Corpus
+    from polymem._io import check_outputs_not_inputs
     from polymem.analysis.coverage import check_max_n, coverage
+    from polymem.cli._display import escape
+    from polymem.corpus import Corpus
 
-    from polymem._io import check_output_paths
-
+    check_outputs_not_inputs({"--json": json_out, "--csv": csv_out, "--plot": plot_out},
+                             [("corpus", p) for p in paths] + [("tokenizer", target), ("tokenizer", reference)])
     check_max_n(max_n)
     if dask is not None and workers != 1:
         raise typer.BadParameter(f"--dask {dask} and --workers {workers} both choose where to count; pass one "
@@ -101,16 +111,16 @@ def coverage_cmd(
     from polymem.cli._options import parse_storage_options
 
     options = parse_storage_options(storage_options)
-    check_output_paths(json_out, csv_out, plot_out)
-    out = Console(stderr=json_out == "-")
+    to_stdout = str(json_out) == "-"
+    out = Console(stderr=to_stdout)
     err = Console(stderr=True)
     corpus = Corpus(paths, text_field=text_field, invalid_utf8=invalid_utf8.value,
                     stdin_format=stdin_format.value)
-    with _client(dask) as client, _progress(err, quiet) as update:
+    with _client(dask, dask_timeout) as client, _progress(err, quiet) as update:
         report = coverage(target, reference, corpus, max_n, exact_bytes=exact_bytes, occurrence=occurrence,
                           workers=workers, processes=processes, client=client, partition_mb=partition_mb,
                           scratch=scratch, storage_options=options, progress=update)
-    if json_out == "-":
+    if to_stdout:
         sys.stdout.write(report.to_json() + "\n")
     elif json_out:
         report.to_json(json_out)
@@ -120,28 +130,20 @@ def coverage_cmd(
         report.plot(plot_out)
     if not quiet:
         render(report, out)
-        for what, path in (("JSON", json_out if json_out != "-" else None), ("CSV", csv_out), ("plot", plot_out)):
+        for what, path in (("JSON", None if to_stdout else json_out), ("CSV", csv_out), ("plot", plot_out)):
             if path:
                 out.print(f"[dim]{what} written to {escape(str(path))}[/]", soft_wrap=True)
 
 
 @contextlib.contextmanager
-def _client(address: str | None) -> Iterator[Any]:
-    """A distributed.Client connected to ``address`` (None: no client)."""
+def _client(address: str | None, timeout: float) -> Iterator[Any]:
+    """A distributed.Client connected to ``address`` within ``timeout`` seconds (None: no client)."""
     if address is None:
         yield None
         return
-    from polymem._optional import optional_import
+    from polymem.analysis.coverage.dist import connect
 
-    Client = optional_import("distributed", extra="dask", purpose="--dask").Client
-    try:
-        client = Client(address, timeout=30)
-    except (OSError, TimeoutError, ValueError) as e:
-        from polymem.errors import PolymemError
-
-        raise PolymemError(f"cannot connect to the Dask scheduler at {address!r} ({type(e).__name__}: {e}); "
-                           "check the address (tcp://HOST:8786) and that the scheduler is running") from None
-    with client:
+    with connect(address, timeout=timeout) as client:
         yield client
 
 
@@ -176,8 +178,9 @@ class _progress:
 
 def render(report: Any, console: Any) -> None:
     """The terminal view: headline table, by-reference-order table, fidelity and skipped summary."""
-    from rich.markup import escape
     from rich.table import Table
+
+    from polymem.cli._display import controls, escape
 
     def f(v: float | None) -> str:
         return "–" if v is None else f"{v:.3f}"
@@ -202,8 +205,8 @@ def render(report: Any, console: Any) -> None:
     console.print(b)
     tok = report.tokens
     console.print(
-        f"{report.docs} documents, {report.bytes / 1e6:.2f} MB; tokens: {report.target.name} {tok['target']:,}, "
-        f"{report.reference.name} {tok['reference']:,}; {report.elapsed_s:.1f} s with {report.workers} worker(s)",
+        controls(f"{report.docs} documents, {report.bytes / 1e6:.2f} MB; tokens: {report.target.name} {tok['target']:,}, "
+                 f"{report.reference.name} {tok['reference']:,}; {report.elapsed_s:.1f} s with {report.workers} worker(s)"),
         markup=False,
     )
     for side in ("target", "reference"):
@@ -218,6 +221,6 @@ def render(report: Any, console: Any) -> None:
     if report.skipped:
         console.print(f"[yellow]skipped {len(report.skipped)}:[/]")
         for s in report.skipped[:10]:
-            console.print(f"  {s['source']}: {s['reason']}", highlight=False, markup=False)
+            console.print(f"  {controls(s['source'])}: {controls(s['reason'])}", highlight=False, markup=False)
         if len(report.skipped) > 10:
             console.print(f"  … and {len(report.skipped) - 10} more (all listed in --json)")

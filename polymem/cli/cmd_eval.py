@@ -7,10 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from polymem.cli._options import CorpusFiles, JsonOut, ModelOpt, Threads
+from polymem.cli._display import escape
+from polymem.cli._needs import check_needs
+from polymem.cli._options import CorpusFiles, JsonOut, ModelOpt, Threads, local_path
 
 console = Console()
 
@@ -25,7 +26,7 @@ def progress_bar(con: Console):
 def eval_cmd(
     model: ModelOpt,
     corpus: CorpusFiles,
-    site: Annotated[Optional[Path], typer.Option("--site", exists=True, file_okay=False, help="A site folder (from `polymem train --model` or handle.save): its projection, and the table it names.")] = None,
+    site: Annotated[Optional[Path], typer.Option("--site", parser=local_path("a local site folder", exists=True), help="A site folder (from `polymem train --model` or handle.save): its projection, and the table it names.")] = None,
     table: Annotated[Optional[str], typer.Option("--table", help="The table asset the site was trained with (default: the path the site records).")] = None,
     heldout_every: Annotated[int, typer.Option(min=1, help="Score every k-th document (the held-out split of `polymem train`); 1 scores every document.")] = 1,
     max_docs: Annotated[Optional[int], typer.Option(min=1, help="Score at most this many documents.")] = None,
@@ -37,15 +38,18 @@ def eval_cmd(
 ) -> None:
     """Held-out bits per byte of a pretrained model on a corpus, per document and overall: the model alone and,
     with --site, with its table attached and with that table switched off."""
+    check_needs("eval", locals())
+
     import torch
 
-    from polymem._io import atomic_write_json, check_output_paths
+    from polymem._io import atomic_write_json, check_outputs_not_inputs
     from polymem.errors import PolymemError
     from polymem.models import load_model
     from polymem.models.evaluate import evaluate
     from polymem.torch.train import read_documents
 
-    check_output_paths(json_out)
+    check_outputs_not_inputs({"--json": json_out}, [("model", model), ("site", site), ("asset", table)]
+                             + [("corpus", c) for c in corpus])
     if threads:
         torch.set_num_threads(threads)
     site_header = _site_header(site) if site is not None else None

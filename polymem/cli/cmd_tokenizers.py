@@ -7,8 +7,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+
+from polymem.cli._display import escape
+from polymem.cli._needs import check_needs
+from polymem.cli._options import local_path
 
 console = Console()
 tokenizers_app = typer.Typer(help="Tokenizers polymem can load, and their byte fidelity.", no_args_is_help=False)
@@ -17,6 +20,8 @@ tokenizers_app = typer.Typer(help="Tokenizers polymem can load, and their byte f
 @tokenizers_app.callback(invoke_without_command=True)
 def list_tokenizers(ctx: typer.Context) -> None:
     """List the builtin tokenizer names (paths and hf:NAME are accepted too)."""
+    check_needs("tokenizers", locals())
+
     if ctx.invoked_subcommand is not None:
         return
     from polymem.tokenizers import known_tokenizers
@@ -32,9 +37,11 @@ def list_tokenizers(ctx: typer.Context) -> None:
 @tokenizers_app.command("check")
 def check(
     spec: Annotated[str, typer.Argument(help="Tokenizer spec.")],
-    text: Annotated[Path, typer.Option("--text", exists=True, dir_okay=False, help="UTF-8 text file to tokenize.")],
+    text: Annotated[Path, typer.Option("--text", parser=local_path("a local text file", exists=True, file=True), help="UTF-8 text file to tokenize.")],
 ) -> None:
     """Byte fidelity: do the token bytes concatenate back to the text? Exit 1 if not."""
+    check_needs("tokenizers check", locals())
+
     from polymem.errors import PolymemError
     from polymem.tokenizers import check_fidelity, load_tokenizer
 

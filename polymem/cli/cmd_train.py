@@ -7,14 +7,16 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from polymem._io import atomic_write_json
+from polymem.cli._display import escape
+from polymem.cli._needs import check_needs
 from polymem.cli._options import (
     BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HeadDim, Heads, JsonOut, Lr, MaxEvalTokens, MaxN,
-    NHead, NLayer, Precision, PrecisionOpt, Slots, Steps, TableLrMult, Threads, parse_count, refuse_unused,
+    NHead, NLayer, Precision, PrecisionOpt, Slots, Steps, TableLrMult, Threads, local_path, parse_count,
+    refuse_unused,
 )
 
 console = Console()
@@ -27,10 +29,10 @@ def _progress() -> Progress:
 
 def train(
     corpus: CorpusFiles,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Asset to write (a zarr folder; NAME.safetensors for a single-file table).")],
+    out: Annotated[Path, typer.Option("--out", "-o", parser=local_path("a local asset directory or NAME.safetensors"), help="Asset to write (a zarr folder; NAME.safetensors for a single-file table).")],
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", help="Tokenizer of a small model trained from scratch: a name (cl100k_base, mistral-v1, bytes, …), hf:NAME, or a tokenizer file. Not with --model.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Train the table on this pretrained model instead, its backbone frozen: smollm2-135m, gemma3-270m, a .gguf file, a checkpoint folder or hf:ORG/NAME (needs polymem[models]; its own tokenizer).")] = None,
-    site: Annotated[Optional[Path], typer.Option("--site", help="With --model: where the trained site (projection, gate) goes (default: OUT.site).")] = None,
+    site: Annotated[Optional[Path], typer.Option("--site", parser=local_path("a local folder"), help="With --model: where the trained site (projection, gate) goes (default: OUT.site).")] = None,
     steps: Steps = None,
     batch_size: BatchSize = None,
     block_size: BlockSize = 256,
@@ -64,18 +66,21 @@ def train(
 ) -> None:
     """Train a memory table and write it as an asset with provenance: with a small causal LM trained from
     scratch (--tokenizer), or on a pretrained model whose backbone stays frozen (--model)."""
+    check_needs("train", locals())
+
     import torch
 
     from polymem.errors import PolymemError
     from polymem.cli._precision import precision_option, say_precision
     from polymem.torch.train import MemoryConfig, TrainConfig, train_donor
-    from polymem._io import check_output_path, check_output_paths
+    from polymem._io import check_outputs_not_inputs
 
+    default_site = out.with_name(out.name + ".site") if model is not None and site is None else None
+    check_outputs_not_inputs({"--out": out, "--site": site or default_site, "--json": json_out},
+                             [("corpus", c) for c in corpus] + [("tokenizer", tokenizer), ("model", model)])
     if (tokenizer is None) == (model is None):
         raise PolymemError("pass --tokenizer (a small model trained from scratch) or --model (a pretrained model, "
                            "which brings its own tokenizer), not " + ("both" if model else "neither"))
-    check_output_path(out, directory=out.suffix != ".safetensors")
-    check_output_paths(json_out)
     if threads:
         torch.set_num_threads(threads)
     if model is not None:
@@ -101,7 +106,7 @@ def train(
     layers = layers or "1"
     params = params or "12M"
     if hash_kind not in ("bytes", "xor"):
-        console.print(f"[red]--hash {hash_kind!r} is unknown; accepted: bytes, xor[/]", highlight=False)
+        console.print(f"[red]--hash {escape(repr(hash_kind))} is unknown; accepted: bytes, xor[/]", highlight=False)
         raise typer.Exit(2)
     layer_ids = _layers(layers)
     cfg = TrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
@@ -118,19 +123,39 @@ def train(
         def on_step(i: int, loss: float) -> None:
             prog.update(task, completed=i + 1, info=f"loss {loss:.3f}")
             if not console.is_terminal and ((i + 1) % every == 0 or i + 1 == steps):  # a log line under nohup
-                console.print(f"step {i + 1}/{steps} loss {loss:.3f} ({prog.tasks[0].elapsed or 0:.0f} s)")
+                console.print(f"step {i + 1}/{steps} training loss {loss:.3f} ({prog.tasks[0].elapsed or 0:.0f} s)")
 
         summary = train_donor(tokenizer, corpus, out, cfg=cfg, mem=mem, heldout_every=heldout_every,
                               max_eval_tokens=max_eval_tokens, overwrite=overwrite, on_step=on_step,
-                              on_phase=lambda s: prog.update(task, description=escape(s)), hash=hash_kind)
-    t = Table(title=f"donor table {escape(str(summary['path']))}", show_header=False, title_justify="left")
-    for k in ("tokenizer", "train_tokens_available", "heldout_tokens", "rows", "rows_touched", "final_loss",
-              "heldout_bpb", "heldout_bpb_memory_off", "tokens_per_s", "precision", "elapsed_s"):
-        v = summary[k]
-        t.add_row(k, f"{v:.4f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else escape(str(v)))
-    console.print(t)
+                              on_phase=lambda s: prog.update(task, description=escape(s), info=""), hash=hash_kind)
+    _print_summary(summary, cfg)
     if json_out:
         atomic_write_json(json_out, summary, indent=1)
+    console.print(f"next: does the table help a model with another tokenizer? polymem transfer --asset "
+                  f"{escape(str(summary['path']))} --tokenizer mistral-v1 --corpus ... (docs/transfer.md)",
+                  highlight=False, soft_wrap=True)
+
+
+def _print_summary(summary: dict, cfg) -> None:
+    """The donor's summary, one labelled row per figure (the JSON keeps every key unrounded)."""
+    s, last = summary, min(20, cfg.steps)
+    on, off = s["heldout_bpb"], s["heldout_bpb_memory_off"]
+    t = Table(title=f"donor table {escape(str(s['path']))}", show_header=False, title_justify="left")
+    for k, v in (("tokenizer", escape(s["tokenizer"])),
+                 ("training tokens seen", f"{cfg.steps * cfg.batch_size * cfg.block_size:,} (training split: "
+                                          f"{s['train_tokens_available']:,})"),
+                 ("held-out tokens", f"{s['heldout_tokens']:,}"),
+                 ("table rows touched", f"{s['rows_touched']:,} of {s['rows']:,}"),
+                 (f"training loss, mean of the last {last} steps", f"{s['final_loss']:.3f} nats/token"),
+                 ("held-out bits per byte, with the table", f"{on:.4f}"),
+                 ("held-out bits per byte, table switched off", f"{off:.4f} (same model)"),
+                 ("training speed", f"{s['tokens_per_s']:,.0f} tokens/s ({s['precision']})"),
+                 ("time", f"{s['elapsed_s']:.0f} s")):
+        t.add_row(k, v)
+    console.print(t)
+    verdict = "lowers" if on < off else "does not lower"
+    console.print(f"verdict: the table {verdict} held-out bits per byte: {on - off:+.4f} ({(on - off) / off:+.2%}) "
+                  "against the same model with it switched off", highlight=False)
 
 
 def _layers(text: str) -> tuple[int, ...]:

@@ -7,13 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from polymem.cli._display import escape
+from polymem.cli._needs import check_needs
 from polymem.cli._options import (
     BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, JsonOut, Lr, MaxEvalTokens, NHead, NLayer, PlotOut,
-    PrecisionOpt, Precision, Steps, TableLrMult, Threads, ValueInit, refuse_unused,
+    PrecisionOpt, Precision, Steps, TableLrMult, Threads, ValueInit, corpus_source, local_path, refuse_unused,
 )
 
 console = Console()
@@ -24,14 +25,14 @@ def transfer(
     corpus: CorpusFiles,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", help="Recipient tokenizer spec (another family than the donor's); recipients are small models trained from scratch. Not with --model.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="A pretrained recipient instead (smollm2-135m, gemma3-270m, a .gguf file, a checkpoint folder, hf:ORG/NAME), backbone frozen; arms none, random, null, donor, donor_finetune, in_place. Needs --out-dir.")] = None,
-    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="With --model: one result file per (arm, seed), written as each ends; a re-run skips what is there (resume).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", parser=local_path("a local folder"), help="With --model: one result file per (arm, seed), written as each ends; a re-run skips what is there (resume).")] = None,
     seed_list: Annotated[Optional[str], typer.Option("--seed-list", help="With --model: these seeds (e.g. 0,1) instead of 0..seeds-1; processes sharing an --out-dir may split the seeds.")] = None,
     eval_tokens: Annotated[int, typer.Option(min=64, help="With --model: held-out tokens per scoring set (the first held-out documents).")] = 4096,
     site_lr: Annotated[float, typer.Option(min=0.0, help="With --model: AdamW learning rate of the sites.")] = 1e-3,
     table_lr: Annotated[float, typer.Option(min=0.0, help="With --model: table learning rate (row-wise RMS rule) of the null, donor_finetune and in_place arms.")] = 0.14,
     softmax: Annotated[str, typer.Option(help="With --model: training loss over the ids the corpus uses (corpus) or the whole vocabulary (full); scores are exact.")] = "corpus",
     layers: Annotated[Optional[str], typer.Option(help="With --model: blocks that get the site (default: the donor's).")] = None,
-    eval_corpus: Annotated[Optional[list[Path]], typer.Option("--eval-corpus", exists=True, help="Score the held-out split of these documents instead of --corpus's (default: --corpus); with --model, in addition to it (one scoring set per file).")] = None,
+    eval_corpus: Annotated[Optional[list[Path]], typer.Option("--eval-corpus", parser=corpus_source, help="Score the held-out split of these documents instead of --corpus's (default: --corpus); with --model, in addition to it (one scoring set per file).")] = None,
     domain: Annotated[Optional[str], typer.Option(help="A name for the domain in the JSON (default: the eval corpus file name).")] = None,
     arms: Annotated[Optional[str], typer.Option(help="Comma-separated arms: none, random, donor (adds donor_memory_off), donor_finetune, scratch (default: all). With --model: none, random, null, donor, donor_finetune, in_place (default: all).")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Number of seeds (0..seeds-1); each seed fixes init and data order for all arms.")] = 3,
@@ -51,7 +52,7 @@ def transfer(
     max_eval_tokens: MaxEvalTokens = None,
     precision: PrecisionOpt = Precision("auto"),
     bf16: Bf16 = None,
-    jobs: Annotated[int, typer.Option(min=1, help="Worker processes taking (seed, arm) runs seed by seed; 2 suits a 2-core CPU with --threads 1. With --json, NAME.partial.json holds the seeds complete so far.")] = 1,
+    jobs: Annotated[int, typer.Option(min=1, help="Worker processes taking (seed, arm) runs seed by seed (with one seed, its arms side by side); 2 suits a 2-core CPU with --threads 1. With --json, NAME.partial.json holds the seeds complete so far.")] = 1,
     threads: Threads = None,
     device: Device = "auto",
     json_out: JsonOut = None,
@@ -60,6 +61,8 @@ def transfer(
     """Train recipients in arms (no memory / frozen random table / frozen donor table / donor table fine-tuned /
     table from scratch) with identical backbone init, data order and steps per seed; report held-out bits per byte
     per arm and seed, learning curves, the compute a donor saves and paired per-seed comparisons."""
+    check_needs("transfer", locals())
+
     import numpy as np
     import torch
 
@@ -67,7 +70,11 @@ def transfer(
     from polymem.torch.train import TrainConfig
     from polymem.errors import PolymemError
     from polymem.torch.transfer import _check_arms, plot_curves, plot_transfer, run_transfer, write_json
+    from polymem._io import check_outputs_not_inputs
 
+    check_outputs_not_inputs({"--json": json_out, "--plot": plot, "--out-dir": out_dir},
+                             [("asset", asset), ("tokenizer", tokenizer), ("model", model)]
+                             + [("corpus", c) for c in [*corpus, *(eval_corpus or [])]])
     if (tokenizer is None) == (model is None):
         raise PolymemError("pass --tokenizer (recipients trained from scratch) or --model (a pretrained recipient, "
                            "which brings its own tokenizer), not " + ("both" if model else "neither"))
@@ -94,9 +101,6 @@ def transfer(
     arm_list = _check_arms((arms or "none,random,donor,donor_finetune,scratch").split(",") + (["scratch"] if scratch else []))
     if scratch:
         console.print("warning: --scratch is deprecated; scratch is in --arms by default", style="yellow")
-    from polymem._io import check_output_paths
-
-    check_output_paths(json_out, plot)
     if threads:
         torch.set_num_threads(threads)
     cfg = TrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
@@ -139,30 +143,9 @@ def transfer(
     for arm, v in result["arms"].items():
         t.add_row(arm, *[f"{x:.4f}" for x in v["bpb"]], f"{np.mean(v['bpb']):.4f}")
     console.print(t)
-    an = result["analysis"]
-    for pair, p in an["paired_final"].items():
-        std = "n/a" if p["std"] is None else f"{p['std']:.4f}"
-        console.print(f"paired {pair}: mean {p['mean']:+.4f} (std {std}, "
-                      f"min {p['min']:+.4f}, max {p['max']:+.4f}; first arm better on {p['a_better']}/{p['n']} seeds)", highlight=False)
-    for arm, cs in an["compute_saved"].items():
-        last = cs["seed_mean_curves"][-1]
-        frac = (f"{last['extra_fraction']:+.0%}" if last["extra_fraction"] is not None
-                else f">= {last['extra_fraction_at_least']:+.0%} (scratch never got there)")
-        console.print(f"scratch needs {frac} tokens to match {arm} at {last['budget']:,.0f} tokens", highlight=False)
-    xo = an.get("crossover_scratch_over_donor")
-    if xo:
-        console.print(f"scratch overtakes the frozen donor at: {xo['seed_mean_curves'] or 'not within the run'} tokens "
-                      f"(per seed {xo['per_seed']})", highlight=False)
-    if "target_met" in result:
-        m = result["margins"]
-        console.print(f"random − donor: {', '.join(f'{x:+.4f}' for x in m['random_minus_donor'])}   "
-                      f"none − donor: {', '.join(f'{x:+.4f}' for x in m['none_minus_donor'])}")
-    for k, v in an["targets"].items():
-        console.print(f"target {k}: {v}", highlight=False)
-    cov = result["coverage"].get("trained_hashes")
-    if cov:
-        console.print("coverage of recipient held-out n-grams by donor-trained hashes: "
-                      + ", ".join(f"n={n} {v:.0%}" for n, v in cov["per_n"].items()))
+    from polymem.cli._transfer_report import print_analysis
+
+    print_analysis(result, console)
     if json_out:
         console.print(f"wrote {escape(str(write_json(result, json_out)))}", soft_wrap=True)
         if partial is not None and partial.exists():

@@ -14,18 +14,20 @@ import json
 import os
 import time
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.lib import format as npformat
 
 from polymem.hash import _numba as _kernels
 from polymem.errors import FormatError, PolymemError, SpecMismatchError
 from polymem.hash.spec import HashSpec, check_max_n
 from polymem.hash.layout import Layout
 from polymem.hash.ngram import ngram_hashes_numpy
-from polymem.tokenizers.base import pack_token_bytes
+from polymem.tokenizers.base import MAX_VOCAB_SIZE, pack_token_bytes
 
 CACHE_FORMAT = "polymem.token-cache"
 SUPPORTED_CACHE_VERSIONS = (1,)
@@ -174,7 +176,7 @@ class TokenHashes:
 
         header = np.frombuffer(json.dumps(self.header(), sort_keys=True).encode(), dtype=np.uint8)
         with atomic_path(path, fsync=True) as tmp:
-            with open(tmp, "xb") as f:
+            with open(tmp, "wb") as f:
                 np.savez(
                     f, allow_pickle=False, header=header, C=self.C, L=self.L, P=self.P, special=self.special,
                     powers=self.powers,
@@ -185,66 +187,168 @@ class TokenHashes:
     def load(
         cls, path: str | os.PathLike[str], *, tokenizer: Any = None, spec: HashSpec | None = None
     ) -> "TokenHashes":
-        """Load a saved cache; refuse it (naming both sides) if ``tokenizer``'s fingerprint or ``spec`` differ."""
+        """Load a saved cache; refuse it (naming both sides) if ``tokenizer``'s fingerprint or ``spec`` differ.
+
+        Nothing is sized by the file before it is checked: each array's dtype and shape are read from its .npy
+        header inside the zip (at most MAX_VOCAB_SIZE entries) before any data is decompressed, and the spec and
+        tokenizer are compared before the arrays are read. Then the values that follow from others are checked
+        (P = base^L, zero hashes and lengths for special ids); with ``tokenizer``, every hash is recomputed from
+        its token bytes and compared (~20 ms for a 100k vocabulary), so an altered cache is refused.
+        """
         path = Path(path)
         if not path.is_file():
             raise PolymemError(f"token cache {str(path)!r} does not exist; build it with `polymem build-cache`")
+        where = f"token cache {str(path)!r}"
+        tok = None
         try:
-            with np.load(path, allow_pickle=False) as z:
-                missing = [k for k in _ARRAYS if k not in z.files]
-                if missing:
-                    raise FormatError(f"token cache {str(path)!r} lacks array {missing[0]!r}; rebuild it")
-                arrays = {k: z[k] for k in _ARRAYS}
-        except FormatError:
+            with zipfile.ZipFile(path) as zf:
+                sizes = {k: _member_size(zf, k, where) for k in _ARRAYS}
+                header = _parse_header(_read_member(zf, "header"), where)
+                stored_spec = _check_header(header, sizes, where)
+                if spec is not None and spec != stored_spec:
+                    raise SpecMismatchError(
+                        f"{where} was built with hash spec {stored_spec.spec_id} ({stored_spec!r}) but "
+                        f"spec {spec.spec_id} ({spec!r}) was requested; rebuild the cache with that spec"
+                    )
+                if tokenizer is not None:
+                    tok = _same_tokenizer(tokenizer, header["tokenizer"], where)
+                arrays = {k: _read_member(zf, k) for k in _ARRAYS[1:]}
+        except PolymemError:
             raise
-        except Exception as e:  # zipfile.BadZipFile, ValueError, OSError
-            raise FormatError(f"token cache {str(path)!r} is not a readable .npz ({e}); rebuild it") from None
-        try:
-            header = json.loads(arrays["header"].tobytes().decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise FormatError(f"token cache {str(path)!r} has a corrupt header ({e}); rebuild it") from None
-        if header.get("format") != CACHE_FORMAT or header.get("version") not in SUPPORTED_CACHE_VERSIONS:
-            raise FormatError(
-                f"{str(path)!r} is format {header.get('format')!r} version {header.get('version')!r}; this polymem "
-                f"reads {CACHE_FORMAT!r} versions {list(SUPPORTED_CACHE_VERSIONS)}"
-            )
-        stored_spec = HashSpec.from_dict(header["spec"])
-        V = int(header["vocab_size"])
-        for k in ("C", "L", "P", "special"):
-            if arrays[k].shape != (V,):
-                raise FormatError(f"token cache {str(path)!r}: array {k} has shape {arrays[k].shape}, expected ({V},)")
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:  # numpy raises ValueError for a bad .npy
+            raise FormatError(f"{where} is not a readable .npz ({e}); rebuild it") from None
         cache = cls(
-            spec=stored_spec, tokenizer_name=header["tokenizer"]["name"],
-            fingerprint=header["tokenizer"]["fingerprint"], C=arrays["C"].astype(np.uint64, copy=False),
+            spec=stored_spec, tokenizer_name=str(header["tokenizer"]["name"]),
+            fingerprint=str(header["tokenizer"]["fingerprint"]), C=arrays["C"].astype(np.uint64, copy=False),
             L=arrays["L"].astype(np.int32, copy=False), P=arrays["P"].astype(np.uint64, copy=False),
             special=arrays["special"].astype(bool, copy=False), powers=arrays["powers"].astype(np.uint64, copy=False),
             lossy=bool(header.get("lossy", False)), dummy_prefix=bool(header.get("dummy_prefix", False)),
         )
-        if spec is not None and spec != stored_spec:
-            raise SpecMismatchError(
-                f"token cache {str(path)!r} was built with hash spec {stored_spec.spec_id} ({stored_spec!r}) but "
-                f"spec {spec.spec_id} ({spec!r}) was requested; rebuild the cache with that spec"
-            )
-        if tokenizer is not None:
-            from polymem.tokenizers import load_tokenizer
-
-            tok = load_tokenizer(tokenizer)
-            if tok.fingerprint != cache.fingerprint:
-                raise SpecMismatchError(
-                    f"token cache {str(path)!r} was built for tokenizer {cache.tokenizer_name!r} (fingerprint "
-                    f"{cache.fingerprint[:16]}…) but tokenizer {tok.name!r} has fingerprint {tok.fingerprint[:16]}…; "
-                    "rebuild the cache for this tokenizer"
-                )
+        _check_derived(cache, where)
+        if tok is not None:
+            _check_against(cache, tok, where)
         return cache
+
+
+# dtype of every array of a cache file; shapes: [V] for C, L, P, special; [max L + 1] for powers
+_DTYPES = {"header": np.uint8, "C": np.uint64, "L": np.int32, "P": np.uint64, "special": np.bool_,
+           "powers": np.uint64}
+_MAX_HEADER_BYTES = 1 << 16  # the JSON header is ~400 bytes
+
+
+def _member_size(zf: zipfile.ZipFile, key: str, where: str) -> int:
+    """The length of 1-D array ``key``, from the .npy header of its zip member (no data decompressed);
+    FormatError for a missing member, another dtype or shape, or a length over the bound."""
+    try:
+        info = zf.getinfo(f"{key}.npy")
+    except KeyError:
+        raise FormatError(f"{where} lacks array {key!r}; rebuild it") from None
+    with zf.open(info) as f:
+        version = npformat.read_magic(f)
+        read = {(1, 0): npformat.read_array_header_1_0, (2, 0): npformat.read_array_header_2_0}.get(version)
+        if read is None:
+            raise FormatError(f"{where}: array {key!r} is .npy format {version}; expected 1.0 or 2.0. Rebuild it")
+        shape, _, dtype = read(f)
+    want = np.dtype(_DTYPES[key])
+    bound = _MAX_HEADER_BYTES if key == "header" else MAX_VOCAB_SIZE
+    if (dtype.kind, dtype.itemsize) != (want.kind, want.itemsize) or len(shape) != 1 or shape[0] > bound:
+        raise FormatError(
+            f"{where}: array {key!r} is {dtype} of shape {shape}; expected a 1-D {want} array of at most "
+            f"{bound:,} entries. The file is damaged or was not written by polymem; rebuild it")
+    return int(shape[0])
+
+
+def _read_member(zf: zipfile.ZipFile, key: str) -> np.ndarray:
+    with zf.open(f"{key}.npy") as f:
+        return npformat.read_array(f, allow_pickle=False)
+
+
+def _parse_header(raw: np.ndarray, where: str) -> dict[str, Any]:
+    try:
+        header = json.loads(raw.tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FormatError(f"{where} has a corrupt header ({e}); rebuild it") from None
+    if not isinstance(header, dict):
+        raise FormatError(f"{where} has a header that is not a JSON object; rebuild it")
+    if header.get("format") != CACHE_FORMAT or header.get("version") not in SUPPORTED_CACHE_VERSIONS:
+        raise FormatError(
+            f"{where} is format {header.get('format')!r} version {header.get('version')!r}; "
+            f"this polymem reads {CACHE_FORMAT!r} versions {list(SUPPORTED_CACHE_VERSIONS)}"
+        )
+    return header
+
+
+def _check_header(header: dict[str, Any], sizes: dict[str, int], where: str) -> HashSpec:
+    """The stored spec; the header's other fields checked, vocab_size against the arrays' lengths."""
+    tok = header.get("tokenizer")
+    if not isinstance(tok, dict) or not all(isinstance(tok.get(k), str) for k in ("name", "fingerprint")):
+        raise FormatError(f"{where} has a header without the tokenizer's name and fingerprint; rebuild it")
+    try:
+        spec = HashSpec.from_dict(header["spec"])
+        V = int(header["vocab_size"])
+    except FormatError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
+        raise FormatError(f"{where} has a header without a valid {e} field; rebuild it") from None
+    for k in ("C", "L", "P", "special"):
+        if sizes[k] != V:
+            raise FormatError(f"{where}: array {k} has shape ({sizes[k]},), expected ({V},)")
+    return spec
+
+
+def _same_tokenizer(tokenizer: Any, stored: dict[str, Any], where: str) -> Any:
+    from polymem.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    if tok.fingerprint != stored["fingerprint"]:
+        raise SpecMismatchError(
+            f"{where} was built for tokenizer {stored['name']!r} (fingerprint {stored['fingerprint'][:16]}…) but "
+            f"tokenizer {tok.name!r} has fingerprint {tok.fingerprint[:16]}…; rebuild the cache for this tokenizer"
+        )
+    return tok
+
+
+def _check_derived(cache: TokenHashes, where: str) -> None:
+    """The values that follow from others: powers = base^0..base^max L, P = powers[L], special ids all zero."""
+    L, powers = cache.L, cache.powers
+    max_len = int(L.max()) if L.size else 0
+    base = np.uint64(cache.spec.base)
+    if L.size and int(L.min()) < 0:
+        bad = "L holds a negative length"
+    elif powers.shape != (max_len + 1,) or powers[0] != 1 or not np.array_equal(powers[1:], powers[:-1] * base):
+        bad = f"powers is not base^0..base^{max_len} (the longest token)"
+    elif not np.array_equal(cache.P, powers[L]):
+        bad = "P is not base^L"
+    elif cache.C[cache.special].any() or L[cache.special].any():
+        bad = "special ids have a non-zero hash or length"
+    else:
+        return
+    raise FormatError(f"{where}: {bad}; its values were changed after it was built. Rebuild it")
+
+
+def _check_against(cache: TokenHashes, tok: Any, where: str) -> None:
+    """Every hash, length and special flag as ``tok``'s token bytes give them under the cache's spec."""
+    fresh = TokenHashes.from_token_bytes(tok.all_token_bytes(), cache.spec, name=tok.name, fingerprint="")
+    for k in ("special", "L", "C"):
+        diff = np.flatnonzero(getattr(fresh, k) != getattr(cache, k))
+        if diff.size:
+            raise FormatError(
+                f"{where}: {diff.size:,} of its {cache.vocab_size:,} values of {k} differ from those of tokenizer "
+                f"{tok.name!r} under the cache's spec (first at id {int(diff[0])}); the file was changed after it "
+                "was built. Rebuild it (polymem build-cache)")
 
 
 def default_cache_path(tokenizer_name: str, fingerprint: str, spec: HashSpec) -> Path:
     """``<user cache dir>/polymem/token-caches/<name>-<fingerprint[:12]>-<spec_id>.npz``."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in tokenizer_name)[:64]
+    return cache_root() / "token-caches" / f"{safe}-{fingerprint[:12]}-{spec.spec_id}.npz"
+
+
+def cache_root() -> Path:
+    """polymem's cache directory: ``$POLYMEM_CACHE_DIR``, else the user cache dir (``~/.cache/polymem``)."""
     import platformdirs
 
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in tokenizer_name)[:64]
-    root = Path(os.environ.get("POLYMEM_CACHE_DIR") or platformdirs.user_cache_dir("polymem"))
-    return root / "token-caches" / f"{safe}-{fingerprint[:12]}-{spec.spec_id}.npz"
+    return Path(os.environ.get("POLYMEM_CACHE_DIR") or platformdirs.user_cache_dir("polymem"))
 
 
 def _powers(base: int, max_len: int) -> np.ndarray:

@@ -58,6 +58,7 @@ def _gemma3_file(root: Path) -> Path:
 
     ensure_parent(target)
     with atomic_path(target) as tmp:  # a killed assembly never leaves a torn .gguf under the final name
+        tmp.unlink()  # the package creates the file itself
         pkg.assemble(str(tmp))
     return target
 

@@ -34,6 +34,9 @@ from polymem.errors import TokenizerError
 FINGERPRINT_VERSION = 1
 _FINGERPRINT_MAGIC = b"polymem-tokenizer-fingerprint/v1\x00"
 FAMILIES = ("tiktoken", "hf", "sentencepiece", "bytes")
+# Largest vocabulary a tokenizer file may declare: 64x the largest real one (Gemma's 262,144). Tables are sized
+# by it ([None] * vocab_size, the token-hash cache's arrays), so a few bytes in a file must not ask for more.
+MAX_VOCAB_SIZE = 1 << 24
 
 
 @contextlib.contextmanager

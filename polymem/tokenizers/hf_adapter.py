@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from polymem.errors import TokenizerError
-from polymem.tokenizers.base import Tokenizer, check_text, rust_panics_as_errors
+from polymem.tokenizers.base import MAX_VOCAB_SIZE, Tokenizer, check_text, rust_panics_as_errors
 
 _SPACE_MARK = "\u2581"  # "▁"
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -76,7 +76,8 @@ def _components(node: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
 class HFTokenizer(Tokenizer):
     """A `tokenizers.Tokenizer` behind the Tokenizer interface."""
 
-    def __init__(self, backend: Any, *, name: str, config: dict[str, Any] | None = None) -> None:
+    def __init__(self, backend: Any, *, name: str, config: dict[str, Any] | None = None,
+                 source: str | None = None) -> None:
         self._tok = backend
         # Special-token strings in the text are tokenized as text (like tiktoken's encode_ordinary).
         if hasattr(backend, "encode_special_tokens"):
@@ -106,7 +107,7 @@ class HFTokenizer(Tokenizer):
         super().__init__(
             name=name,
             family="hf",
-            vocab_size=self._vocab_size(model, self._added),
+            vocab_size=self._vocab_size(model, self._added, source or f"tokenizer {name!r}"),
             dummy_prefix=dummy or self.model_type == "WordPiece",
             lossy=lossy,
         )
@@ -130,21 +131,18 @@ class HFTokenizer(Tokenizer):
         return "plain"
 
     @staticmethod
-    def _vocab_size(model: dict[str, Any], added: list[dict[str, Any]]) -> int:
+    def _vocab_size(model: dict[str, Any], added: list[dict[str, Any]], source: str) -> int:
         vocab = model.get("vocab")
-        top = -1
-        if isinstance(vocab, dict) and vocab:
-            top = max(int(i) for i in vocab.values())
-        elif isinstance(vocab, list):
-            top = len(vocab) - 1
-        for a in added:
-            top = max(top, int(a.get("id", -1)))
-        if top < 0:
+        ids = {int(i) for i in vocab.values()} if isinstance(vocab, dict) else set(range(len(vocab or ())))
+        ids.update(int(a.get("id", -1)) for a in added)
+        ids.discard(-1)
+        if not ids:
             raise TokenizerError(
                 f"tokenizer.json model of type {model.get('type')!r} has an empty vocabulary; "
                 "expected a trained tokenizer (model.vocab non-empty)"
             )
-        return top + 1
+        _check_id_bound(max(ids), len(ids), source)
+        return max(ids) + 1
 
     @property
     def backend(self) -> Any:
@@ -199,6 +197,18 @@ class HFTokenizer(Tokenizer):
         return table
 
 
+def _check_id_bound(top: int, count: int, source: str) -> None:
+    """Refuse a largest id that would size a table far beyond the file's tokens (tables hold one entry per id):
+    above MAX_VOCAB_SIZE - 1, or past twice the number of tokens + 1024 (real files number ids 0..N-1)."""
+    limit = min(MAX_VOCAB_SIZE, 2 * count + 1024) - 1
+    if top > limit:
+        raise TokenizerError(
+            f"{source} declares token id {top:,} but has {count:,} distinct ids; ids must lie in 0..{limit:,} (at most "
+            f"{MAX_VOCAB_SIZE - 1:,}, and at most twice the number of tokens + 1024), since polymem sizes tables by "
+            "the largest id. Fix: pass the complete, unedited tokenizer.json"
+        )
+
+
 def _metaspace_bytes(token: str, byte_fallback: bool) -> bytes:
     if byte_fallback:
         m = _BYTE_PIECE.match(token)
@@ -237,4 +247,4 @@ def hf_tokenizer_from_json_text(text: str, *, name: str, source: str) -> HFToken
             f"tokenizers.Tokenizer.save / save_pretrained): {type(exc).__name__}: {str(exc)[:200]}. "
             "Fix: pass the model's tokenizer.json (not tokenizer_config.json or vocab.json)"
         ) from exc
-    return HFTokenizer(backend, name=name, config=cfg)
+    return HFTokenizer(backend, name=name, config=cfg, source=source)

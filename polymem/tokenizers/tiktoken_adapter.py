@@ -223,10 +223,25 @@ _NOTED: set[str] = set()
 
 
 def _note_once(line: str) -> None:
-    """One line on stderr, once per process (the fallback happens on every command when offline)."""
-    if line not in _NOTED:
-        _NOTED.add(line)
-        print(line, file=sys.stderr)
+    """One line on stderr, once per cache directory (the fallback happens on every command when offline, and
+    saying so every time is noise): remembered under ``<cache dir>/notes/``, and once per process where that
+    cannot be written."""
+    import hashlib
+
+    from polymem.hash.token_hashes import cache_root
+
+    if line in _NOTED:
+        return
+    _NOTED.add(line)
+    mark = cache_root() / "notes" / hashlib.sha256(line.encode()).hexdigest()[:16]
+    if mark.exists():
+        return
+    print(line, file=sys.stderr)
+    try:
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.write_text(line + "\n")
+    except OSError:
+        pass
 
 
 def load_tiktoken_name(name: str) -> Tokenizer:

@@ -11,7 +11,8 @@
    device (CUDA: a pinned host staging buffer and a non-blocking copy on a side stream) and decoded there,
    vectorised — float16/bfloat16 rows are widened, NF4 codes are looked up and scaled (the same float32
    products as :func:`polymem.asset.nf4.dequantize`, so results are bit-identical to the in-memory table
-   made from the same asset).
+   made from the same asset). FP8 rows (fp8-e4m3-e8m0, fp8-e4m3) are decoded on the host by numpy, as
+   ``MemoryAsset.read_rows`` decodes them, and the float32 rows moved to the device.
 
 With prefetch, :meth:`PagedRows.start` (called from the model's forward pre-hook, before block 0) runs steps
 1-2, so reads from storage overlap the blocks before the first site; :meth:`PagedRows.gather` (called by each
@@ -34,7 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from polymem.asset.nf4 import NF4_LEVELS
+from polymem.asset._codec import decode_rows
+from polymem.asset._shards import bad_scale
+from polymem.asset.nf4 import NF4_LEVELS, ScaleError, check_scales
 from polymem.asset.pages import DECODED
 
 _PAIRS = np.ascontiguousarray(np.stack([NF4_LEVELS[np.arange(256) & 0x0F], NF4_LEVELS[np.arange(256) >> 4]],
@@ -68,6 +71,7 @@ def _host_kernels() -> Any:
 
 
 _TORCH_FLOAT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_FP8 = ("fp8-e4m3-e8m0", "fp8-e4m3")  # decoded by numpy on the host; the compiled lane does not take them
 
 
 @dataclass
@@ -129,6 +133,7 @@ class PagedRows:
     def __init__(self, asset: Any, service: Any) -> None:
         g = asset.geometry
         self.service = service
+        self.geom, self.where = g, str(asset.path)
         self.dtype = g.dtype
         self.KS, self.r, self.ppc = g.rows_per_page, g.head_dim, g.pages_per_chunk
         self.chunk_bytes, self.page_bytes = g.chunk_bytes, g.page_bytes
@@ -200,8 +205,13 @@ class PagedRows:
         if n == 0:
             return torch.zeros(*plan.shape, r, device=dev), None
         M = math.prod(plan.shape)
+        if self.geom.dtype in _FP8:  # decoded (and checked) on the host by numpy, the float32 rows moved over
+            dec = torch.from_numpy(self._fp8_rows(plan)).to(dev)
+            valid = None if plan.valid is None else torch.from_numpy(plan.valid).to(dev)
+            return self._scatter(dec, valid, M, dev).view(*plan.shape, r), None
         if dev.type == "cuda":
             rb = self._row_bytes(plan)
+            self._check_scales(plan, rb)
             stager = self._stagers.get(dev)
             if stager is None:
                 stager = self._stagers[dev] = _CudaStager(dev)
@@ -217,9 +227,12 @@ class PagedRows:
         kern = _host_kernels() if self.dtype == "nf4" else None
         if kern is not None:  # CPU: one compiled loop over the needed rows, the same float32 products
             dec_np = np.empty((plan.slot.shape[0], r), dtype=np.float32)
-            kern.nf4_rows(stage, plan.slot, plan.inner, self.row_bytes, _PAIRS, _half_table(), dec_np)
+            bad = kern.nf4_rows(stage, plan.slot, plan.inner, self.row_bytes, _PAIRS, _half_table(), dec_np)
+            if bad >= 0:
+                self._check_scales(plan, self._row_bytes(plan))
             dec = torch.from_numpy(dec_np)
         elif self.dtype == "nf4":  # host work on the host: codes widened and scales split by numpy
+            self._check_scales(plan, rb)
             lut = self._levels.get(dev)
             if lut is None:
                 self._decode(torch.zeros(1, self.row_bytes, dtype=torch.uint8))
@@ -231,6 +244,26 @@ class PagedRows:
             dec = self._decode(torch.from_numpy(rb))
         out = self._scatter(dec, None if plan.valid is None else torch.from_numpy(plan.valid), M, dev)
         return out.view(*plan.shape, r), None
+
+    def _fp8_rows(self, plan: _Plan) -> np.ndarray:
+        """FP8 rows of the plan, float32 [m, r] (``polymem.asset._codec.decode_rows``: the values of
+        ``MemoryAsset.read_rows``); a row decoding to NaN or ±inf raises FormatError naming shard, page and row."""
+        try:
+            return decode_rows(self._row_bytes(plan), self.geom)
+        except ScaleError as e:
+            row = int(plan.chunks[plan.slot[e.row]]) * self.rpc + int(plan.inner[e.row])
+            raise bad_scale(self.geom, row, e.value, self.where) from None
+
+    def _check_scales(self, plan: _Plan, rb: np.ndarray) -> None:
+        """NF4: raise FormatError naming shard, page and row unless every scale of the plan's stored rows ``rb``
+        (uint8 [m, row_bytes], on the host) is a finite number >= 0."""
+        if self.dtype != "nf4":
+            return
+        try:
+            check_scales(rb, self.r)
+        except ScaleError as e:
+            row = int(plan.chunks[plan.slot[e.row]]) * self.rpc + int(plan.inner[e.row])
+            raise bad_scale(self.geom, row, e.value, self.where) from None
 
     def _scatter(self, dec: torch.Tensor, valid: torch.Tensor | None, M: int, dev: torch.device) -> torch.Tensor:
         if valid is None:

@@ -54,10 +54,6 @@ class SiteConfig:
         check_max_n(self.max_n)
 
 
-def _rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
-
-
 class MemorySite(nn.Module):
     """Projection, gate and optional conv of one site. ``forward(h, e)`` with e the gathered rows."""
 

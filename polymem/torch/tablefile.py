@@ -51,9 +51,12 @@ class TableFile:
         return bool(getattr(self.spec, "tokenizer_bound", False))
 
     def read_pages(self, page_ids) -> np.ndarray:
+        ids = np.asarray(page_ids)
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            raise PolymemError(f"page ids must be integers, got dtype {ids.dtype}; pass integer ids")
         n = self.layout.rows_per_page
         t = self._table.reshape(self.layout.pages, n, self.layout.head_dim)
-        return t[np.asarray(page_ids, dtype=np.int64)]
+        return t[ids.astype(np.int64, copy=False)]
 
 
 def _hash_spec_from_dict(d: dict[str, Any]) -> HashSpec:
@@ -66,6 +69,36 @@ def _hash_spec_from_dict(d: dict[str, Any]) -> HashSpec:
         return from_dict(d)
     return HashSpec(base=int(d["base"], 16), byte_seed=int(d["byte_seed"], 16), normalizer=d["normalizer"],
                     version=int(d["version"]))
+
+
+def _table_header(meta: dict[str, str], p: Path) -> tuple[dict[str, Any], HashSpec, Layout]:
+    """The polymem header of a table file's metadata: (header, hash spec, layout); FormatError in one line."""
+    if "polymem" not in meta:
+        raise FormatError(f"{str(p)!r} is a safetensors file without a polymem header; it is not a table file")
+    try:
+        header = json.loads(meta["polymem"])
+    except json.JSONDecodeError as e:
+        raise FormatError(f"{str(p)!r}: its polymem header is not JSON ({e}); re-save the table with save_table") from None
+    if not isinstance(header, dict) or header.get("format") != TABLE_FILE_FORMAT or header.get("version") != 1:
+        h = header if isinstance(header, dict) else {}
+        raise FormatError(f"{str(p)!r} has format {h.get('format')!r} v{h.get('version')!r}; "
+                          f"this polymem reads {TABLE_FILE_FORMAT!r} v1")
+    try:
+        return header, _hash_spec_from_dict(header["hash_spec"]), Layout.from_dict(header["layout"])
+    except (KeyError, TypeError, ValueError, PolymemError) as e:
+        raise FormatError(f"{str(p)!r}: its polymem header has a bad hash_spec or layout ({e}); "
+                          "re-save the table with save_table") from None
+
+
+def _check_tensor(f: Any, name: str, shape: list[int], dtype: str, p: Path) -> None:
+    """Refuse tensor ``name`` unless it is ``dtype`` ``shape`` (from the header's layout) — before it is loaded."""
+    if name not in f.keys():
+        raise FormatError(f"{str(p)!r} has no tensor {name!r}; it is not a table file")
+    sl = f.get_slice(name)
+    got, got_dtype = list(sl.get_shape()), sl.get_dtype()
+    if got != shape or got_dtype != dtype:
+        raise FormatError(f"{str(p)!r}: tensor {name!r} is {got_dtype} {got}, but the header's layout needs {dtype} "
+                          f"{shape}; the file was edited or mixed up, re-save the table with save_table")
 
 
 def save_table(
@@ -109,18 +142,12 @@ def open_table(path: str | os.PathLike[str]) -> Any:
         from safetensors import safe_open
 
         with safe_open(str(p), framework="numpy") as f:
-            meta = f.metadata() or {}
-            if "polymem" not in meta:
-                raise FormatError(f"{str(p)!r} is a safetensors file without a polymem header; it is not a table file")
-            header = json.loads(meta["polymem"])
-            if header.get("format") != TABLE_FILE_FORMAT or header.get("version") != 1:
-                raise FormatError(
-                    f"{str(p)!r} has format {header.get('format')!r} v{header.get('version')!r}; "
-                    f"this polymem reads {TABLE_FILE_FORMAT!r} v1"
-                )
+            header, spec, layout = _table_header(f.metadata() or {}, p)
+            _check_tensor(f, "table", [layout.num_rows, layout.head_dim], "F32", p)
+            if "counts" in f.keys():
+                _check_tensor(f, "counts", [layout.num_rows], "U32", p)
             table = f.get_tensor("table")
             counts = f.get_tensor("counts") if "counts" in f.keys() else None
-        spec, layout = _hash_spec_from_dict(header["hash_spec"]), Layout.from_dict(header["layout"])
         tf = TableFile(p, table, spec, layout, header["orders"], header.get("provenance"))
         tf._counts = counts
         return tf

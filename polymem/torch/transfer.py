@@ -231,6 +231,12 @@ def _run_seed(ctx: _Context, seed: int, arms: Sequence[str], cfg: TrainConfig, *
     return out
 
 
+def worker_processes(jobs: int, seeds: Sequence[int], arms: Sequence[str]) -> int:
+    """Processes a run uses: every (seed, arm) is a task, so one seed's arms run side by side too; never more
+    processes than tasks (1: everything in this process)."""
+    return max(1, min(int(jobs), len(seeds) * len(arms)))
+
+
 def run_transfer(
     asset: Any, tokenizer: Any, corpus: Sequence[str | Path], *, cfg: TrainConfig = TrainConfig(steps=400),
     seeds: Sequence[int] = (0, 1), max_n: int | None = None, scratch: bool = False, arms: Sequence[str] | None = None,
@@ -245,8 +251,9 @@ def run_transfer(
     ``arms``: a subset of :data:`ARMS` (default: none, random, donor, plus scratch when ``scratch``); ``eval_every``:
     a held-out score every this many steps (a learning curve; default: the last step only); ``eval_corpus``: score
     the held-out split of these documents instead of ``corpus``'s (another domain); ``jobs``: worker processes
-    taking (seed, arm) tasks seed by seed (two single-threaded processes use a 2-core CPU better than one with two
-    threads); ``checkpoint``: with ``jobs`` > 1, the result over the seeds complete so far is written there after
+    taking (seed, arm) tasks seed by seed, whenever there is more than one task (two single-threaded processes use
+    a 2-core CPU better than one with two threads); the result's ``"jobs"`` says what ran: ``{"requested",
+    "processes", "tasks"}``; ``checkpoint``: with ``jobs`` > 1, the result over the seeds complete so far is written there after
     every finished task (``"partial"`` says how far it got), so a run stopped early still leaves whole seeds."""
     ev = on_event or (lambda *a, **k: None)
     arms = _check_arms(arms if arms is not None else ["none", "random", "donor"] + (["scratch"] if scratch else []))
@@ -260,7 +267,8 @@ def run_transfer(
                   max_n=max_n, layers=layers, gate=gate)
     precision, why = cfg.precision_choice()
     ev("precision", precision=precision, reason=why)
-    if jobs <= 1 or len(seeds) <= 1:
+    processes = worker_processes(jobs, seeds, arms)
+    if processes <= 1:
         ctx = _Context(asset, tokenizer, corpus, on_event=ev, **ctx_kw)
         coverage = _coverage(ctx, ev)
         per_seed = [_run_seed(ctx, s, arms, cfg, on_event=ev, **kw) for s in seeds]
@@ -271,7 +279,7 @@ def run_transfer(
 
         mpctx = mp.get_context("spawn")
         raw: dict[int, dict[str, Any]] = {s: {} for s in seeds}
-        with mpctx.Manager() as mgr, ProcessPoolExecutor(max_workers=jobs, mp_context=mpctx) as pool:
+        with mpctx.Manager() as mgr, ProcessPoolExecutor(max_workers=processes, mp_context=mpctx) as pool:
             q = mgr.Queue()
             # seed-major (seed, arm) tasks: whole seeds finish first, so a run stopped early keeps complete seeds
             futs = {pool.submit(_task_worker, (str(getattr(asset, "path", asset)), tokenizer, [str(c) for c in corpus],
@@ -302,7 +310,7 @@ def run_transfer(
         per_seed = [raw[s] for s in seeds]
     out = summarize(ctx, cfg, seeds, arms, per_seed, coverage=coverage, domain=domain, corpus=corpus,
                     eval_corpus=eval_corpus, precision=(precision, why), **kw)
-    out["jobs"] = jobs
+    out["jobs"] = {"requested": jobs, "processes": processes, "tasks": len(seeds) * len(arms)}
     out["elapsed_s"] = time.perf_counter() - t0
     return out
 

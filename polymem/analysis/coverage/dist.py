@@ -484,3 +484,74 @@ def merge_tallies(results: list[dict[str, Any]], max_n: int) -> Tally:
         if r["tally"] is not None:
             total += r["tally"]
     return total
+
+
+# ------------------------------------------------------------------------------------------- the cluster
+# What a scheduler's TCP comm sends first (distributed/comm/tcp.py, ``TCP.read``): the byte length of a message
+# as an 8-byte unsigned integer, then the message; a scheduler greets every connection with its handshake (a few
+# hundred bytes) before it reads anything. Anything else on the port is not a Dask scheduler.
+_GREETING_MAX = 1 << 20
+
+
+def connect(address: str, *, timeout: float = 30.0) -> Any:
+    """A ``distributed.Client`` on the scheduler at ``address``, or a one-line PolymemError, within about
+    ``timeout`` seconds of wall-clock time: Dask's own timeout does not cover a peer that accepts and says nothing
+    (it waits for its handshake forever) or one that sends garbage (read as a message length, exabytes)."""
+    from polymem._optional import optional_import
+
+    distributed = optional_import("distributed", extra="dask", purpose="--dask")
+    deadline = time.monotonic() + timeout
+    _check_greeting(address, timeout)
+    got: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            got["client"] = distributed.Client(address, timeout=max(deadline - time.monotonic(), 1.0))
+        except BaseException as e:  # noqa: BLE001 - any failure of the peer is reported as one line below
+            got["error"] = e
+
+    thread = threading.Thread(target=run, name="polymem-dask-connect", daemon=True)
+    thread.start()
+    thread.join(max(deadline - time.monotonic(), 1.0))
+    if thread.is_alive():
+        raise _not_a_scheduler(address, f"no handshake within {timeout:g} s")
+    if "error" in got:
+        e = got["error"]
+        raise _not_a_scheduler(address, f"{type(e).__name__}: {str(e)[:200]}") from None
+    return got["client"]
+
+
+def _check_greeting(address: str, timeout: float) -> None:
+    """For a tcp:// scheduler: connect, and read the length of its greeting (never more) within ``timeout``."""
+    import socket
+    import struct
+
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, loc = parse_address(address)
+        if scheme != "tcp":
+            return  # tls://, inproc://, ucx://, …: left to Dask (and the wall-clock guard of connect)
+        host, port = parse_host_port(loc)
+    except (ValueError, TypeError) as e:
+        raise _not_a_scheduler(address, f"not an address ({e})") from None
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            head = s.recv(8, socket.MSG_WAITALL)
+    except TimeoutError:
+        raise _not_a_scheduler(address, f"it accepted the connection but sent nothing within {timeout:g} s (a "
+                                        "scheduler greets first)") from None
+    except OSError as e:
+        raise _not_a_scheduler(address, e.strerror or type(e).__name__) from None
+    size = struct.unpack("Q", head)[0] if len(head) == 8 else 0
+    if not 0 < size <= _GREETING_MAX:
+        seen = f"its first bytes were {head!r}" if head else "it closed the connection without a word"
+        raise _not_a_scheduler(address, f"{seen}, not Dask's protocol")
+
+
+def _not_a_scheduler(address: str, why: str) -> Exception:
+    from polymem.errors import PolymemError
+
+    return PolymemError(f"cannot connect to a Dask scheduler at {address!r}: {why}; check the address "
+                        "(tcp://HOST:8786) and that a Dask scheduler is running there")

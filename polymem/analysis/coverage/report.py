@@ -24,6 +24,12 @@ REPORT_FORMAT = "polymem.coverage-report"
 REPORT_VERSION = 1
 
 
+def _ink(rgba: tuple[float, ...]) -> str:
+    """Black or white, whichever reads better on ``rgba`` (relative luminance, ITU-R BT.709 weights)."""
+    r, g, b = rgba[:3]
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.45 else "white"
+
+
 @dataclass(frozen=True)
 class TokenizerInfo:
     name: str
@@ -162,16 +168,19 @@ class CoverageReport:
         fig, ax = plt.subplots(figsize=(0.8 * N + 4.5, 4.2), dpi=120)
         bottom = np.zeros(N)
         cmap = plt.get_cmap("viridis", N)
+        stack = np.array([[self.by_reference_n[n][m] or 0.0 for n in range(N)] for m in range(N)])  # [m, n]
         for m in range(N):
-            vals = np.array([self.by_reference_n[n][m] or 0.0 for n in range(N)])
-            if vals.sum() == 0:
+            if stack[m].sum() == 0:
                 continue
-            ax.bar(xs, vals, bottom=bottom, color=cmap(m), label=f"ref n={m + 1}", edgecolor="white", linewidth=0.5)
-            bottom += vals
+            ax.bar(xs, stack[m], bottom=bottom, color=cmap(m), label=f"ref n={m + 1}", edgecolor="white",
+                   linewidth=0.5)
+            bottom += stack[m]
+        starts = np.cumsum(stack, axis=0) - stack  # [m, n] where each segment begins
         for n in range(N):
-            if self.per_doc_mean[n] is not None:
+            if self.per_doc_mean[n] is not None:  # the label sits in the segment under y = top - 0.03
+                under = int(np.flatnonzero((starts[:, n] <= bottom[n] - 0.03) & (stack[:, n] > 0))[-1:].sum())
                 ax.text(xs[n], bottom[n] - 0.01, f"{self.per_doc_mean[n]:.2f}", ha="center", va="top", fontsize=8,
-                        color="white", fontweight="bold")
+                        color=_ink(cmap(under)), fontweight="bold")
         if self.occurrence_weighted is not None:
             ax.plot(xs, [np.nan if v is None else v for v in self.occurrence_weighted], "k^--", ms=5,
                     lw=0.8, label="occurrence-weighted")

@@ -269,9 +269,10 @@ def coverage(
                               else "pass workers=N, or drop processes"))
     if partition_mb is None:
         partition_mb = DASK_PARTITION_MB if (client is not None or workers > 1) else PARTITION_MB
-    if isinstance(partition_mb, bool) or not isinstance(partition_mb, (int, float)) or not partition_mb > 0:
-        raise PolymemError(f"partition_mb={partition_mb!r} must be a positive number of MB of text per partition "
-                           f"(default {PARTITION_MB})")
+    if isinstance(partition_mb, bool) or not isinstance(partition_mb, (int, float)) or \
+            not 0 < partition_mb < float("inf"):
+        raise PolymemError(f"partition_mb={partition_mb!r} must be a positive, finite number of MB of text per "
+                           f"partition (default {PARTITION_MB}; --partition-mb)")
     if isinstance(texts, (str, bytes)):
         raise PolymemError(
             "texts should be an iterable of documents but got one str; wrap it in a list: coverage(t, r, [text])"
