@@ -13,8 +13,8 @@ sides alike), CPU time (time.process_time) of:
 Counters see ``--partition-docs`` documents each (600 ≈ 4 MB of kerneldocs, a real run's partition); the
 occurrence pass after the documents is not timed. Medians over rounds, and the fidelity ratio.
 
-The "rows" path this benchmark used to time against the fused kernel (hash rows, then a per-document kernel;
-docs/benchmarks/scaleout.md, fifth pass) was removed since: every input now goes through the fused kernel.
+The "rows" path this benchmark used to time against the fused kernel (hash rows, then a per-document kernel)
+was removed since: every input now goes through the fused kernel.
 Its figures are reproduced by running this script from a checkout of commit aa56aa1.
 """
 

@@ -6,7 +6,7 @@ One process, `polymem.coverage(..., scratch="s3://…")`: every partition writes
 reduce tasks read them back with range requests. Prints the whole run's wall time, the time spent in the
 reduce tasks (`dist.resolve_buckets`), and the bytes they fetched from the server (s3fs's ranged reads, counted)
 against the size of the key files. To compare two versions of polymem, run it from each checkout in turn
-(``PYTHONPATH=<checkout>``), alternating; docs/benchmarks/scaleout.md (sixth pass) has the figures.
+(``PYTHONPATH=<checkout>``), alternating; docs/benchmarks/scaleout.md#smaller-measurements has the figures.
 """
 
 from __future__ import annotations

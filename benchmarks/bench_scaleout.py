@@ -16,7 +16,7 @@ For each corpus, back to back, each in a fresh subprocess (so its peak RSS is it
   threads    polymem.coverage(..., workers=2): the partitions counted on 2 threads of this process, the tokenizers
              loaded as for `inline`; peak RSS is the whole process's
   threads_old  (with --old-tree PATH) the `threads` mode run with the polymem of another checkout, e.g. one
-             before the ninth pass, whose workers=2 started a Dask LocalCluster of one worker with 2 threads in
+             whose workers=2 started a Dask LocalCluster of one worker with 2 threads in
              this process inside the call (`threads_over_old_rounds`: this tree's time / the old one's)
   dask       polymem.coverage(..., client=LocalCluster(2 processes x 1 thread)): the cluster is started before the
              clock (its start is timed apart); the first run (cold workers: they import polymem and load the

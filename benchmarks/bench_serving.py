@@ -1,7 +1,9 @@
 """Benchmark: decoding with a memory table bigger than memory, served by the page service (issue 10).
 
     nice -n 10 python benchmarks/bench_serving.py --asset /work/bench/serve-2b.nf4 --params 2G \
-        --json docs/benchmarks/serving.json --md docs/benchmarks/serving.md
+        --json serving.json --md serving.md
+
+(docs/benchmarks/serving.md has the commands behind the figures it reports, and their raw JSON.)
 
 A tiny HF LlamaForCausalLM (d=512, 8 layers, random init from a config, Mistral v0.1 tokenizer: vocab 32000),
 one site before block 2, greedy generate(). Arms, each in its own subprocess (peak RSS = ru_maxrss):

@@ -70,7 +70,7 @@ def close(a: CoverageReport, b: CoverageReport, nd: int = 4) -> None:
 
 
 # ------------------------------------------------------------------------------------------- hand-checked
-# Seed 002's example: T_A = {0:'aa', 1:'a', 2:'b'}, T_B = {0:'a', 1:'b'}; "aabb" -> A: (aa, b, b), B: (a, a, b, b).
+# The Tokenizer-Agnostic Engram paper's example: T_A = {0:'aa', 1:'a', 2:'b'}, T_B = {0:'a', 1:'b'}; "aabb" -> A: (aa, b, b), B: (a, a, b, b).
 #
 # Target A, reference B, max_n = 4. Reference n-grams (any order): a b | aa ab bb | aab abb | aabb.
 #   n=1: {aa, b}        aa = B 2-gram, b = B 1-gram                         -> 2/2 = 1.0; by m: [1/2, 1/2, 0, 0]

@@ -156,3 +156,64 @@ def test_readme_commands_install_what_they_run() -> None:
     assert "'.[mistral]'" in demo or "'.[all]'" in demo  # the demo's default second tokenizer is mistral-v1
     test_cmd = next(line for line in readme.splitlines() if line.endswith("python -m pytest"))
     assert test_cmd.split("&& ", 2)[-1] in ci  # .ci/run runs the README's test command verbatim
+
+
+# Words that mean something only to whoever wrote them: work sessions, numbered passes over the code, the
+# project's private seed documents and design brief. Cite the paper by its title and link a section of docs/.
+_NOTEBOOK_WORDS = re.compile(
+    r"\bsessions? \d"                                                     # "session 4", "sessions 7"
+    r"|\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|\d+(?:st|nd|rd|th))[ -]pass(?:es)?\b"
+    r"|\bpass(?:es)? \d"                                                  # "pass 3"
+    r"|\bseeds? 00\d"                                                     # "seed 002"
+    r"|\bDESIGN(?:\.md)? ?§",                                             # "DESIGN §5"
+    re.I,
+)
+_NOTEBOOK_SCOPE = ("polymem", "docs", "README.md", "tests", "benchmarks")
+
+
+def _text_files(scope: tuple[str, ...]) -> list[Path]:
+    files: list[Path] = []
+    for name in scope:
+        top = ROOT / name
+        for path in [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file()):
+            if "__pycache__" in path.parts or path == Path(__file__).resolve():
+                continue
+            data = path.read_bytes()
+            if b"\0" in data[:8192]:
+                continue  # binary (images, gzip): not prose
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            files.append(path)
+    return files
+
+
+def test_no_lab_notebook_wording() -> None:
+    """No "session N", "ninth pass", "seed 00N" or "DESIGN §" in code, docs, tests or benchmarks: a reader who
+    clones the repository has none of those; history lives in git."""
+    hits = []
+    for path in _text_files(_NOTEBOOK_SCOPE):
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if m := _NOTEBOOK_WORDS.search(line):
+                hits.append(f"{path.relative_to(ROOT)}:{lineno}: {m.group(0)!r}")
+    assert not hits, "lab-notebook wording (cite the paper by its title, link a docs/ section):\n" + "\n".join(hits)
+
+
+def test_notebook_rule_catches_what_it_names() -> None:
+    for bad in ("session 4", "the Ninth pass", "fifth-pass", "seed 002's example", "DESIGN §5", "Sessions 7"):
+        assert _NOTEBOOK_WORDS.search(bad), bad
+    # an algorithm's pass is named by what it does ("the occurrence pass"), never by its rank
+    for fine in ('scope="session"', "the occurrence pass", "two stable 32-way passes", "seed 0", "§5 of hash-spec.md"):
+        assert not _NOTEBOOK_WORDS.search(fine), fine
+
+
+def test_every_raw_benchmark_file_is_cited() -> None:
+    """docs/benchmarks/ keeps a raw JSON file only while a page cites it, and every cited file is there."""
+    pages = [ROOT / "docs" / "benchmarks.md", *sorted((ROOT / "docs" / "benchmarks").glob("*.md"))]
+    text = "\n".join(p.read_text(encoding="utf-8") for p in pages)
+    kept = {p.name for p in (ROOT / "docs" / "benchmarks").glob("*.json")}
+    cited = set(re.findall(r"(?:benchmarks/|\(|\[|`)([\w.-]+\.json)\b", text))
+    assert kept <= cited, f"raw files no page cites: {sorted(kept - cited)}"
+    linked = set(re.findall(r"\]\((?:benchmarks/)?([\w.-]+\.json)\)", text))
+    assert linked <= kept, f"links to missing raw files: {sorted(linked - kept)}"

@@ -64,7 +64,7 @@ def small_pages() -> Iterator[None]:
     setting ``defrag=madvise`` the first touch of each 2 MiB page may then stall on memory compaction. The
     coverage buffers are large, written once and filled front to back, so huge pages buy them nothing, and on
     the benchmark VM those stalls cost 2-5 ms per MB of fresh memory against ~0.5-1 ms with ordinary pages
-    (docs/benchmarks/scaleout.md, fourth pass). Only the setting of numpy's allocator changes; no numbers."""
+    (measured on the benchmark VM of docs/benchmarks/scaleout.md). Only the setting of numpy's allocator changes; no numbers."""
     setter = getattr(getattr(np, "_core", None), "multiarray", None)
     setter = getattr(setter, "_set_madvise_hugepage", None)
     if setter is None:  # another numpy: leave its allocator alone

@@ -44,7 +44,7 @@ ProgressFn = Callable[[int, int], None]  # (documents done, UTF-8 bytes done), c
 PARTITION_MB = 4.0  # default partition size in one process: MB of UTF-8 text per partition
 DASK_PARTITION_MB = 2.0  # ...and on Dask, where every worker holds its own partition: a worker's peak memory is
 # the tools (~210 MB) plus ~60 MB per MB of partition; 4 MB partitions gave workers ~1.4x the peak of the finer
-# partitions a small corpus is cut into (docs/benchmarks/scaleout.md, fourth pass)
+# partitions a small corpus is cut into (measured on the 2-vCPU benchmark VM of docs/benchmarks/scaleout.md)
 PARTS_PER_WORKER = 4  # on Dask, a corpus of files is cut finer when it would give fewer partitions than this...
 FINEST = 16  # ...per worker, but not below partition_mb / FINEST (0.25 MB by default)
 BATCH_MB = 1.0  # documents are tokenized, then counted, in batches of about this many MB of text (_Job.run_batch)
@@ -169,7 +169,7 @@ class _Job:
         """Count a batch of documents; return their UTF-8 sizes (0 for those skipped). Each tokenizer encodes
         the whole batch, then the documents are counted one after the other: each stage runs with its own
         tables in the CPU caches rather than evicting the other's at every document (measured on kerneldocs:
-        the counting besides tokenizing ~-0.5 CPU-s, docs/benchmarks/scaleout.md fifth pass). A document a
+        the counting besides tokenizing ~-0.5 CPU-s on the benchmark VM of docs/benchmarks/scaleout.md). A document a
         tokenizer rejects is skipped, as in a document-by-document loop."""
         t0 = time.perf_counter()
         skips: dict[int, Skipped] = {}  # by position in the batch, so they are listed in document order
@@ -358,7 +358,7 @@ def _scratch_parent(texts: Any, occurrence: bool) -> str | None:
     Files on a disk file system cost this process ~4-5 ms of CPU per MB the first time the kernel backs their page
     cache (measured on the benchmark VM; tmpfs: ~0.5 ms), and a coverage run writes ~13 MB of key files per MB
     of text, so for corpora up to a few hundred MB of text a RAM-backed directory is markedly faster; beyond that
-    the files go to disk and memory stays bounded (docs/benchmarks/scaleout.md, fourth pass)."""
+    the files go to disk and memory stays bounded."""
     if not occurrence or os.environ.get("TMPDIR") or not os.path.isdir(RAM_SCRATCH):
         return None
     if not (isinstance(texts, Corpus) and texts.can_partition):
@@ -620,9 +620,9 @@ def _local_cluster(workers: int) -> Iterator[Any]:
 
 # Dask settings of the local cluster a call starts (nobody watches its dashboard): no statistical profiler (it
 # samples the stacks of the worker threads every 10 ms, holding the GIL), the event loop's health tick every
-# second instead of every 20 ms, the system monitor every 5 s instead of 0.5 s. With the worker threads in this
-# process (before the ninth pass), the thread running Dask's event loop used 0.35-0.50 CPU-s of a pydocs run,
-# 0.15-0.17 with these (docs/benchmarks/scaleout.md, eighth pass)
+# second instead of every 20 ms, the system monitor every 5 s instead of 0.5 s. With Dask worker threads in this
+# process, the thread running Dask's event loop used 0.35-0.50 CPU-s of a pydocs run with Dask's defaults,
+# 0.15-0.17 with these (docs/benchmarks/scaleout.md#smaller-measurements)
 QUIET_CLUSTER = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
                  "distributed.admin.system-monitor.interval": "5s"}
 
