@@ -143,7 +143,7 @@ def one(mode: str, paths: list[str], partition_mb: float | None, max_n: int, sha
             b += len(doc.text.encode())
         out.update(time_s=time.perf_counter() - t0, cpu_s_timed=time.process_time() - c0, docs=n, bytes=b)
     elif mode == "tokenizeb":
-        from polymem.analysis.coverage.run import BATCH_MB
+        from polymem.analysis.coverage._job import BATCH_MB
 
         t0, c0 = time.perf_counter(), time.process_time()
         n = b = 0
@@ -214,6 +214,7 @@ def _paired(tok_t: Any, tok_r: Any, corpus: Any, max_n: int, partition_mb: float
 
     import polymem
     from polymem.analysis.coverage import dist
+    from polymem.analysis.coverage import _job as J
     from polymem.analysis.coverage import run as R
     from polymem.analysis.coverage.report import CoverageReport
     from polymem.hash.spec import HashSpec
@@ -227,7 +228,7 @@ def _paired(tok_t: Any, tok_r: Any, corpus: Any, max_n: int, partition_mb: float
         if batched:  # as coverage does: each tokenizer encodes a batch of about BATCH_MB of text
             lo, size = 0, 0
             for k, text in enumerate(docs + [None]):
-                if text is None or size >= R.BATCH_MB * 1e6:
+                if text is None or size >= J.BATCH_MB * 1e6:
                     for t in docs[lo:k]:
                         tok_t.encode(t)
                     for t in docs[lo:k]:
@@ -285,7 +286,7 @@ def _paired(tok_t: Any, tok_r: Any, corpus: Any, max_n: int, partition_mb: float
     tally = dist.merge_tallies(results, max_n)
     tally.pos_hits += extra
     report = CoverageReport.from_tally(
-        tally, occurrence=True, target=R._info(tok_t), reference=R._info(tok_r), method="hash",
+        tally, occurrence=True, target=J._info(tok_t), reference=J._info(tok_r), method="hash",
         bytes=sum(r["bytes"] for r in results),
         fidelity={"target": R._merge_fidelity([r["fid_t"] for r in results]),
                   "reference": R._merge_fidelity([r["fid_r"] for r in results])},

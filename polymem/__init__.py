@@ -19,7 +19,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from polymem.errors import FormatError, OutputError, PolymemError, SpecMismatchError, TokenizerBoundError, TokenizerError
+from polymem.errors import (FormatError, MissingError, OutputError, PolymemError, SpecMismatchError, TokenizerBoundError,
+                            TokenizerError)
 
 __version__ = "0.1.0"
 
@@ -64,5 +65,5 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-__all__ = ["FormatError", "OutputError", "PolymemError", "SpecMismatchError", "TokenizerBoundError", "TokenizerError", "__version__",
+__all__ = ["FormatError", "MissingError", "OutputError", "PolymemError", "SpecMismatchError", "TokenizerBoundError", "TokenizerError", "__version__",
            *_LAZY]

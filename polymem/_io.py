@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from polymem._paths import is_url, kind_of
 from polymem.errors import OutputError
 
 _REASONS = {
@@ -122,8 +123,6 @@ def check_outputs_not_inputs(outputs: Mapping[str, Any], inputs: Iterable[tuple[
 
 
 def _is_local(path: str) -> bool:
-    from polymem.sources import is_url
-
     return path != "-" and (not is_url(path) or path.startswith("file://"))
 
 
@@ -151,8 +150,6 @@ def _parents(path: Path) -> list[tuple[int, int]]:
 
 def _clash(out: Path, inputs: list[tuple[str, Path]]) -> str | None:
     """Why ``out`` would replace or change one of ``inputs`` (None: it would not)."""
-    from polymem.sources import kind_of
-
     me, out_parents = _identity(out), _parents(out)
     for what, p in inputs:
         ident, kind = _identity(p), "directory" if p.is_dir() else "file"

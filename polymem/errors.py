@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno as _errno
+
 
 class PolymemError(ValueError):
     """Base class for all polymem errors raised on bad user input or bad files."""
@@ -21,6 +23,19 @@ class TokenizerBoundError(SpecMismatchError):
 
 class FormatError(PolymemError):
     """A stored file has an unknown format name/version, or is corrupt."""
+
+
+class MissingError(FormatError, FileNotFoundError):
+    """An asset, or a file it lists (metadata, shard, row counts), is not there. Both a polymem error (the CLI
+    exits 2 with the one-line message) and a ``FileNotFoundError``, so ``except FileNotFoundError`` and
+    ``except OSError`` catch it as they catch a missing file anywhere else; ``errno`` is ``ENOENT``."""
+
+    def __init__(self, message: str, path: object = None) -> None:
+        super().__init__(message)  # one argument: str(err) is the message (OSError's (errno, text) form shows a tuple)
+        self.errno, self.filename = _errno.ENOENT, None if path is None else str(path)
+
+    def __str__(self) -> str:  # OSError's would print "[Errno 2] None: 'path'"
+        return str(self.args[0]) if self.args else ""
 
 
 class OutputError(PolymemError, OSError):

@@ -34,9 +34,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from polymem._paths import is_url, kind_of
 from polymem.errors import PolymemError
 
-COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 COMPRESSED_RATIO = 4.0  # decompressed / compressed size assumed when cutting a compressed file into ranges
 # Largest document read (a text file, a JSONL line, a Parquet value), in bytes: counting one costs ~130 bytes
 # of memory per byte of text (`coverage` of one 16 MB JSONL line peaked at 2.2 GB), so this bounds a document's
@@ -45,30 +45,8 @@ MAX_DOCUMENT_BYTES = 16 << 20
 # More partitions than this is refused: each is a task, and a plan of millions (a tiny partition_mb) takes
 # hundreds of MB and minutes before any work.
 MAX_PARTITIONS = 1_000_000
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _GLOB = re.compile(r"[*?\[]")
 _SKIP_CHUNK = 1 << 20
-
-
-def is_url(path: Any) -> bool:
-    return isinstance(path, str) and _URL.match(path) is not None
-
-
-def kind_of(name: str) -> tuple[str | None, str | None]:
-    """(kind: "text" | "jsonl" | "parquet" | None, compression: "gzip" | "zstd" | None) from a file name."""
-    low = name.lower()
-    comp = None
-    for suffix, c in COMPRESSIONS.items():
-        if low.endswith(suffix):
-            low, comp = low[: -len(suffix)], c
-            break
-    if low.endswith((".txt", ".md")):
-        return "text", comp
-    if low.endswith(".jsonl"):
-        return "jsonl", comp
-    if low.endswith(".parquet") and comp is None:
-        return "parquet", None
-    return None, comp
 
 
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
@@ -76,7 +54,7 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
     import fsspec
 
     try:
-        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     except ImportError as e:
         proto = url.split("://", 1)[0]
         if proto in ("s3", "s3a"):
@@ -92,6 +70,7 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
         known = ", ".join(f"{p}://" for p in ("s3", "gs", "az", "http", "https", "file") if p in known_implementations)
         raise PolymemError(f"cannot read {url!r}: {url.split('://', 1)[0]!r} is not a protocol fsspec knows "
                            f"(e.g. {known}); check the URL's spelling, or give a local path") from None
+    return fs, path
 
 
 @dataclass(frozen=True)

@@ -163,3 +163,31 @@ def numbers(r: Any) -> dict[str, Any]:
 
 def text_mb(docs: list[str]) -> float:
     return sum(len(d) for d in docs) / 1e6
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_object_store_sessions():
+    """After the run, close the HTTP session of every s3fs instance the tests opened, while its event loop still
+    runs (fsspec's for sync instances, zarr's for asynchronous ones), so the interpreter's exit prints no
+    aiohttp ``Unclosed client session`` warning."""
+    yield
+    import gc
+    import sys
+
+    s3fs = sys.modules.get("s3fs")
+    if s3fs is None:
+        return
+    from fsspec.asyn import sync
+
+    for fs in [o for o in gc.get_objects() if type(o) is s3fs.S3FileSystem]:
+        client = fs._s3
+        loop = fs._loop or _session_loop(client)
+        if client is not None and loop is not None and loop.is_running():
+            sync(loop, client.__aexit__, None, None, None, timeout=5)
+            fs._s3 = None
+
+
+def _session_loop(client: Any) -> Any:
+    """The event loop an aiobotocore client's HTTP sessions live on (None if it has none yet)."""
+    sessions = list(getattr(getattr(getattr(client, "_endpoint", None), "http_session", None), "_sessions", {}).values())
+    return getattr(sessions[0], "_loop", None) if sessions else None

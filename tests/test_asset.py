@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polymem import FormatError, HashSpec, Layout, MemoryAsset, PolymemError
+from polymem import FormatError, HashSpec, Layout, MemoryAsset, MissingError, PolymemError
 from polymem.asset import nf4
 from polymem.asset._codec import bf16_decode, bf16_encode
 
@@ -368,6 +368,47 @@ def test_not_an_asset(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FormatError, match="missing"):
         MemoryAsset.open(tmp_path / "empty")
+
+
+def _missing(exc: BaseException, match: str) -> None:
+    """A missing asset or file of one: a polymem error and a FileNotFoundError (ENOENT), one line."""
+    import errno
+
+    assert isinstance(exc, MissingError) and isinstance(exc, FormatError) and isinstance(exc, PolymemError)
+    assert isinstance(exc, FileNotFoundError) and isinstance(exc, OSError) and exc.errno == errno.ENOENT
+    assert match in str(exc) and "\n" not in str(exc) and not str(exc).startswith("[Errno")
+
+
+def test_a_missing_asset_is_a_file_not_found_error(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:
+        MemoryAsset.open(tmp_path / "nothing")
+    _missing(e.value, "no asset directory here")
+    assert e.value.filename == str(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError) as e:
+        MemoryAsset.open(tmp_path / "empty")
+    _missing(e.value, "group metadata 'zarr.json' is missing")
+    with pytest.raises(FileNotFoundError) as e:
+        MemoryAsset.repair(tmp_path / "nothing")
+    _missing(e.value, "no asset directory here, and nothing left aside")
+
+
+def test_a_missing_shard_is_a_file_not_found_error(asset):
+    opened = MemoryAsset.open(asset)
+    (asset / "pages/c/2/0/0").unlink()
+    with pytest.raises(FileNotFoundError) as e:  # removed while the asset was open
+        opened.read_pages(np.arange(opened.layout.pages))
+    _missing(e.value, "shard 'pages/c/2/0/0' is missing")
+    with pytest.raises(OSError) as e:  # on open
+        MemoryAsset.open(asset)
+    _missing(e.value, "shard 'pages/c/2/0/0' is missing")
+
+
+def test_other_format_errors_are_not_file_not_found(asset):
+    (asset / "zarr.json").write_bytes(b"\x80garbage")
+    with pytest.raises(FormatError) as e:
+        MemoryAsset.open(asset)
+    assert not isinstance(e.value, OSError)
 
 
 def test_writing_marker_refuses_open(asset):

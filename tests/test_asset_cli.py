@@ -96,6 +96,11 @@ def test_library_errors_exit_2_with_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from polymem.cli.app import main; main()", "inspect",
                         str(tmp_path / "nope")], capture_output=True, text=True)
     assert r.returncode == 2 and "no asset directory" in " ".join(r.stderr.split())
+    (path / "pages/c/0/0/0").unlink()  # a missing shard: a FileNotFoundError too, still a polymem error (exit 2)
+    r = subprocess.run([sys.executable, "-c", "from polymem.cli.app import main; main()", "inspect", str(path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "shard 'pages/c/0/0/0' is missing" in " ".join(r.stderr.split()), r.stderr
+    assert "Traceback" not in r.stderr and "Errno" not in r.stderr
 
 
 def test_verify_repair_and_upgrade_commands(tmp_path):

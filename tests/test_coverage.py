@@ -312,12 +312,12 @@ def test_batches_of_documents_give_identical_results(mistral_v1: Tokenizer, cl10
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     # documents are tokenized, then counted, a batch at a time: one document per batch or all of them in one
     # give the same report, skipped documents (empty, rejected by a tokenizer) listed in document order
-    from polymem.analysis.coverage import run
+    from polymem.analysis.coverage import _job
 
     docs = [*real_docs[:6], "", "lone \ud800 surrogate", *real_docs[6:12], "", "x \udfff"]
     reports = []
     for batch_mb in (1e-9, 1e9, 0.01):
-        monkeypatch.setattr(run, "BATCH_MB", batch_mb)
+        monkeypatch.setattr(_job, "BATCH_MB", batch_mb)
         r = polymem.coverage(mistral_v1, cl100k, docs, max_n=5)
         reports.append({k: v for k, v in r.to_dict().items() if k not in ("elapsed_s", "timing")})
     assert reports[0] == reports[1] == reports[2]

@@ -324,3 +324,4 @@ def test_iosim_cache_size_out_of_bounds_and_empty_corpus_exit_2(tmp_path: Path, 
     assert code == 0, err
     cache = json.loads(out.read_text())["results"][0]["cache"]
     assert cache[1]["reads"] <= cache[0]["reads"] and cache[1]["blocks"] > 0
+

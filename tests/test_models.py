@@ -288,7 +288,7 @@ def donor(lms, corpus_file, tmp_path_factory):
 def test_train_table_writes_asset_site_and_provenance(lms, donor, corpus_file, texts):
     from polymem.models.evaluate import evaluate
     from polymem.models.tabletrain import _bounded_texts
-    from polymem.torch.sitefile import load_attached
+    from polymem.torch.attach import load_attached
     from polymem.torch.tablefile import open_table
 
     lm = lms["llama"]

@@ -3,6 +3,7 @@ README/CI install commands."""
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 import tomllib
@@ -149,6 +150,18 @@ def test_extras_declared_and_test_pulls_all() -> None:
     assert {"tokenizers", "tiktoken", "sentencepiece", "torch", "numpy", "zarr", "typer", "numba"} <= core
 
 
+def test_the_package_ships_its_type_marker() -> None:
+    """polymem/py.typed (PEP 561) is there and the wheel takes the whole package directory (hatchling's
+    ``packages``: every file under it that git does not ignore), so type checkers read polymem's annotations."""
+    assert (ROOT / "polymem" / "py.typed").is_file()
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert build["build-system"]["build-backend"] == "hatchling.build"
+    wheel = build["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert wheel["packages"] == ["polymem"] and not wheel.get("exclude") and not wheel.get("only-include")
+    ignored = (ROOT / ".gitignore").read_text().split() if (ROOT / ".gitignore").is_file() else []
+    assert not any(p in ("py.typed", "*.typed", "polymem/py.typed") for p in ignored)
+
+
 def test_readme_commands_install_what_they_run() -> None:
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
@@ -217,3 +230,154 @@ def test_every_raw_benchmark_file_is_cited() -> None:
     assert kept <= cited, f"raw files no page cites: {sorted(kept - cited)}"
     linked = set(re.findall(r"\]\((?:benchmarks/)?([\w.-]+\.json)\)", text))
     assert linked <= kept, f"links to missing raw files: {sorted(linked - kept)}"
+
+
+# ------------------------------------------------------------------------------------------ import circles
+# Imports that close a circle and stay for now, each with why. An entry is one edge (importer, imported): the
+# test drops it before looking for circles, so any other edge that closes a circle still fails.
+_KNOWN_CIRCLE_EDGES = {
+    # MemoryAsset.subset (public) calls the corpus-driven subset of ops.py, which opens and writes assets through
+    # core.py. Breaking it means moving the asset operations into a stage of their own above the format, with
+    # the method kept as a thin alias: a larger move than breaking an edge.
+    ("polymem.asset.core", "polymem.asset.ops"),
+}
+
+
+def _modules(pkg_dir: Path) -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, is a package's __init__) for every .py file under ``pkg_dir``."""
+    out = {}
+    for path in sorted(pkg_dir.rglob("*.py")):
+        parts = list(path.relative_to(pkg_dir.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
+    return out
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:``: annotations only, never run, so no import circle."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            skip.update(id(n) for sub in node.body for n in ast.walk(sub))
+    return skip
+
+
+def import_graph(pkg_dir: Path) -> dict[str, set[str]]:
+    """module -> the package's modules it imports, at module level or inside functions: ``import a.b``,
+    ``from a import b`` (b a submodule: an edge to it; else to ``a``), relative imports resolved. An import of a
+    module that is not a file of the package goes to its nearest enclosing module that is."""
+    mods = _modules(pkg_dir)
+    top = pkg_dir.name
+
+    def nearest(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, (path, is_pkg) in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        skip = _type_checking_only(tree)
+        here = mod if is_pkg else mod.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                deps.update(t for a in node.names if a.name.split(".")[0] == top and (t := nearest(a.name)))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here.split(".")[: len(here.split(".")) - (node.level - 1)]
+                    full = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    full = node.module or ""
+                if full.split(".")[0] != top:
+                    continue
+                for a in node.names:
+                    sub = f"{full}.{a.name}"
+                    t = sub if sub in mods else nearest(full)
+                    if t:
+                        deps.add(t)
+        deps.discard(mod)
+        graph[mod] = deps
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def _describe(graph: dict[str, set[str]], comp: list[str]) -> str:
+    return " | ".join(f"{m} -> {', '.join(sorted(d for d in graph[m] if d in comp))}" for m in comp)
+
+
+def test_no_import_circles() -> None:
+    """No module of polymem imports, directly or through others, a module that imports it back (imports inside
+    functions count: they run too). A circle is broken by moving the shared piece down, passing a callable, or
+    merging the two modules; see docs/architecture.md "Imports as they are"."""
+    graph = import_graph(ROOT / "polymem")
+    for importer, imported in _KNOWN_CIRCLE_EDGES:
+        assert imported in graph.get(importer, set()), f"known circle edge {importer} -> {imported} is gone: drop it from _KNOWN_CIRCLE_EDGES"
+        graph[importer] = graph[importer] - {imported}
+    found = circles(graph)
+    assert not found, "import circles:\n" + "\n".join(_describe(graph, c) for c in found)
+
+
+def test_circle_rule_catches_what_it_names(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "a.py": "def f():\n    from pkg.sub import b\n",               # inside a function: counts
+        "sub/__init__.py": "",
+        "sub/b.py": "from . import c\n",                              # relative: pkg.sub.c
+        "sub/c.py": "from ..a import f\nimport pkg.d as d\n",         # relative two up; import ... as
+        "d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n",  # never runs
+        "e.py": "import os\nfrom pkg.sub.b import nothing_here\n",   # a name of a module: an edge to it
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    graph = import_graph(pkg)
+    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.sub.c"}
+    assert graph["pkg.sub.c"] == {"pkg.a", "pkg.d"} and graph["pkg.d"] == set() and graph["pkg.e"] == {"pkg.sub.b"}
+    assert circles(graph) == [["pkg.a", "pkg.sub.b", "pkg.sub.c"]]
+    assert circles({"x": {"y"}, "y": {"z"}, "z": set()}) == []
+

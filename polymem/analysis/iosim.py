@@ -35,12 +35,25 @@ def ngram_blocks(rows: np.ndarray, geom: Geometry) -> np.ndarray:
     """rows int64 [T, O, K] (-1 invalid) -> the block stream int64 [M]: per (t, o), its distinct blocks in head order."""
     T, O, K = rows.shape
     blocks = np.where(rows >= 0, rows // geom.rows_per_page // geom.pages_per_chunk, -1)  # [T, O, K]
-    # drop a head's block if an earlier head of the same n-gram already read it
-    dup = np.zeros(blocks.shape, dtype=bool)
-    for k in range(1, K):
-        dup[..., k] = (blocks[..., :k] == blocks[..., k : k + 1]).any(axis=-1)
-    keep = (blocks >= 0) & ~dup
-    return blocks[keep]  # C order: t, then o, then k
+    return distinct_in_groups(blocks.reshape(T * O, K))  # t, then o, then k; a block once per n-gram
+
+
+@numba.njit(cache=True, nogil=True)
+def distinct_in_groups(ids):  # pragma: no cover - compiled
+    """ids int64 [M, X] (-1: none) -> int64 [*]: each row's distinct ids in column order, row after row."""
+    out = np.empty(ids.size, dtype=np.int64)
+    n = 0
+    for m in range(ids.shape[0]):
+        first = n
+        for x in range(ids.shape[1]):
+            p = ids[m, x]
+            seen = p < 0
+            for j in range(first, n):
+                seen = seen or out[j] == p
+            if not seen:
+                out[n] = p
+                n += 1
+    return out[:n]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -99,8 +112,9 @@ class LRUCache:
     def __post_init__(self) -> None:
         if self.capacity < 0:
             raise PolymemError(f"cache capacity {self.capacity} must be >= 0 blocks")
-        self._prev = np.full(self.n_blocks, -2, dtype=np.int64)
-        self._next = np.full(self.n_blocks, -1, dtype=np.int64)
+        links = np.int32 if self.n_blocks < 2**31 else np.int64  # half the memory for tables up to 8 TiB of 4 KiB
+        self._prev = np.full(self.n_blocks, -2, dtype=links)
+        self._next = np.full(self.n_blocks, -1, dtype=links)
         self._state = np.array([-1, -1, 0, 0], dtype=np.int64)
 
     def feed(self, stream: np.ndarray) -> None:

@@ -38,6 +38,7 @@ from polymem.errors import PolymemError
 STALE_SUFFIXES = (".new", ".old")
 TMP_FILES = (".zarr.json.tmp", WRITING_MARKER + ".tmp")
 _SHARD_KEY = re.compile(r"pages/c(/[0-9]{1,12})+")
+STAGING = ".{name}.pull-"  # prefix of a pull's staging directory beside its destination (pull.py)
 
 
 def shard_path(root: Path, key: str) -> Path:
@@ -47,6 +48,22 @@ def shard_path(root: Path, key: str) -> Path:
         raise PolymemError(f"{where} lists {key!r}, which is not a shard key (pages/c/N/...); refusing to touch it. "
                            f"Check the asset with `polymem verify`, then remove {WRITING_MARKER!r} by hand")
     return _fs.contained(root, key, where)
+
+
+def group_json_bytes(body: dict[str, Any], checksums: dict[str, Any]) -> bytes:
+    header = dict(body)
+    header["checksums"] = checksums
+    doc = {"attributes": {"polymem": header}, "zarr_format": 3, "node_type": "group"}
+    return json.dumps(doc, indent=2, allow_nan=False).encode()
+
+
+def write_group_json(root: Path, body: dict[str, Any], checksums: dict[str, Any]) -> bytes:
+    """Write root/zarr.json (the group, attributes.polymem = header) via temp file + rename; returns its bytes."""
+    data = group_json_bytes(body, checksums)
+    tmp = root / ".zarr.json.tmp"
+    _fs.write_file(tmp, data)
+    _fs.replace(tmp, root / "zarr.json")
+    return data
 
 
 def write_marker(root: Path, keys: list[str], new_group_sha256: str) -> None:
@@ -250,6 +267,12 @@ def recover_siblings(dest: Path) -> list[str]:
         for p in tmps:
             _fs.rmtree(p)
             done.append(f"removed stale build directory {p.name!r}")
-    from polymem.asset.pull import remove_stale_staging
-
     return done + remove_stale_staging(dest)
+
+
+def remove_stale_staging(out: Path) -> list[str]:
+    """Remove the staging directories of pulls into ``out`` that were killed: their lock can be taken."""
+    with _fs.stale_dirs(out.parent, STAGING.format(name=out.name)) as stale:
+        for d in stale:
+            _fs.rmtree(d)
+    return [f"removed the staging directory of an interrupted pull {d.name!r}" for d in stale]

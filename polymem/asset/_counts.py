@@ -15,27 +15,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polymem.errors import FormatError, PolymemError
-from polymem.hash.layout import Layout
-
-COUNTS_ARRAY = "counts"
-COUNTS_CHUNK_ROWS = 1 << 22  # 16 MiB of uint32 per chunk file
+from polymem.asset._format import COUNTS_ARRAY, COUNTS_CHUNK_ROWS, MAX_JSON_BYTES, check_counts_field
+from polymem.errors import FormatError, MissingError, PolymemError
 
 
 def counts_field(num_rows: int, counts: np.ndarray) -> dict[str, Any]:
     c = min(COUNTS_CHUNK_ROWS, num_rows)
     return {"array": COUNTS_ARRAY, "data_type": "uint32", "shape": [num_rows], "chunk_rows": c,
             "total": int(counts.sum(dtype=np.int64)), "rows_nonzero": int(np.count_nonzero(counts))}
-
-
-def check_counts_field(f: Any, layout: Layout, where: str) -> None:
-    c = min(COUNTS_CHUNK_ROWS, layout.num_rows)
-    ok = (isinstance(f, Mapping) and f.get("array") == COUNTS_ARRAY and f.get("data_type") == "uint32"
-          and f.get("shape") == [layout.num_rows] and type(f.get("chunk_rows")) is int and f["chunk_rows"] == c)
-    if not ok:
-        raise FormatError(
-            f"{where}: field 'row_counts' is {str(f)[:200]}; expected array 'counts', data_type 'uint32', shape "
-            f"[{layout.num_rows}] (the table's rows) and chunk_rows {c} (min(2^22, rows)); restore the asset")
 
 
 def check_counts_checksums(f: Mapping[str, Any], got: Any, where: str) -> None:
@@ -72,7 +59,7 @@ def write_counts(root: Path, counts: np.ndarray) -> tuple[dict[str, Any], dict[s
     import zarr
     from zarr.codecs import BytesCodec
 
-    from polymem.asset._shards import file_sha256
+    from polymem.asset._shards import file_sha256  # numba: loaded on first write
 
     R = int(counts.shape[0])
     f = counts_field(R, counts)
@@ -99,11 +86,9 @@ def write_counts(root: Path, counts: np.ndarray) -> tuple[dict[str, Any], dict[s
 def check_counts_files(raw: Any, f: Mapping[str, Any], where: str) -> None:
     """Every file of the counts array exists with a size it may have (stat, nothing read): each chunk exactly
     4·chunk_rows bytes, the metadata at most 16 MiB. A chunk replaced by a huge (sparse) file is never read."""
-    from polymem.asset._format import MAX_JSON_BYTES
-
     for key in [f"{COUNTS_ARRAY}/zarr.json", *chunk_keys(f)]:
         if not raw.exists(key):
-            raise FormatError(f"{where}: row counts file {key!r} is missing; restore the asset")
+            raise MissingError(f"{where}: row counts file {key!r} is missing; restore the asset")
         size, meta = raw.size(key), key.endswith("zarr.json")
         want = MAX_JSON_BYTES if meta else 4 * f["chunk_rows"]
         if size > want or (not meta and size != want):

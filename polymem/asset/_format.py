@@ -255,6 +255,19 @@ class Header:
 
 
 OPTIONAL_FIELDS = ("tokenizer_bound", "row_counts", "sparse")  # docs/asset-format.md §3, §10-12
+# the header's row_counts field (the counts array itself is read and written by _counts.py)
+COUNTS_ARRAY = "counts"
+COUNTS_CHUNK_ROWS = 1 << 22  # 16 MiB of uint32 per chunk file
+
+
+def check_counts_field(f: Any, layout: Layout, where: str) -> None:
+    c = min(COUNTS_CHUNK_ROWS, layout.num_rows)
+    ok = (isinstance(f, Mapping) and f.get("array") == COUNTS_ARRAY and f.get("data_type") == "uint32"
+          and f.get("shape") == [layout.num_rows] and type(f.get("chunk_rows")) is int and f["chunk_rows"] == c)
+    if not ok:
+        raise FormatError(
+            f"{where}: field 'row_counts' is {str(f)[:200]}; expected array 'counts', data_type 'uint32', shape "
+            f"[{layout.num_rows}] (the table's rows) and chunk_rows {c} (min(2^22, rows)); restore the asset")
 
 
 def header_body(
@@ -377,8 +390,6 @@ def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
     _check_shard_ids(checksums, geom, where)
     extras = {k: d[k] for k in OPTIONAL_FIELDS if k in d}
     if "row_counts" in extras:
-        from polymem.asset._counts import check_counts_field
-
         check_counts_field(extras["row_counts"], layout, where)
     if "sparse" in extras and not (isinstance(extras["sparse"], Mapping) and isinstance(extras["sparse"].get("pages_kept"), int)):
         raise FormatError(f"{where}: field 'sparse' is {extras['sparse']!r}; expected an object with integer 'pages_kept'")

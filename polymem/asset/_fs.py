@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from polymem import _io
-from polymem.errors import PolymemError
+from polymem.errors import MissingError, PolymemError
 
 try:
     import fcntl
@@ -259,7 +259,7 @@ def _open_lock(path: Path, lock_name: str, where: str) -> int:
     try:
         fd = os.open(path, _LOCK_FLAGS, 0o644)
     except FileNotFoundError:
-        raise PolymemError(f"{where}: no asset directory here (removed or replaced)") from None
+        raise MissingError(f"{where}: no asset directory here (removed or replaced)", path.parent) from None
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise PolymemError(

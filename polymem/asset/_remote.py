@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from polymem.errors import FormatError, PolymemError
+from polymem.errors import FormatError, MissingError, PolymemError
 
 GROUP_META = "zarr.json"
 
@@ -96,7 +96,7 @@ def missing_asset_error(url: str, storage_options: dict[str, Any] | None) -> For
     if not left:
         return None
     shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
-    return FormatError(
+    return MissingError(
         f"{url!r} is not an asset: its group metadata ({GROUP_META}) is missing, and {len(left)} orphan objects "
         f"from an unfinished or interrupted write are there ({shown}); write the asset again (overwrite=True / "
         "--overwrite) or delete them"

@@ -29,7 +29,7 @@ from numba import njit
 
 from polymem.asset import _ckern as _c, _fs
 from polymem.asset._format import CRC_BYTES, FOOTER_BYTES, SHARD_ID_TAG, Geometry
-from polymem.errors import FormatError
+from polymem.errors import FormatError, MissingError
 
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
 CRC_RESIDUE = 0x48674BC7  # crc32c(x ‖ crc32c(x) as little-endian uint32) for every x
@@ -272,8 +272,8 @@ def read_shard_checked(path: Path, geom: Geometry, s: int, sha256: str, where: s
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
-        raise FormatError(f"{where}: shard {key!r} is missing; restore the asset (`polymem verify --repair` "
-                          "cleans up interrupted writes)") from None
+        raise MissingError(f"{where}: shard {key!r} is missing; restore the asset (`polymem verify --repair` "
+                           "cleans up interrupted writes)", path) from None
     if len(data) != geom.shard_size(s):
         raise FormatError(f"{where}: shard {key!r} is {len(data)} bytes, expected {geom.shard_size(s)} (truncated or "
                           "overwritten); restore the asset")
@@ -382,8 +382,8 @@ class FastReader:
             try:
                 f = _ShardFile(os.open(self._root / key, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
             except FileNotFoundError:
-                raise FormatError(f"{self._where}: shard {key!r} is missing (removed while the asset was open); "
-                                  "reopen or restore the asset") from None
+                raise MissingError(f"{self._where}: shard {key!r} is missing (removed while the asset was open); "
+                                   "reopen or restore the asset", self._root / key) from None
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(f.fd, 0, 0, os.POSIX_FADV_RANDOM)
             with self._lock:  # another thread may have opened it meanwhile: keep one

@@ -19,7 +19,7 @@ import numpy as np
 
 from polymem.asset._format import Geometry, Header
 from polymem.asset._shards import FastReader, index_of_tail
-from polymem.errors import FormatError
+from polymem.errors import FormatError, MissingError
 
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -103,7 +103,7 @@ def validate_sparse(raw: Any, header: Header, where: str) -> list[np.ndarray | N
             ranks.append(None)
             continue
         if not raw.exists(key):
-            raise FormatError(f"{where}: shard {key!r} is missing; restore it or re-create the asset")
+            raise MissingError(f"{where}: shard {key!r} is missing; restore it or re-create the asset")
         size = raw.size(key)
         if size < geom.tail_bytes:
             raise FormatError(f"{where}: shard {key!r} is {size} bytes, shorter than its index; restore the asset")
@@ -155,7 +155,6 @@ def write_sparse_asset(dest: Path, src: Any, chunk_keep: np.ndarray, provenance:
     from polymem.asset import _commit, _fs, _zarr
     from polymem.asset._format import canonical_json, header_body, sha256_hex
     from polymem.asset._shards import file_sha256, read_shard_ids
-    from polymem.asset.core import _write_group_json
     from polymem.errors import PolymemError
 
     if dest.exists() and not overwrite:
@@ -197,7 +196,7 @@ def write_sparse_asset(dest: Path, src: Any, chunk_keep: np.ndarray, provenance:
             checksums["shard_ids"] = read_shard_ids(tmp, g, shards)
         if count_sums:
             checksums["row_counts"] = count_sums
-        _write_group_json(tmp, body, checksums)
+        _commit.write_group_json(tmp, body, checksums)
         for d in {tmp, tmp / "pages", *((tmp / k).parent for k in shards)}:
             _fs.fsync_dir(d)
         _commit.install(tmp, dest, overwrite=overwrite, lock_timeout=None)

@@ -15,7 +15,7 @@ from polymem.asset._format import (
     MAX_JSON_BYTES, WRITING_MARKER, Header, check_array_metadata, parse_header, sha256_hex,
 )
 from polymem.asset._shards import check_shard_index, file_sha256, index_of_tail
-from polymem.errors import FormatError
+from polymem.errors import FormatError, MissingError
 
 
 # ------------------------------------------------------------------------------------------- raw access
@@ -73,7 +73,7 @@ def _load_json(raw: Raw, key: str, where: str) -> tuple[dict[str, Any], bytes]:
     if not raw.exists(key):
         what = "group metadata" if key == "zarr.json" else "array metadata"
         hint = " (is this a polymem asset? create one with `polymem init`)" if key == "zarr.json" else "; restore the asset"
-        raise FormatError(f"{where}: {what} {key!r} is missing{hint}")
+        raise MissingError(f"{where}: {what} {key!r} is missing{hint}")
     size = raw.size(key)
     if size > MAX_JSON_BYTES:
         raise FormatError(f"{where}: {key!r} is {size:,} bytes; asset metadata is at most {MAX_JSON_BYTES:,} "
@@ -91,7 +91,7 @@ def _load_json(raw: Raw, key: str, where: str) -> tuple[dict[str, Any], bytes]:
 def validate(raw: Raw, where: str) -> Header:
     """Everything `open` checks (docs/asset-format.md §6), without hashing shard contents."""
     if raw.local is not None and not raw.local.is_dir():
-        raise FormatError(f"{where}: no asset directory here; create one with `polymem init {where}`")
+        raise MissingError(f"{where}: no asset directory here; create one with `polymem init {where}`", raw.local)
     if raw.exists(WRITING_MARKER):
         raise FormatError(
             f"{where}: a page write was interrupted while replacing shards (marker {WRITING_MARKER!r} present), so "
@@ -124,7 +124,7 @@ def validate(raw: Raw, where: str) -> Header:
         if key not in shards:
             raise FormatError(f"{where}: field 'checksums.shards' has no entry for shard {key!r}")
         if not raw.exists(key):
-            raise FormatError(f"{where}: shard {key!r} is missing; restore it or re-create the asset")
+            raise MissingError(f"{where}: shard {key!r} is missing; restore it or re-create the asset")
         size, want = raw.size(key), geom.shard_size(s)
         if size != want:
             raise FormatError(

@@ -11,7 +11,6 @@ validated (local paths), or through zarr-python (fsspec URLs) / tensorstore.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
@@ -30,7 +29,7 @@ from polymem.asset._shards import (
 from polymem.asset import _remote
 from polymem.asset._validate import Raw as _Raw
 from polymem.asset._validate import validate as _validate
-from polymem.errors import FormatError, PolymemError, SpecMismatchError, TokenizerBoundError
+from polymem.errors import FormatError, MissingError, PolymemError, SpecMismatchError, TokenizerBoundError
 from polymem.asset import nf4
 from polymem.hash.spec import HashSpec
 from polymem.hash.layout import Layout
@@ -70,22 +69,6 @@ def _unchanged_since(src: "MemoryAsset | None", dest: Path) -> Callable[[], None
                                "nothing was replaced (their pages would have been lost). Run it again")
 
     return check
-
-
-def _group_json_bytes(body: dict[str, Any], checksums: dict[str, Any]) -> bytes:
-    header = dict(body)
-    header["checksums"] = checksums
-    doc = {"attributes": {"polymem": header}, "zarr_format": 3, "node_type": "group"}
-    return json.dumps(doc, indent=2, allow_nan=False).encode()
-
-
-def _write_group_json(root: Path, body: dict[str, Any], checksums: dict[str, Any]) -> bytes:
-    """Write root/zarr.json (the group, attributes.polymem = header) via temp file + rename; returns its bytes."""
-    data = _group_json_bytes(body, checksums)
-    tmp = root / ".zarr.json.tmp"
-    _fs.write_file(tmp, data)
-    _fs.replace(tmp, root / "zarr.json")
-    return data
 
 
 # ------------------------------------------------------------------------------------------ the asset
@@ -359,7 +342,7 @@ class MemoryAsset:
                 checksums["shard_ids"] = read_shard_ids(tmp, geom, shards)
             if count_sums:
                 checksums["row_counts"] = count_sums
-            _write_group_json(tmp, body, checksums)
+            _commit.write_group_json(tmp, body, checksums)
             for d in [tmp, tmp / "pages", *(tmp / geom.shard_key(s) for s in range(geom.num_shards))]:
                 _fs.fsync_dir(d if d.is_dir() else d.parent)
             _commit.install(tmp, dest, overwrite=overwrite, lock_timeout=lock_timeout,
@@ -588,7 +571,7 @@ class MemoryAsset:
             body = header_body(header.spec, header.layout, header.orders, header.dtype, g, header.provenance,
                                header.extras)
             try:
-                _commit.swap(root, sorted(new_sums), _group_json_bytes(body, checksums))
+                _commit.swap(root, sorted(new_sums), _commit.group_json_bytes(body, checksums))
             finally:
                 self._reader.invalidate()
             self._header = parse_header({"polymem": {**body, "checksums": checksums}}, self.path)
@@ -754,7 +737,8 @@ class MemoryAsset:
         if not root.is_dir():
             done = _commit.recover_siblings(root)
             if not done:
-                raise PolymemError(f"{location}: no asset directory here, and nothing left aside by an interrupted write")
+                raise MissingError(f"{location}: no asset directory here, and nothing left aside by an interrupted write",
+                                   root)
             return done
         with _fs.writer_lock(root, LOCK_FILE, lock_timeout, location):
             done = _commit.recover(root)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from polymem.asset._opbase import Progress, _check_out, _documents, _noop, _now
 from polymem.errors import FormatError, PolymemError, SpecMismatchError
 from polymem.hash.idhash import IdHashSpec
 from polymem.hash.layout import Layout
@@ -33,15 +34,6 @@ from polymem.hash.spec import HashSpec
 
 MERGE_HOWS = ("count-weighted", "mean", "first")
 ENGRAM_FORMAT = "engram.hash-table"
-Progress = Callable[[str, int, int], None]  # (phase, done, total)
-
-
-def _noop(phase: str, done: int, total: int) -> None:
-    return None
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 # ------------------------------------------------------------------------------------- Engram form
@@ -214,24 +206,6 @@ def _atomic_file(dest: Path, write: Callable[[Path], Any], overwrite: bool = Tru
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return dest
-
-
-def _documents(corpus: Any) -> list[str]:
-    from polymem.corpus import Corpus
-
-    if isinstance(corpus, (str, os.PathLike)):
-        corpus = [corpus]
-    texts = [d.text for d in Corpus([str(c) for c in corpus])]
-    if not texts:
-        raise PolymemError(f"no documents found in {[str(c) for c in corpus]}; pass .txt/.md/.jsonl(.gz) files or folders")
-    return texts
-
-
-def _check_out(out: Any, overwrite: bool) -> Path:
-    dest = Path(os.fspath(out))
-    if dest.exists() and not overwrite:
-        raise PolymemError(f"{str(dest)!r} already exists; pass overwrite=True (CLI: --overwrite) or pick another path")
     return dest
 
 

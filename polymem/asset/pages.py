@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from polymem.errors import FormatError, PolymemError
+from polymem.errors import FormatError, MissingError, PolymemError
 
 THREAD_PREFIX = "polymem-pages"
 READS_PER_TASK = 8  # background reads of one forward are split into tasks of at least this many chunks
@@ -244,7 +244,7 @@ class ChunkReader:
                     try:
                         fd = os.open(self.local / key, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # type: ignore[operator]
                     except FileNotFoundError:
-                        raise FormatError(
+                        raise MissingError(
                             f"{self.where}: shard {key!r} is missing (it was there when the asset was opened); "
                             "restore the asset (or `polymem pull` it again)"
                         ) from None
@@ -291,7 +291,7 @@ class ChunkReader:
             for c, p, b in zip(chunks, paths, got):
                 if isinstance(b, BaseException):
                     if isinstance(b, FileNotFoundError):
-                        raise FormatError(
+                        raise MissingError(
                             f"{self.where}: object {p!r} (chunk {int(c)}) is missing; restore the asset or pull it again"
                         ) from None
                     raise FormatError(f"{self.where}: reading chunk {int(c)} from {p!r} failed: {b}") from None

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from polymem.asset import _commit, _fs
+from polymem.asset._commit import STAGING, remove_stale_staging
 from polymem.asset._format import WRITING_MARKER
 from polymem.asset._validate import Raw, validate
-from polymem.errors import FormatError, PolymemError
+from polymem.errors import FormatError, MissingError, PolymemError
 
 _STEP = 1 << 22
-STAGING = ".{name}.pull-"
 
 
 def _list_files(raw: Raw, location: str, header: Any) -> list[str]:
@@ -75,14 +75,6 @@ def _staging(out: Path) -> Iterator[Path]:
         os.close(fd)
 
 
-def remove_stale_staging(out: Path) -> list[str]:
-    """Remove the staging directories of pulls into ``out`` that were killed: their lock can be taken."""
-    with _fs.stale_dirs(out.parent, STAGING.format(name=out.name)) as stale:
-        for d in stale:
-            _fs.rmtree(d)
-    return [f"removed the staging directory of an interrupted pull {d.name!r}" for d in stale]
-
-
 def pull(
     url: str | os.PathLike[str], dest: str | os.PathLike[str], *, overwrite: bool = False, workers: int = 4,
     progress: Callable[[str, int], Any] | None = None,
@@ -108,7 +100,7 @@ def pull(
     shards = set(header.checksums["shards"])
     missing = sorted(shards - set(keys))
     if missing:
-        raise FormatError(f"{location}: shard {missing[0]!r} is missing; restore the source asset")
+        raise MissingError(f"{location}: shard {missing[0]!r} is missing; restore the source asset")
     with _staging(out) as tmp:
         sums: dict[str, str] = {}
 

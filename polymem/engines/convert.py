@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from polymem.asset.ops import Progress, _check_out, _documents, _noop, _now
+from polymem.asset._opbase import Progress, _check_out, _documents, _noop, _now
 from polymem.engines.addressing import EngineAddressing
 from polymem.engines.table import EngineTableSpec
 from polymem.errors import PolymemError, SpecMismatchError

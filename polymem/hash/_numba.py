@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from polymem.hash.layout import KIND_FLAT, KIND_PAGE_LOCAL  # one home for the codes
-from polymem.hash.spec import FMIX_M1, FMIX_M2, GOLDEN
+from polymem.hash.spec import FMIX_M1, FMIX_M2, GOLDEN, KIND_FLAT, KIND_PAGE_LOCAL
 
 _U0 = np.uint64(0)
 _U1 = np.uint64(1)

@@ -21,9 +21,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from polymem.errors import FormatError, PolymemError
+from polymem.hash.spec import KIND_FLAT, KIND_INDEPENDENT, KIND_PAGE_LOCAL  # codes the kernels take
 
 LAYOUT_KINDS = ("page-local", "flat", "independent-heads")
-KIND_PAGE_LOCAL, KIND_FLAT, KIND_INDEPENDENT = 0, 1, 2  # codes the kernels take (numba, torch)
 _KIND_CODE = {"page-local": KIND_PAGE_LOCAL, "flat": KIND_FLAT, "independent-heads": KIND_INDEPENDENT}
 
 

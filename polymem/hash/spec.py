@@ -26,6 +26,9 @@ from polymem.errors import FormatError, PolymemError
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / phi, odd: the stream offset of the finaliser and splitmix64's step
 FMIX_M1, FMIX_M2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53  # MurmurHash3 fmix64 multipliers
+# A layout kind as the kernels take it (numba, torch): plain constants here so the kernels need not import
+# hash/layout.py, which calls them. The names ("page-local" …) and the layouts themselves live in layout.py.
+KIND_PAGE_LOCAL, KIND_FLAT, KIND_INDEPENDENT = 0, 1, 2
 
 HASH_SPEC_FORMAT = "polymem.hash-spec"
 SUPPORTED_HASH_SPEC_VERSIONS = (1,)

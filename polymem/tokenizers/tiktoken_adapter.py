@@ -228,7 +228,7 @@ def _note_once(line: str) -> None:
     cannot be written."""
     import hashlib
 
-    from polymem.hash.token_hashes import cache_root
+    from polymem._paths import cache_root
 
     if line in _NOTED:
         return

@@ -4,17 +4,16 @@
     ...train handle.trainable_parameters()...; handle.save("site/"); handle.detach()
 
 Modules: ``hash`` (token hashes and rows as tensors), ``tables`` (trainable / frozen / asset-backed tables),
-``site`` (the site's maths), ``attach`` (hooks into a model), ``sitefile`` (save / load), ``optim`` (row-wise
+``site`` (the site's maths), ``attach`` (hooks into a model; re-attaching a saved site), ``sitefile`` (the saved site's files), ``optim`` (row-wise
 optimizer), ``model`` (a small GPT), ``train`` and ``transfer`` (the experiments).
 """
 
 import warnings as _warnings
 
-from polymem.torch.attach import AttachHandle, AttachReport, attach
+from polymem.torch.attach import AttachHandle, AttachReport, attach, load_attached
 from polymem.torch.hash import TorchTokenHashes, ngram_hashes_torch, rows_torch
 from polymem.torch.optim import SparseRowRMS
 from polymem.torch.site import MemorySite, SiteConfig
-from polymem.torch.sitefile import load_attached
 from polymem.torch.tables import AssetTable, MemoryTable, TrainableTable, random_like, table_fingerprint
 
 _DEPRECATED = {"HashTable": "TrainableTable", "TorchTokenCache": "TorchTokenHashes"}

@@ -3,7 +3,7 @@
 ``attach(model, table_or_asset, tokenizer, layers=[1], train="projection")`` registers forward pre-hooks:
 one on the model (captures ``input_ids``, keeps the last N−1 ids of each row for incremental decoding with a
 KV cache) and one per chosen block (adds the site's output to the block's input hidden states). It returns an
-:class:`AttachHandle` (``detach``, ``trainable_parameters``, ``save``; :func:`polymem.torch.sitefile.load_attached`
+:class:`AttachHandle` (``detach``, ``trainable_parameters``, ``save``; :func:`load_attached`
 is the inverse).
 """
 
@@ -25,6 +25,7 @@ from polymem.hash.layout import LAYOUT_KINDS, Layout
 from polymem.hash.spec import HashSpec
 from polymem.torch.hash import TorchTokenHashes
 from polymem.torch.site import MemorySite, SiteConfig
+from polymem.torch.sitefile import read_site, save_site, site_header
 from polymem.torch.tables import AssetTable, MemoryTable, TrainableTable
 
 TRAIN_MODES = ("projection", "table", "all")
@@ -373,15 +374,11 @@ class AttachHandle:
 
     def header(self) -> dict[str, Any]:
         """What ``site.json`` records: the sites' config, the layers, the tokenizer and the table's fingerprint."""
-        from polymem.torch.sitefile import site_header
-
         return site_header(self)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write ``site.safetensors`` (site weights; the table too when it was trained) and ``site.json``,
         which names the table by fingerprint (:mod:`polymem.torch.sitefile`)."""
-        from polymem.torch.sitefile import save_site
-
         return save_site(self, path)
 
 
@@ -533,3 +530,52 @@ def attach(
     return handle
 
 
+def load_attached(
+    model: nn.Module, path: str | os.PathLike[str], table_or_asset: Any = None, tokenizer: Any = None, **kw: Any
+) -> AttachHandle:
+    """Re-attach what :meth:`AttachHandle.save` wrote. ``table_or_asset`` is needed when the table was frozen
+    (it is named by fingerprint, not stored); a table with another fingerprint, spec or layout is refused."""
+    header, tensors = read_site(path)
+    d = Path(path)
+    th = header["table"]
+    spec, layout = HashSpec.from_dict(th["hash_spec"]), Layout.from_dict(th["layout"])
+    if "table" in tensors:
+        table: Any = TrainableTable(tensors.pop("table"), spec=spec, layout=layout, orders=tuple(th["orders"]))
+    elif table_or_asset is None:
+        raise PolymemError(
+            f"{str(d)!r} was saved with a frozen table (fingerprint {th['fingerprint']}, source {th['source']}); "
+            "pass that asset as table_or_asset"
+        )
+    else:
+        table = _resolve_table(table_or_asset, spec, kw.get("in_memory", True), trainable=False)
+        _check_usable(table.spec, table.layout, where="table")
+        if table.spec != spec or table.layout != layout:
+            raise SpecMismatchError(
+                f"the saved site expects layout {layout.to_dict()} and hash base {th['hash_spec'].get('base')}, the "
+                f"given table has layout {table.layout.to_dict()} and base {table.spec.to_dict().get('base')}; pass "
+                f"the asset the site was trained with (fingerprint {th['fingerprint']})"
+            )
+        if table.fingerprint() != th["fingerprint"]:
+            raise SpecMismatchError(
+                f"the given table has fingerprint {table.fingerprint()}, the saved site was trained with "
+                f"{th['fingerprint']} ({th['source']}); pass that asset"
+            )
+    site = header["site"]
+    tok = tokenizer if tokenizer is not None else header["tokenizer"]["name"]
+    handle = attach(
+        model, table, tok, layers=header["layers"], train=header["train"], max_n=site["max_n"], gate=site["gate"],
+        gate_init=site["gate_init"], conv=site["conv"], init_seed=site["init_seed"],
+        freeze_model=header.get("freeze_model"), value_init=site.get("value_init", "orthogonal"),
+    )
+    if handle.tokenizer_info["fingerprint"] != header["tokenizer"]["fingerprint"]:
+        handle.detach()
+        raise SpecMismatchError(
+            f"tokenizer fingerprint {handle.tokenizer_info['fingerprint']} ({handle.tokenizer_info['name']}) differs "
+            f"from the saved site's {header['tokenizer']['fingerprint']} ({header['tokenizer']['name']}); pass that tokenizer"
+        )
+    sd = {k[len("sites."):]: v for k, v in tensors.items() if k.startswith("sites.")}
+    handle.sites.load_state_dict(sd)
+    md = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    if md:
+        model.load_state_dict(md)
+    return handle

@@ -1,4 +1,5 @@
-"""Site files: what :meth:`AttachHandle.save` writes and :func:`load_attached` reads back.
+"""Site files: what :meth:`AttachHandle.save` writes and :func:`read_site` reads back (for
+:func:`polymem.torch.attach.load_attached`).
 
 ``site.json`` (format ``polymem.memory-site`` v1: sites' config, layers, tokenizer fingerprint, the table named by
 fingerprint) and ``site.safetensors`` (site weights; the table when it was trained; the model when it was).
@@ -10,15 +11,12 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch.nn as nn
+from polymem.errors import FormatError, PolymemError
 
-from polymem.errors import FormatError, PolymemError, SpecMismatchError
-from polymem.hash.layout import Layout
-from polymem.hash.spec import HashSpec
-from polymem.torch.attach import AttachHandle, _check_usable, _resolve_table, attach
-from polymem.torch.tables import TrainableTable
+if TYPE_CHECKING:  # the handle is only annotated here; attach.py calls this module
+    from polymem.torch.attach import AttachHandle
 
 SITE_FORMAT = "polymem.memory-site"
 
@@ -56,11 +54,9 @@ def save_site(handle: AttachHandle, path: str | os.PathLike[str]) -> Path:
     return d
 
 
-def load_attached(
-    model: nn.Module, path: str | os.PathLike[str], table_or_asset: Any = None, tokenizer: Any = None, **kw: Any
-) -> AttachHandle:
-    """Re-attach what :meth:`AttachHandle.save` wrote. ``table_or_asset`` is needed when the table was frozen
-    (it is named by fingerprint, not stored); a table with another fingerprint, spec or layout is refused."""
+def read_site(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(``site.json``'s header, ``site.safetensors``' tensors) of a folder :func:`save_site` wrote; the format
+    and version checked. :func:`polymem.torch.attach.load_attached` re-attaches them to a model."""
     from safetensors.torch import load_file
 
     d = Path(path)
@@ -73,45 +69,4 @@ def load_attached(
     if header.get("format") != SITE_FORMAT or header.get("version") != 1:
         raise FormatError(f"{str(d)!r} holds format {header.get('format')!r} v{header.get('version')!r}; this polymem reads {SITE_FORMAT!r} v1")
     tensors = load_file(str(d / "site.safetensors"))
-    th = header["table"]
-    spec, layout = HashSpec.from_dict(th["hash_spec"]), Layout.from_dict(th["layout"])
-    if "table" in tensors:
-        table: Any = TrainableTable(tensors.pop("table"), spec=spec, layout=layout, orders=tuple(th["orders"]))
-    elif table_or_asset is None:
-        raise PolymemError(
-            f"{str(d)!r} was saved with a frozen table (fingerprint {th['fingerprint']}, source {th['source']}); "
-            "pass that asset as table_or_asset"
-        )
-    else:
-        table = _resolve_table(table_or_asset, spec, kw.get("in_memory", True), trainable=False)
-        _check_usable(table.spec, table.layout, where="table")
-        if table.spec != spec or table.layout != layout:
-            raise SpecMismatchError(
-                f"the saved site expects layout {layout.to_dict()} and hash base {th['hash_spec'].get('base')}, the "
-                f"given table has layout {table.layout.to_dict()} and base {table.spec.to_dict().get('base')}; pass "
-                f"the asset the site was trained with (fingerprint {th['fingerprint']})"
-            )
-        if table.fingerprint() != th["fingerprint"]:
-            raise SpecMismatchError(
-                f"the given table has fingerprint {table.fingerprint()}, the saved site was trained with "
-                f"{th['fingerprint']} ({th['source']}); pass that asset"
-            )
-    site = header["site"]
-    tok = tokenizer if tokenizer is not None else header["tokenizer"]["name"]
-    handle = attach(
-        model, table, tok, layers=header["layers"], train=header["train"], max_n=site["max_n"], gate=site["gate"],
-        gate_init=site["gate_init"], conv=site["conv"], init_seed=site["init_seed"],
-        freeze_model=header.get("freeze_model"), value_init=site.get("value_init", "orthogonal"),
-    )
-    if handle.tokenizer_info["fingerprint"] != header["tokenizer"]["fingerprint"]:
-        handle.detach()
-        raise SpecMismatchError(
-            f"tokenizer fingerprint {handle.tokenizer_info['fingerprint']} ({handle.tokenizer_info['name']}) differs "
-            f"from the saved site's {header['tokenizer']['fingerprint']} ({header['tokenizer']['name']}); pass that tokenizer"
-        )
-    sd = {k[len("sites."):]: v for k, v in tensors.items() if k.startswith("sites.")}
-    handle.sites.load_state_dict(sd)
-    md = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-    if md:
-        model.load_state_dict(md)
-    return handle
+    return header, tensors

@@ -4,7 +4,7 @@ occurrence-weighted metric by key bucket (shuffle + reduce). Runs in this proces
     partitions ──count_partition──▶ per-partition tally + key files ──resolve_buckets──▶ occurrence hits
 
 * **map** (:func:`count_partition`, one task per corpus partition): documents are tokenized in batches of about
-  ``run.BATCH_MB`` of text and counted one at a time (per-document metrics need nothing else). For the occurrence-weighted metric each document's distinct
+  ``_job.BATCH_MB`` of text and counted one at a time (per-document metrics need nothing else). For the occurrence-weighted metric each document's distinct
   reference n-gram keys, and the target n-grams that their own document's reference did not contain (key,
   order, count), are appended to flat buffers; at the end of the partition both are grouped by **key bucket**
   (the top ``BUCKET_BITS`` bits of the 64-bit byte hash; a counting sort,
@@ -169,7 +169,7 @@ def _load_tools(plan: Plan, key: Any) -> Any:
 
 
 def _with_info(tools: Any) -> Any:
-    from polymem.analysis.coverage.run import _info
+    from polymem.analysis.coverage._job import _info
 
     return (*tools[:4], (_info(tools[0]), _info(tools[1])))
 
@@ -238,7 +238,7 @@ _ACTIVE_LOCK = threading.Lock()
 
 
 def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: float | Budget) -> dict[str, Any]:
-    from polymem.analysis.coverage.run import BATCH_MB, _Job
+    from polymem.analysis.coverage._job import BATCH_MB, _Job
 
     tok_t, tok_r, tcache, rcache, info = _tools(plan)
     job = _Job(tok_t, tok_r, tcache, rcache, plan.max_n, False, plan.occurrence)
