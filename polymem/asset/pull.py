@@ -71,8 +71,10 @@ def _staging(out: Path) -> Iterator[Path]:
     try:
         yield tmp
     finally:
-        _fs.rmtree(tmp)  # gone already once committed (renamed to ``out``)
-        os.close(fd)
+        try:
+            _fs.rmtree(tmp)  # gone already once committed (renamed to ``out``)
+        finally:
+            os.close(fd)
 
 
 def pull(
