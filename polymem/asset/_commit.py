@@ -28,6 +28,8 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,7 +40,7 @@ from polymem.errors import PolymemError
 STALE_SUFFIXES = (".new", ".old")
 TMP_FILES = (".zarr.json.tmp", WRITING_MARKER + ".tmp")
 _SHARD_KEY = re.compile(r"pages/c(/[0-9]{1,12})+")
-STAGING = ".{name}.pull-"  # prefix of a pull's staging directory beside its destination (pull.py)
+STAGING = ".{name}.pull-"  # prefix of a pull's staging directory beside its destination (building(out, "pull"))
 
 
 def shard_path(root: Path, key: str) -> Path:
@@ -176,6 +178,28 @@ def recover(root: Path) -> list[str]:
         _fs.unlink(p)
         done.append(f"removed stale temporary file {str(p.relative_to(root))!r}")
     return done
+
+
+@contextmanager
+def building(dest: Path, kind: str = "tmp") -> Iterator[Path]:
+    """A fresh ``.NAME.<kind>-*`` directory beside ``dest`` to build the new asset (or copy) in, held by an flock
+    while the writer runs (so `verify --repair` leaves it alone) and removed afterwards; once :func:`install`
+    renamed it to ``dest`` there is nothing left to remove. A removal that fails leaves a stale directory,
+    which `verify --repair` removes."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp, fd = _fs.locked_mkdtemp(f".{dest.name}.{kind}-", dest.parent)
+    except OSError as e:
+        raise PolymemError(f"cannot create {str(dest)!r}: {e.strerror} ({e.filename}); pick a writable directory") from None
+    try:
+        yield tmp
+    finally:
+        try:
+            _fs.rmtree(tmp)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def install(tmp: Path, dest: Path, *, overwrite: bool, lock_timeout: float | None,

@@ -10,7 +10,6 @@ zarr also reads as zeros. zarr-python and tensorstore read sparse assets unchang
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +163,7 @@ def write_sparse_asset(dest: Path, src: Any, chunk_keep: np.ndarray, provenance:
     g_src = src.geometry
     g = geometry(src.layout, src.dtype, g_src.chunks_per_shard,  # subsets are written in the current version
                  fp8_scale=g_src.fp8_scale)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp, tmp_fd = _fs.locked_mkdtemp(f".{dest.name}.tmp-", dest.parent)
-    try:
+    with _commit.building(dest) as tmp:
         _zarr.create_array_metadata(tmp, g)
         shards: dict[str, str] = {}
         cps = g.chunks_per_shard
@@ -200,8 +197,3 @@ def write_sparse_asset(dest: Path, src: Any, chunk_keep: np.ndarray, provenance:
         for d in {tmp, tmp / "pages", *((tmp / k).parent for k in shards)}:
             _fs.fsync_dir(d)
         _commit.install(tmp, dest, overwrite=overwrite, lock_timeout=None)
-    except BaseException:
-        _fs.rmtree(tmp)
-        raise
-    finally:
-        os.close(tmp_fd)

@@ -300,12 +300,7 @@ class MemoryAsset:
             raise PolymemError(f"{str(dest)!r} already exists; pass overwrite=True (CLI: --overwrite) or pick another path")
         if dest.exists() and not dest.is_dir():
             raise PolymemError(f"{str(dest)!r} is a file, not an asset directory; remove it or pick another path")
-        try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp, tmp_fd = _fs.locked_mkdtemp(f".{dest.name}.tmp-", dest.parent)  # held: repair leaves it alone
-        except OSError as e:
-            raise PolymemError(f"cannot create {str(dest)!r}: {e.strerror} ({e.filename}); pick a writable directory") from None
-        try:
+        with _commit.building(dest) as tmp:
             from polymem.asset import _zarr
 
             _zarr.create_array_metadata(tmp, geom)
@@ -347,14 +342,6 @@ class MemoryAsset:
                 _fs.fsync_dir(d if d.is_dir() else d.parent)
             _commit.install(tmp, dest, overwrite=overwrite, lock_timeout=lock_timeout,
                             check=_unchanged_since(based_on, dest))
-        except BaseException:
-            try:
-                _fs.rmtree(tmp)
-            except OSError:  # a stale .NAME.tmp-XXXX: `verify --repair` removes it
-                pass
-            raise
-        finally:
-            os.close(tmp_fd)
         return cls.open(dest)
 
     # ---- reads

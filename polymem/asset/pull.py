@@ -16,15 +16,14 @@ directly).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from polymem.asset import _commit, _fs
-from polymem.asset._commit import STAGING, remove_stale_staging
+from polymem.asset._commit import remove_stale_staging
 from polymem.asset._format import WRITING_MARKER
 from polymem.asset._validate import Raw, validate
 from polymem.errors import FormatError, MissingError, PolymemError
@@ -64,19 +63,6 @@ def _copy(raw: Raw, key: str, dest: Path) -> str:
     return h.hexdigest()
 
 
-@contextlib.contextmanager
-def _staging(out: Path) -> Iterator[Path]:
-    """A fresh ``.NAME.pull-*`` directory beside ``out``, locked (flock) while the pull runs, removed after."""
-    tmp, fd = _fs.locked_mkdtemp(STAGING.format(name=out.name), out.parent)
-    try:
-        yield tmp
-    finally:
-        try:
-            _fs.rmtree(tmp)  # gone already once committed (renamed to ``out``)
-        finally:
-            os.close(fd)
-
-
 def pull(
     url: str | os.PathLike[str], dest: str | os.PathLike[str], *, overwrite: bool = False, workers: int = 4,
     progress: Callable[[str, int], Any] | None = None,
@@ -103,7 +89,7 @@ def pull(
     missing = sorted(shards - set(keys))
     if missing:
         raise MissingError(f"{location}: shard {missing[0]!r} is missing; restore the source asset")
-    with _staging(out) as tmp:
+    with _commit.building(out, "pull") as tmp:
         sums: dict[str, str] = {}
 
         def one(key: str) -> None:

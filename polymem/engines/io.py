@@ -229,18 +229,11 @@ def export_table(asset: Any, out_dir: str | os.PathLike[str], *, overwrite: bool
     dest = Path(out_dir)
     if dest.exists() and not overwrite:
         raise PolymemError(f"{str(dest)!r} already exists; pass overwrite=True (CLI: --overwrite) or pick another path")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp, fd = _fs.locked_mkdtemp(f".{dest.name}.tmp-", dest.parent)
-    try:
+    with _commit.building(dest) as tmp:
         written = [_write_file(a, tmp, f) for f in src["files"]]
         if src["index"]:
             _write_index(tmp, src["files"])
         _commit.install(tmp, dest, overwrite=overwrite, lock_timeout=None)
-    except BaseException:
-        _fs.rmtree(tmp)
-        raise
-    finally:
-        os.close(fd)
     return [dest / p.name for p in written]
 
 
