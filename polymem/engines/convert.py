@@ -159,7 +159,7 @@ class _Fold:
     def add(self, keys: np.ndarray) -> None:
         self.pending.append(keys)
         self.size += keys.size
-        if self.size >= _FOLD_KEYS:
+        if self.size >= max(_FOLD_KEYS, self.keys.size):  # amortised: each fold at least doubles what is folded
             self._fold()
 
     def _fold(self) -> None:
