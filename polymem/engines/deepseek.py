@@ -26,9 +26,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from polymem.engines._tokenizer import load_backend, offline_tokenizer
-from polymem.engines.addressing import INT64_MAX, EngineAddressing, LayerTable
+from polymem.engines.addressing import EngineAddressing, LayerTable
 from polymem.errors import PolymemError
-from polymem.hash.xor import _is_prime
+from polymem.hash.idhash import engram_multipliers, engram_primes
 
 NAME = "deepseek-v4.1"
 VOCAB_SIZE = 129_280  # V4.1's ids; the DeepSeek-V3 tokenizer.json holds the first 128,815
@@ -84,28 +84,13 @@ def _backend(tokenizer: Any) -> Any:
 
 def multipliers(layer: int, hashed_vocab: int, *, count: int = len(ORDERS) + 1, seed: int = SEED) -> tuple[int, ...]:
     """The odd multipliers of one layer: layer 1 over 99,092 ids gives 76632096046245, 4839876093313, …"""
-    half = max(1, (INT64_MAX // hashed_vocab) // 2)
-    r = np.random.default_rng(seed + 10007 * layer).integers(0, half, count, dtype=np.int64)
-    return tuple(int(v) * 2 + 1 for v in r)
+    return engram_multipliers(layer, hashed_vocab, count, seed=seed)
 
 
 def layer_primes(layers: Sequence[int] = LAYERS, *, floor: int = PRIME_FLOOR, orders: int = len(ORDERS),
                  heads: int = HEADS) -> dict[int, tuple[int, ...]]:
     """layer -> its orders·heads primes; each (layer, order) restarts above ``floor``, skipping used primes."""
-    used: set[int] = set()
-    out: dict[int, tuple[int, ...]] = {}
-    for layer in layers:
-        primes: list[int] = []
-        for _ in range(orders):
-            c = floor
-            for _ in range(heads):
-                c += 1
-                while c in used or not _is_prime(c):
-                    c += 1
-                used.add(c)
-                primes.append(c)
-        out[layer] = tuple(primes)
-    return out
+    return engram_primes(layers, [floor + 1] * orders, heads)
 
 
 def addressing(tokenizer: Any = None, *, vocab_size: int = VOCAB_SIZE) -> EngineAddressing:

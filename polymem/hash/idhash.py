@@ -37,6 +37,34 @@ ID_HASH_FORMAT = "polymem.id-hash"
 ORIGINS = ("polymem-xor", "engram")
 
 
+def engram_multipliers(layer_id: int, vocab_size: int, count: int, *, seed: int = 0) -> tuple[int, ...]:
+    """The odd multipliers of one Engram layer (Engram's demo ``NgramHashMapping``, and DeepSeek-V4.1):
+    ``2·default_rng(seed + 10007·layer).integers(0, (INT64_MAX // vocab_size) // 2, count) + 1``."""
+    half = max(1, (np.iinfo(np.int64).max // int(vocab_size)) // 2)
+    r = np.random.default_rng(int(seed + 10007 * int(layer_id))).integers(0, half, count, dtype=np.int64)
+    return tuple(int(v) * 2 + 1 for v in r)
+
+
+def engram_primes(layer_ids: Sequence[int], order_vocab_sizes: Sequence[int],
+                  heads: int) -> dict[int, tuple[int, ...]]:
+    """layer -> its primes, order by order: per order, ``heads`` times the next prime ≥ that order's vocabulary
+    size not used before by any layer (layers in the order given)."""
+    seen: set[int] = set()
+    table: dict[int, tuple[int, ...]] = {}
+    for lid in layer_ids:
+        ps: list[int] = []
+        for size in order_vocab_sizes:
+            c = int(size) - 1
+            for _ in range(heads):
+                c += 1
+                while not _is_prime(c) or c in seen:
+                    c += 1
+                seen.add(c)
+                ps.append(c)
+        table[int(lid)] = tuple(ps)
+    return table
+
+
 @dataclass(frozen=True, kw_only=True)
 class IdHashSpec:
     """Token-id XOR hash with a prime modulus per (order, head), bound to one tokenizer."""
@@ -100,25 +128,9 @@ class IdHashSpec:
         """
         if max_n < 2 or len(order_vocab_sizes) != max_n - 1:
             raise PolymemError(f"Engram max_n={max_n} needs one vocabulary size per order 2..max_n, got {list(order_vocab_sizes)}")
-        half = max(1, (np.iinfo(np.int64).max // int(vocab_size)) // 2)
-        g = np.random.default_rng(int(seed + 10007 * int(layer_id)))
-        r = g.integers(low=0, high=half, size=(max_n,), dtype=np.int64)
-        mults = tuple(int(v) * 2 + 1 for v in r)
+        mults = engram_multipliers(layer_id, vocab_size, max_n, seed=seed)
         if primes is None:
-            seen: set[int] = set()
-            table: dict[int, list[int]] = {}
-            for lid in (list(layer_ids) if layer_ids is not None else [layer_id]):
-                ps: list[int] = []
-                for n in range(2, max_n + 1):
-                    start = int(order_vocab_sizes[n - 2]) - 1
-                    for _ in range(heads):
-                        c = start + 1
-                        while not _is_prime(c) or c in seen:
-                            c += 1
-                        seen.add(c)
-                        ps.append(c)
-                        start = c
-                table[int(lid)] = ps
+            table = engram_primes(list(layer_ids) if layer_ids is not None else [layer_id], order_vocab_sizes, heads)
             if int(layer_id) not in table:
                 raise PolymemError(f"layer_id {layer_id} is not in layer_ids {list(layer_ids or [])}")
             primes = table[int(layer_id)]
