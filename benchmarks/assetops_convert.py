@@ -1,11 +1,11 @@
-"""Experiment (issue 13): is a converted Engram-style table as good as the original under its own tokenizer?
+"""Experiment: is a converted Engram-style table as good as the original under its own tokenizer?
 
 Phase "gap": train a small GPT with an id-hashed (Engram XOR) table (`train_donor(hash="xor")`) on a corpus with
 tokenizer T; evaluate held-out bits/byte (a) with the id table, (b) with the table converted to byte addressing
 (`polymem.convert`, replaying the training split with T) read through byte hashes — same backbone, same site
 weights, only the table and its addressing swapped — for target tables of 1× and 4× the source's rows, and
 (c) with memory off. Phase "transfer": the converted table, frozen, in recipients with another tokenizer (the
-transfer arms of polymem/torch/transfer.py: none / random / donor) next to a native byte-hash donor trained with
+transfer arms of polymem/recipes/transfer.py: none / random / donor) next to a native byte-hash donor trained with
 the same budget. Phase "subset": subset size on disk.
 
     nice -n 10 python benchmarks/assetops_convert.py --phase gap --out docs/results/assetops
@@ -46,7 +46,7 @@ def phase_gap(a) -> dict:
     from polymem import HashSpec, Layout, MemoryAsset, convert
     from polymem.torch.attach import attach
     from polymem.torch.tables import TrainableTable
-    from polymem.torch.train import MemoryConfig, TrainConfig, evaluate_bpb, split_documents, train_donor
+    from polymem.recipes.train import MemoryConfig, TrainConfig, evaluate_bpb, split_documents, train_donor
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,7 @@ def phase_gap(a) -> dict:
 
 
 def phase_transfer(a) -> dict:
-    """Transfer arms (none / random / converted donor, polymem.torch.transfer.run_transfer_jobs) for a recipient
+    """Transfer arms (none / random / converted donor, polymem.recipes.transfer.run_transfer_jobs) for a recipient
     with another tokenizer family, plus a native byte-hash donor (same corpus, steps and table layout as the
     converted one) attached the same way on the same seeds."""
     import torch
@@ -102,9 +102,9 @@ def phase_transfer(a) -> dict:
     from polymem import MemoryAsset
     from polymem.torch.attach import attach
     from polymem.torch.tables import TrainableTable
-    from polymem.torch.train import (MemoryConfig, TokenData, TrainConfig, build_model, evaluate_bpb, read_documents,
+    from polymem.recipes.train import (MemoryConfig, TokenData, TrainConfig, build_model, evaluate_bpb, read_documents,
                                      split_documents, train_donor, train_loop)
-    from polymem.torch.transfer import run_transfer_jobs
+    from polymem.recipes.transfer import run_transfer_jobs
 
     work = Path(a.work)
     corpus = work / "corpus.jsonl.gz"

@@ -1,4 +1,4 @@
-"""Experiment (issue 13): how small is a subset of a trained table for one corpus?
+"""Experiment: how small is a subset of a trained table for one corpus?
 
 Train a byte-hash donor (cl100k_base) on a sample of every corpus in /work/shared/corpus, then `subset` it by
 slices of pydocs (1, 10, 100 documents, the whole training split) and report pages kept, bytes on disk and the
@@ -52,7 +52,8 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     from polymem import HashSpec, Layout, MemoryAsset, TokenHashes, load_tokenizer
-    from polymem.torch.train import MemoryConfig, TrainConfig, split_documents, train_donor
+    from polymem.ops.subset import subset
+    from polymem.recipes.train import MemoryConfig, TrainConfig, split_documents, train_donor
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -84,12 +85,12 @@ def main(argv=None) -> int:
     for n in sorted({1, 10, min(100, len(py_train)), len(py_train)}):
         sl = write_docs(py_train[:n], work / f"py-{n}.jsonl.gz")
         t1 = time.perf_counter()
-        _, rep = full.subset(work / f"sub-{n}.pmem", tokenizer="cl100k_base", corpus=[sl], heldout=[held], overwrite=True)
+        rep = subset(full, work / f"sub-{n}.pmem", tokenizer="cl100k_base", corpus=[sl], heldout=[held], overwrite=True)
         row = {"pydocs_train_docs": n, "bytes_text": sum(len(t.encode()) for t in py_train[:n]), **rep.to_dict(),
                "seconds": time.perf_counter() - t1}
         res["subsets"].append(row)
         print(json.dumps(row), flush=True)
-    _, rep = full.subset(work / "sub-mincount.pmem", min_count=5, overwrite=True)
+    rep = subset(full, work / "sub-mincount.pmem", min_count=5, overwrite=True)
     res["min_count_5"] = rep.to_dict()
     # pages pydocs (training split) would touch in larger page-local layouts (addresses only)
     tok = load_tokenizer("cl100k_base")

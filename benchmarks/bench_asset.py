@@ -56,7 +56,7 @@ def _groups(keys: np.ndarray) -> "list[tuple[int, np.ndarray]]":
 
 
 class LegacyMmapReader:
-    """The fast reader before issue 9 (commit 8229a40, format v1): one mmap per shard, MADV_RANDOM, no
+    """The fast reader before verified reads (commit 8229a40, format v1): one mmap per shard, MADV_RANDOM, no
     per-read check. Copied verbatim (minus the shard writer) so the new reader can be timed against it."""
 
     def __init__(self, root: Path, geom) -> None:
@@ -128,12 +128,12 @@ class LegacyMmapReader:
 def legacy_asset(path: Path):
     """A MemoryAsset on a format-v1 directory whose reader is today's-before-issue-9 mmap reader."""
     from polymem import MemoryAsset
-    from polymem.asset import _shards
+    from polymem.asset import _reader
 
     a = MemoryAsset.open(path)
     assert a.version == 1
     old = LegacyMmapReader(path, a.geometry)
-    old.__class__ = type("LegacyFast", (LegacyMmapReader, _shards.FastReader), {})  # take the same code paths
+    old.__class__ = type("LegacyFast", (LegacyMmapReader, _reader.FastReader), {})  # take the same code paths
     a._reader, a._lean = old, old.read_page
     return a
 

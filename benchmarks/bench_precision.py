@@ -20,7 +20,7 @@ import torch
 
 from polymem.torch.attach import attach
 from polymem.torch.precision import NATIVE_BF16_CPU_FLAGS, host_cpu_flags, resolve_precision
-from polymem.torch.train import MemoryConfig, TokenData, TrainConfig, build_model, read_documents, split_documents, train_loop
+from polymem.recipes.train import MemoryConfig, TokenData, TrainConfig, build_model, read_documents, split_documents, train_loop
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""The transfer recipe's training speed with the host's kernels vs AVX2-only kernels (issue 12: "state the recipe's
-time on both kinds of CPU" without an AVX2-only machine at hand).
+"""The transfer recipe's training speed with the host's kernels vs AVX2-only kernels (the recipe's
+time on both kinds of CPU, without an AVX2-only machine at hand).
 
 Each configuration runs `polymem train` for a few steps in a fresh child process. The AVX2-only arm restricts every
 kernel library torch uses on CPU to AVX2 through their documented switches — ATen's dispatch

@@ -217,6 +217,7 @@ def _paired(tok_t: Any, tok_r: Any, corpus: Any, max_n: int, partition_mb: float
     from polymem.analysis.coverage import _job as J
     from polymem.analysis.coverage import run as R
     from polymem.analysis.coverage.report import CoverageReport
+    from polymem.analysis.coverage._results import Fidelity
     from polymem.hash.spec import HashSpec
     from polymem.tokenizers import load_tokenizer
 
@@ -268,15 +269,15 @@ def _paired(tok_t: Any, tok_r: Any, corpus: Any, max_n: int, partition_mb: float
                     tokenize(part, step == "tokenizeb")
                 w1, c1 = clock()
                 steps[step].append((w1 - w0, c1 - c0))
-            occ = r.pop("occ", None)
+            occ = r.take_occ()
             if occ is not None:
                 held[i] = occ
                 held_mb += dist.held_bytes(occ) / 1e6
             results.append(r)
         w0, c0 = clock()
         extra = np.zeros(max_n, dtype=np.int64)
-        for lo, hi in dist.bucket_ranges(sum(r["ref_keys"] for r in results)):
-            extra += dist.resolve_buckets(plan, [r["index"] for r in results], lo, hi, held,
+        for lo, hi in dist.bucket_ranges(sum(r.ref_keys for r in results)):
+            extra += dist.resolve_buckets(plan, [r.index for r in results], lo, hi, held,
                                           dist.range_offsets(results, lo, hi))
         w1, c1 = clock()
         reduce = (w1 - w0, c1 - c0)
@@ -287,11 +288,11 @@ def _paired(tok_t: Any, tok_r: Any, corpus: Any, max_n: int, partition_mb: float
     tally.pos_hits += extra
     report = CoverageReport.from_tally(
         tally, occurrence=True, target=J._info(tok_t), reference=J._info(tok_r), method="hash",
-        bytes=sum(r["bytes"] for r in results),
-        fidelity={"target": R._merge_fidelity([r["fid_t"] for r in results]),
-                  "reference": R._merge_fidelity([r["fid_r"] for r in results])},
-        skipped=[{"source": s.source, "reason": s.reason} for r in results for s in r["skipped"]],
-        replaced_utf8=sum(r["replaced"] for r in results), elapsed_s=0.0, workers=1,
+        bytes=sum(r.bytes for r in results),
+        fidelity={"target": Fidelity.merge(r.fid_t for r in results).as_dict(),
+                  "reference": Fidelity.merge(r.fid_r for r in results).as_dict()},
+        skipped=[{"source": s.source, "reason": s.reason} for r in results for s in r.skipped],
+        replaced_utf8=sum(r.replaced for r in results), elapsed_s=0.0, workers=1,
         timing={"encode_s": 0.0, "count_s": 0.0, "read_s": 0.0}, hash_spec=spec.spec_id)
     want = polymem.coverage(tok_t, tok_r, corpus, max_n=max_n, partition_mb=partition_mb)
     assert _numbers(report) == _numbers(want), "the paired steps gave another report than polymem.coverage"

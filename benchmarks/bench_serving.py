@@ -1,4 +1,4 @@
-"""Benchmark: decoding with a memory table bigger than memory, served by the page service (issue 10).
+"""Benchmark: decoding with a memory table bigger than memory, served by the page service.
 
     nice -n 10 python benchmarks/bench_serving.py --asset /work/bench/serve-2b.nf4 --params 2G \
         --json serving.json --md serving.md

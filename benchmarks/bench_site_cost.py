@@ -53,7 +53,7 @@ def _cpu_flags() -> str:
 def bench_model(name: str, rounds: int, softmax: str, layer: int, texts: list[str] | None) -> dict:
     from polymem.models import load_model
     from polymem.models.evaluate import token_nats
-    from polymem.models.tabletrain import FrozenTrainConfig, restricted_head, site_optimizers
+    from polymem.recipes.frozen import FrozenTrainConfig, restricted_head, site_optimizers
     from polymem.torch.attach import attach
 
     lm = load_model(name)
@@ -151,7 +151,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     texts = None
     if args.corpus:
-        from polymem.torch.train import read_documents
+        from polymem.recipes.train import read_documents
 
         texts = read_documents(args.corpus)
     out = {"machine": {"cpu": platform.processor() or platform.machine(), "flags": _cpu_flags(),

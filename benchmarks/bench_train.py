@@ -17,7 +17,7 @@ import time
 import torch
 
 from polymem.torch.attach import attach
-from polymem.torch.train import MemoryConfig, TokenData, TrainConfig, build_model, read_documents, split_documents, train_loop
+from polymem.recipes.train import MemoryConfig, TokenData, TrainConfig, build_model, read_documents, split_documents, train_loop
 
 
 def main() -> None:

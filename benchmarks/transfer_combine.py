@@ -1,5 +1,5 @@
 """Combine arms of several `polymem transfer` runs that share seeds and recipient settings (e.g. the same recipient
-reading different donor assets) into one table with paired per-seed comparisons (issue 13's convert-transfer and
+reading different donor assets) into one table with paired per-seed comparisons (the convert-transfer and
 merge experiments).
 
     python benchmarks/transfer_combine.py --arm converted=i13-converted.json:donor \\
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from polymem._io import atomic_write_text
-from polymem.torch.curves import paired
+from polymem.recipes.curves import paired
 
 SAME = ("seeds", "steps", "tokens", "max_eval_tokens")
 

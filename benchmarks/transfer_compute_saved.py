@@ -1,10 +1,10 @@
-"""Issue 12: the compute a donor saves at its own budget, measured against complete scratch runs.
+"""The compute a donor saves at its own budget, measured against complete scratch runs.
 
 One run's intermediate points are taken before the learning-rate decay, so "scratch needs X tokens to reach
 donor_finetune's final bpb" cannot be read off one run. This script takes the arm's final bpb per seed from a
 ``polymem transfer`` result and scratch runs of several lengths (``polymem transfer --arms scratch --steps N`` with
 the same seeds and recipient settings), and interpolates between their final (post-decay) points
-(:func:`polymem.torch.curves.end_of_schedule_saving`).
+(:func:`polymem.recipes.curves.end_of_schedule_saving`).
 
     python benchmarks/transfer_compute_saved.py --result docs/results/transfer-curves.json \\
         --scratch docs/results/transfer-scratch150.json --scratch docs/results/transfer-scratch200.json \\
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from polymem._io import atomic_write_text
-from polymem.torch.curves import end_of_schedule_saving
+from polymem.recipes.curves import end_of_schedule_saving
 
 
 def main(argv=None) -> int:

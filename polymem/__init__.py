@@ -36,9 +36,9 @@ _LAZY = {
     "coverage": ("polymem.analysis.coverage", "coverage"),
     "MemoryAsset": ("polymem.asset", "MemoryAsset"),
     "IdHashSpec": ("polymem.hash.idhash", "IdHashSpec"),
-    "convert": ("polymem.asset.ops", "convert"),
-    "subset": ("polymem.asset.ops", "subset"),
-    "merge": ("polymem.asset.ops", "merge"),
+    "convert": ("polymem.ops", "convert"),
+    "subset": ("polymem.ops", "subset"),
+    "merge": ("polymem.ops", "merge"),
     "attach": ("polymem.torch.attach", "attach"),
 }
 

@@ -123,7 +123,7 @@ def check_outputs_not_inputs(outputs: Mapping[str, Any], inputs: Iterable[tuple[
 
 
 def _is_local(path: str) -> bool:
-    return path != "-" and (not is_url(path) or path.startswith("file://"))
+    return path != "-" and not is_url(path, remote=True)
 
 
 def _local_matches(given: Any) -> list[str]:

@@ -15,8 +15,12 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
 
-def is_url(path: Any) -> bool:
-    return isinstance(path, str) and _URL.match(path) is not None
+def is_url(path: Any, *, remote: bool = False) -> bool:
+    """Whether ``path`` is a URL (``scheme://…``: s3://, https://, memory://, file://). ``remote=True``: a URL
+    that does not name a local file, i.e. not ``file://PATH`` (which is read and written as the local PATH).
+    The one place that tells a URL from a local path; every other module asks this."""
+    return (isinstance(path, str) and _URL.match(path) is not None
+            and not (remote and path.startswith("file://")))
 
 
 def kind_of(name: str) -> tuple[str | None, str | None]:

@@ -39,16 +39,16 @@ Partitions: ``corpus.partitions(partition_mb)`` cuts the files into parts of abo
 of JSONL files, runs of Parquet row groups, groups of small files), each readable on its own — by a Dask worker,
 say — with the same documents, in the same order, as iterating the corpus (polymem.sources).
 
+Which files an input names (globs, directories, a file reached twice) and opening only regular files:
+:mod:`polymem._discover`; file formats, URLs and partitions' byte ranges: :mod:`polymem.sources`.
+
 What this module does not do: tokenise, deduplicate, or hold the corpus in memory.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fnmatch
 import json
 import os
-import stat
 import sys
 import uuid
 import zlib
@@ -59,9 +59,11 @@ from pathlib import Path
 import glob as _glob
 from typing import Any, BinaryIO
 
+from polymem._discover import glob_no_links, local_info, open_regular, oserr, unseen
+from polymem._paths import is_url, kind_of
 from polymem.errors import PolymemError
 from polymem.sources import (MAX_DOCUMENT_BYTES, FileInfo, LineState, LongLine, OpenStreams, Piece, bounded_lines,
-                             decompress, expand, is_url, jsonl_lines, kind_of, open_raw, parquet_texts, plan_pieces)
+                             decompress, expand, jsonl_lines, open_raw, parquet_texts, plan_pieces)
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl",)
@@ -156,7 +158,7 @@ class Corpus:
             if str(p) == "-":
                 yield from self._read_stdin()
             else:
-                for info in _once(self._files(p), seen):
+                for info in unseen(self._files(p), seen):
                     yield from self._read_piece(Piece(info))
 
     @property
@@ -171,7 +173,7 @@ class Corpus:
         if not self.can_partition:
             raise PolymemError("stdin (-) cannot be partitioned: it can be read only once, by this process")
         self.skipped, self.replaced, self.ignored_files = [], 0, 0
-        files = list(_once((info for p in self.paths for info in self._files(p)), set()))
+        files = list(unseen((info for p in self.paths for info in self._files(p)), set()))
         pieces = plan_pieces(files, max(1, int(partition_mb * 1e6)), self.storage_options)
         token = uuid.uuid4().hex  # the partitions of one plan: a stream one leaves open may serve the next
         return [FilePartition(tuple(ps), self.text_field, self.invalid_utf8, self.storage_options, token,
@@ -184,13 +186,13 @@ class Corpus:
             self.ignored_files += ignored
             return files
         if not os.path.lexists(p) and _glob.has_magic(str(p)):
-            matches = sorted(_glob_no_links(str(p)))
+            matches = sorted(glob_no_links(str(p)))
             if not matches:
                 raise PolymemError(f"input {str(p)!r} matches no file; check the pattern")
             return [info for m in matches for info in self._files(m)]
         if os.path.isdir(p):
-            return [_local_info(f, explicit=False) for f in self._walk(Path(p))]
-        return [_local_info(Path(p), explicit=True)]
+            return [local_info(f, explicit=False) for f in self._walk(Path(p))]
+        return [local_info(Path(p), explicit=True)]
 
     def skipped_by_reason(self) -> dict[str, int]:
         """{reason kind: count}, the kind being the reason up to its first ':' (e.g. 'binary file')."""
@@ -198,12 +200,12 @@ class Corpus:
 
     # ---------------------------------------------------------------------------------------- sources
     def _walk(self, root: Path) -> Iterator[Path]:
-        for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: self._skip(str(e.filename), _oserr(e))):
+        for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: self._skip(str(e.filename), oserr(e))):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in sorted(filenames):
                 if name.startswith("."):
                     continue
-                if _kind(name) is None:
+                if kind_of(name)[0] is None:
                     self.ignored_files += 1
                     continue
                 yield Path(dirpath) / name
@@ -216,7 +218,7 @@ class Corpus:
         try:
             data = self._read_text(stream, "<stdin>")
         except OSError as e:
-            self._skip("<stdin>", _oserr(e))
+            self._skip("<stdin>", oserr(e))
             return
         doc = self._text_document(data, "<stdin>", "<stdin>") if data is not None else None
         if doc is not None:
@@ -233,18 +235,20 @@ class Corpus:
             return
         resumable = token is not None and kind == "jsonl" and comp is not None and piece.stop is not None
         left = OpenStreams.take(token, piece) if token is not None and kind == "jsonl" and comp else None
+        raw: Any  # a file object (local, or fsspec's)
+        f: Any  # raw, or a decompressing stream over it
         if left is not None:
             raw, f, state = left
             yield from self._read_jsonl_piece(raw, f, piece, state, token, resumable)
             return
         if is_url(src):
             try:
-                raw: Any = open_raw(info, self.storage_options)
+                raw = open_raw(info, self.storage_options)
             except (OSError, PolymemError) as e:
                 self._skip(src, f"unreadable file: {type(e).__name__}: {e}")
                 return
         else:
-            raw = _open_regular(Path(src))
+            raw = open_regular(Path(src))
             if isinstance(raw, str):
                 self._skip(src, raw)
                 return
@@ -253,7 +257,7 @@ class Corpus:
             try:
                 f = decompress(raw, comp)
                 binary = piece.start == 0 and self._binary(f, src)
-            except (OSError, EOFError, zlib.error, *_zstd_errors()) as e:
+            except _read_errors() as e:
                 self._read_error(e, piece, _Progress())
                 binary = True
             except BaseException:
@@ -269,7 +273,7 @@ class Corpus:
             yield from self._read_jsonl_piece(raw, f, piece, LineState(), token, resumable)
             return
         used = _Progress()
-        f: Any = raw
+        f = raw
         try:
             f = decompress(raw, comp)
             if kind == "jsonl":
@@ -279,7 +283,7 @@ class Corpus:
                 doc = self._text_document(data, src, src) if data is not None else None
                 if doc is not None:
                     yield doc
-        except (OSError, EOFError, zlib.error, *_zstd_errors()) as e:  # gzip.BadGzipFile is an OSError
+        except _read_errors() as e:  # gzip.BadGzipFile is an OSError
             self._read_error(e, piece, used)
         finally:
             if f is not raw:
@@ -295,7 +299,7 @@ class Corpus:
         try:
             yield from self._jsonl_records(jsonl_lines(f, piece, state, self.max_document_bytes), used)
             keep = resumable and state.ended
-        except (OSError, EOFError, zlib.error, *_zstd_errors()) as e:  # gzip.BadGzipFile is an OSError
+        except _read_errors() as e:  # gzip.BadGzipFile is an OSError
             self._read_error(e, piece, used)
         finally:
             if keep:
@@ -505,97 +509,6 @@ class _Progress:
     nbytes: int = 0
 
 
-_SPECIAL_FILES = (
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
-def _not_regular(mode: int) -> str:
-    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "not a file")
-    return (f"not a regular file: {kind}; only regular files are read (to read a stream, "
-            "pipe its output to stdin with -)")
-
-
-def _open_regular(path: Path) -> BinaryIO | str:
-    """Open `path` for binary reading if it is a regular file, else return why not. Never blocks.
-
-    stat() first, so a FIFO or device is never opened; then open with O_NONBLOCK (a FIFO swapped in after the
-    stat opens at once instead of waiting for a writer) and fstat() the descriptor, so what is read is what
-    was checked.
-    """
-    try:
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode):
-            return _not_regular(mode)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    except OSError as e:
-        return _oserr(e)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(fd)
-            return _not_regular(mode)
-        if getattr(os, "O_NONBLOCK", 0):
-            os.set_blocking(fd, True)
-    except OSError as e:
-        os.close(fd)
-        return _oserr(e)
-    return open(fd, "rb")  # noqa: SIM115 - the caller closes it
-
-
-def _glob_no_links(pattern: str) -> list[str]:
-    """``glob.glob(pattern, recursive=True)``, except that ``**`` does not descend into linked directories (glob
-    does, so a link to an ancestor repeats the tree until the path grows too long: 40 times over, and more with
-    two such links) and passes over hidden entries (as glob's wildcards and the directory walk do)."""
-    parts = pattern.split(os.sep)
-    if "**" not in parts:
-        return _glob.glob(pattern)
-    k = parts.index("**")
-    head = os.sep.join(parts[:k])
-    bases = _glob.glob(head) if _glob.has_magic(head) else [head]
-    return [m for base in bases if os.path.isdir(base or ".") for m in _walk_matches(base, parts[k:])]
-
-
-def _walk_matches(base: str, pats: list[str]) -> Iterator[str]:
-    """The paths under directory ``base`` (itself included) whose segments below it match ``pats``."""
-    top = base or "."
-    if base and _segments_match([], pats):
-        yield base
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        rel = [] if dirpath == top else os.path.relpath(dirpath, top).split(os.sep)
-        for name in [*dirnames, *(f for f in filenames if not f.startswith("."))]:
-            if _segments_match([*rel, name], pats):
-                yield os.path.join(base, *rel, name)
-
-
-def _segments_match(segs: list[str], pats: list[str]) -> bool:
-    """Whether path segments match glob segments, ``**`` standing for any number of segments (none included)."""
-    if not pats:
-        return not segs
-    if pats[0] == "**":
-        return any(_segments_match(segs[i:], pats[1:]) for i in range(len(segs) + 1))
-    return bool(segs) and fnmatch.fnmatchcase(segs[0], pats[0]) and _segments_match(segs[1:], pats[1:])
-
-
-def _once(files: Iterable[FileInfo], seen: set[object]) -> Iterator[FileInfo]:
-    """The files not in ``seen`` yet, which records them: a regular file by (device, inode), so that one reached
-    again (named twice, through a link, by a glob and a directory) is read once; anything else by its name."""
-    for info in files:
-        key: object = info.url
-        path = info.url.removeprefix("file://")
-        if not is_url(path):
-            with contextlib.suppress(OSError):
-                st = os.stat(path)
-                key = (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else key
-        if key not in seen:
-            seen.add(key)
-            yield info
-
-
 def _read_upto(f: Any, n: int) -> bytes:
     """Up to ``n`` bytes of ``f``: fewer only at its end (a stream's read() may return less)."""
     parts, got = [], 0
@@ -616,25 +529,17 @@ def _json_type(value: object) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _kind(name: str) -> str | None:
-    return kind_of(name)[0]
-
-
-def _local_info(path: Path, *, explicit: bool) -> FileInfo:
-    kind, comp = kind_of(path.name)
-    try:
-        size = os.stat(path).st_size
-    except OSError:
-        size = 0  # reported when it is opened
-    return FileInfo(str(path), size, kind or "text", comp)  # an explicitly named file of another type: text
-
-
 def _zstd_errors() -> tuple[type[BaseException], ...]:
     try:
         import zstandard
     except ImportError:
         return ()
     return (zstandard.ZstdError,)
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What a damaged or truncated file raises while it is read and decompressed (gzip.BadGzipFile is an OSError)."""
+    return (OSError, EOFError, zlib.error) + _zstd_errors()
 
 
 class FilePartition:
@@ -666,8 +571,3 @@ class FilePartition:
         finally:
             skipped.extend(reader.skipped)
             self.replaced = reader.replaced
-
-
-
-def _oserr(e: OSError) -> str:
-    return f"unreadable file: {e.strerror or type(e).__name__}"

@@ -9,6 +9,7 @@ What this module does not do: read the corpora (polymem.corpus does), or downloa
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from polymem.errors import PolymemError
@@ -22,7 +23,7 @@ SAMPLES = {
 }
 
 
-def resolve_sample(value: str) -> str | Path:
+def resolve_sample(value: str | os.PathLike[str]) -> str | os.PathLike[str]:
     """``sample:NAME`` -> the path of the shipped corpus NAME; anything else is returned unchanged."""
     if not isinstance(value, str) or not value.startswith(PREFIX):
         return value

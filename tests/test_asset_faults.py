@@ -11,7 +11,6 @@ the old or the new files. A writer that raised must not have landed (unless it s
 
 from __future__ import annotations
 
-import errno
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -21,34 +20,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from faults import OPS, Injector
+
 from polymem import FormatError, HashSpec, Layout, MemoryAsset, PolymemError
-from polymem.asset import _fs, nf4
-from polymem.asset.pull import pull
+from polymem.asset import nf4
+from polymem.hash.idhash import IdHashSpec
+from polymem.hash.xor import XorHashSpec
+from polymem.ops.convert import convert
+from polymem.ops.merge import merge
+from polymem.ops.pull import pull
+from polymem.tokenizers import load_tokenizer
+from polymem.ops.subset import subset
 
 SPEC = HashSpec()
 LAYOUT = Layout(pages=11, heads=4, slots=2, head_dim=8)
-OPS = ("open_write", "write", "fsync", "replace", "rename_noreplace", "link", "unlink", "rmtree", "mkdtemp", "fsync_dir")
-
-
-class Injector:
-    def __init__(self, k: float, mode: str) -> None:
-        self.k, self.mode, self.n, self.log = k, mode, 0, []
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for name in OPS:
-            monkeypatch.setattr(_fs, name, self._wrap(getattr(_fs, name), name))
-
-    def _wrap(self, fn: Callable, name: str) -> Callable:
-        def wrapped(*a, **kw):
-            self.n += 1
-            self.log.append(name)
-            if self.n == self.k or (self.mode == "crash" and self.n > self.k):
-                raise OSError(errno.EIO, f"injected failure of _fs.{name} (call {self.n})")
-            return fn(*a, **kw)
-
-        return wrapped
-
-
 def _table(seed: int = 0, layout: Layout = LAYOUT) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((layout.num_rows, layout.head_dim)).astype(np.float32)
 
@@ -88,6 +73,19 @@ def _writers(tmp: Path) -> dict[str, tuple[Callable[[], Path], Callable[[Path], 
         shutil.copytree(Path(__file__).resolve().parent / "data" / "asset-v1-float32", d / "a")
         return d / "a"
 
+    def xor_source() -> Path:  # a tokenizer-bound (--hash xor) table over the bytes tokenizer, and a corpus
+        d = tmp / "case"
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir()
+        tok = load_tokenizer("bytes")
+        spec = IdHashSpec.from_xor(XorHashSpec(head_rows=67, orders=(1, 2), heads=2),
+                                   tokenizer={"name": tok.name, "fingerprint": tok.fingerprint}, vocab_size=tok.vocab_size)
+        lay = spec.layout(4)
+        table = np.random.default_rng(0).normal(size=(lay.num_rows, 4)).astype(np.float32)
+        (d / "docs.txt").write_text("the cat sat on the mat. the dog sat on the log.\n" * 3)
+        MemoryAsset.from_array(d / "a", table, spec, lay, orders=(1, 2), chunks_per_shard=4)
+        return d / "a"
+
     pages = np.full((3, 8, 8), 0.5, np.float32)
     return {
         "write_pages (2 shards)": (base(), lambda p: MemoryAsset.open(p).write_pages([1, 2, 9], pages)),
@@ -96,9 +94,12 @@ def _writers(tmp: Path) -> dict[str, tuple[Callable[[], Path], Callable[[Path], 
                                                                           overwrite=True, chunks_per_shard=4)),
         "create (new path)": (base(), lambda p: MemoryAsset.create(p.parent / "b", SPEC, LAYOUT, chunks_per_shard=4)),
         "pull (new path)": (base(), lambda p: pull(str(p), p.parent / "b")),
-        "subset (new path)": (base(counts=True), lambda p: MemoryAsset.open(p).subset(p.parent / "b", min_count=2)),
+        "subset (new path)": (base(counts=True), lambda p: subset(MemoryAsset.open(p), p.parent / "b", min_count=2)),
         "quantize overwrite": (base(), lambda p: MemoryAsset.open(p).quantize(p, to="nf4", overwrite=True)),
         "upgrade v1": (v1, lambda p: MemoryAsset.upgrade(p)),
+        "merge (new path)": (base(counts=True), lambda p: merge([MemoryAsset.open(p), MemoryAsset.open(p)], p.parent / "b")),
+        "convert (new path)": (xor_source, lambda p: convert(p, "bytes", [p.parent / "docs.txt"], p.parent / "b",
+                                                            layout=Layout(pages=4, heads=2, slots=2, head_dim=4))),
     }
 
 

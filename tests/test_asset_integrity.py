@@ -1,5 +1,5 @@
-"""Issue 9, assets: every page read verified, no building on corrupt shards, writers locked, readers that
-survive shards changed under them, bounded headers, repair. Each test reproduces a probe that failed before."""
+"""Assets under hostile conditions: every page read verified, no building on corrupt shards, writers locked, readers that
+survive shards changed under them, bounded headers, repair. Each test reproduces a failure the old code had."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _backends() -> list[str]:
     return out
 
 
-# ------------------------------------------------------------------------------ probe 1: verified reads
+# ------------------------------------------------------------------------------------ verified reads
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_flipped_data_byte_fails_the_read_that_meets_it(tmp_path, dtype):
     a = MemoryAsset.from_array(tmp_path / "a", _table(), SPEC, LAYOUT, orders=(1, 2), dtype=dtype, chunks_per_shard=3)
@@ -82,7 +82,7 @@ def test_flipped_crc_byte_is_caught_too(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["float16", "nf4"])
 def test_write_pages_and_quantize_refuse_a_corrupt_shard(tmp_path, dtype):
-    """Probe 1: a flipped byte used to survive a later write_pages/quantize, after which verify said OK."""
+    """A flipped byte used to survive a later write_pages/quantize, after which verify said OK."""
     t = _table()
     a = MemoryAsset.from_array(tmp_path / "a", t, SPEC, LAYOUT, orders=(1,), dtype=dtype, chunks_per_shard=6)
     g = a.geometry
@@ -124,7 +124,7 @@ def test_write_pages_refuses_a_shard_changed_without_crc(tmp_path):
         a.write_pages([5], np.zeros((1, 8, 8), np.float32))
 
 
-# ------------------------------------------------------------------------------ probe 5: bounded header
+# ------------------------------------------------------------------------------------ bounded header
 def _rewrite_header(path: Path, fn) -> None:
     """Edit attributes.polymem and re-seal its attributes checksum (what a crafted file would do)."""
     from polymem.asset._format import canonical_json, sha256_hex
@@ -180,7 +180,7 @@ def test_too_many_shards_and_oversized_metadata_are_refused(tmp_path):
         MemoryAsset.open(path)
 
 
-# ------------------------------------------------------------------------------ probe 3: no SIGBUS
+# ------------------------------------------------------------------------------------ no SIGBUS
 _TRUNCATE_UNDER_READER = textwrap.dedent(
     """
     import os, sys, numpy as np
@@ -215,7 +215,7 @@ _TRUNCATE_UNDER_READER = textwrap.dedent(
 @pytest.mark.parametrize("reader", ["map", "pread"])
 @pytest.mark.parametrize("mode", ["truncate", "rewrite"])
 def test_shard_changed_under_an_open_reader_is_an_error_not_a_signal(tmp_path, mode, reader):
-    """Probe 3: readers used to memory-map shards and die with SIGBUS when one was truncated. Today's readers
+    """Readers used to memory-map shards and die with SIGBUS when one was truncated. Today's readers
     map shards again (from the first read here), under the SIGBUS guard, or read with pread: both survive."""
     from polymem.asset import _sigbus
 
@@ -245,7 +245,7 @@ def test_shard_replaced_by_rename_under_a_reader_gives_old_bytes(tmp_path):
     assert (MemoryAsset.open(tmp_path / "a").read_pages([0, 1]) == 3.0).all()
 
 
-# ------------------------------------------------------------------------------ probe 2: writers locked
+# ------------------------------------------------------------------------------------ writers locked
 _WRITER = textwrap.dedent(
     """
     import sys, numpy as np
@@ -264,7 +264,7 @@ _WRITER = textwrap.dedent(
 
 @pytest.mark.parametrize("pages_a, pages_b", [("0,1", "40,41"), ("0,1", "1,2")])
 def test_two_writer_processes_never_lose_a_write(tmp_path, pages_a, pages_b):
-    """Probe 2: concurrent writers used to leave checksums that did not match shards, and lose writes."""
+    """Concurrent writers used to leave checksums that did not match shards, and lose writes."""
     layout = Layout(pages=64, heads=4, slots=2, head_dim=8)
     path = tmp_path / "a"
     MemoryAsset.create(path, SPEC, layout, chunks_per_shard=16)
@@ -386,8 +386,8 @@ def test_repair_restores_an_asset_left_aside_by_an_interrupted_overwrite(tmp_pat
 
 
 def test_page_service_reads_are_verified_too(tmp_path):
-    """The page service (polymem.asset.pages, issue 10) preads stored chunks itself: it checks their crc32c."""
-    from polymem.asset.pages import ChunkReader
+    """The page service (polymem.serve) preads stored chunks itself: it checks their crc32c."""
+    from polymem.serve.reader import ChunkReader
 
     a = MemoryAsset.from_array(tmp_path / "a", _table(), SPEC, LAYOUT, orders=(1,), dtype="float16", chunks_per_shard=4)
     g = a.geometry

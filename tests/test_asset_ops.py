@@ -1,5 +1,5 @@
 """Tokenizer-bound (Engram XOR) assets, row counts, and the asset operations convert / subset / merge
-(docs/asset-format.md §10-12, polymem/asset/ops.py). Real tokenizers, real zarr stores, tiny sizes."""
+(docs/asset-format.md §10-12, polymem/ops/). Real tokenizers, real zarr stores, tiny sizes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from typer.testing import CliRunner
 
 import polymem
 from polymem import HashSpec, Layout, MemoryAsset
-from polymem.asset.ops import IdTable, convert, merge, open_id_table, read_engram_table, subset, write_engram_table
+from polymem.ops.convert import convert
+from polymem.ops.engram import IdTable, open_id_table, read_engram_table, write_engram_table
+from polymem.ops.merge import merge
+from polymem.ops.subset import subset
 from polymem.errors import FormatError, PolymemError, SpecMismatchError, TokenizerBoundError
 from polymem.hash.idhash import IdHashSpec
 from polymem.hash.xor import XorHashSpec
@@ -158,7 +161,7 @@ def test_header_without_tokenizer_bound_field_is_refused(tmp_path, tok):
 
 def test_attach_reads_tokenizer_bound_table_by_ids_only(tmp_path, tok):
     torch = pytest.importorskip("torch")
-    from polymem.torch.model import GPT, GPTConfig
+    from polymem.recipes.model import GPT, GPTConfig
 
     spec = _xor_spec(tok)
     lay = spec.layout(8)
@@ -208,7 +211,7 @@ def test_row_counts_round_trip_checksum_and_zarr(tmp_path):
 def test_train_records_row_counts_and_xor_assets(corpus, tmp_path):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
-    from polymem.torch.train import MemoryConfig, TrainConfig, train_donor
+    from polymem.recipes.train import MemoryConfig, TrainConfig, train_donor
 
     cfg = TrainConfig(steps=3, batch_size=2, block_size=32, n_layer=2, n_head=2, d_model=32)
     mem = MemoryConfig(params=64 * 4 * 8 * 3 * 2, heads=4, slots=4, head_dim=8)
@@ -328,7 +331,8 @@ def _byte_asset(tmp_path, name="full.pmem", seed=0, dtype="float32", zero_frac=0
 def test_subset_serves_every_corpus_lookup_and_stores_only_kept_chunks(tmp_path, tok, corpus, heldout, dtype):
     zarr = pytest.importorskip("zarr")
     full = _byte_asset(tmp_path, dtype=dtype, pages=1 << 13, zero_frac=0.3)
-    sub, rep = full.subset(tmp_path / "sub.pmem", tokenizer=tok, corpus=[corpus], heldout=[heldout])
+    rep = subset(full, tmp_path / "sub.pmem", tokenizer=tok, corpus=[corpus], heldout=[heldout])
+    sub = MemoryAsset.open(rep.path)
     assert sub.sparse and 0 < rep.pages_kept <= rep.pages_touched < full.layout.pages or dtype == "nf4"
     assert 0 < rep.chunks_kept <= full.geometry.num_chunks and rep.bytes_subset < rep.bytes_full
     assert rep.chunks_kept < full.geometry.num_chunks or dtype == "nf4"  # nf4 here: 256 pages per 4 KiB chunk
@@ -358,7 +362,7 @@ def test_subset_serves_every_corpus_lookup_and_stores_only_kept_chunks(tmp_path,
         assert dropped.size and (np.asarray(arr[dropped]) == 0).all()
     back = MemoryAsset.open(tmp_path / "sub.pmem", backend="zarr")
     np.testing.assert_array_equal(back.to_numpy(), sub.to_numpy())
-    from polymem.asset.pages import service_for  # the page service (attach(in_memory=False)) reads sparse shards too
+    from polymem.serve.service import service_for  # the page service (attach(in_memory=False)) reads sparse shards too
 
     svc = service_for(sub, cache_mb=1)
     ids = np.arange(g.num_chunks)
@@ -367,7 +371,7 @@ def test_subset_serves_every_corpus_lookup_and_stores_only_kept_chunks(tmp_path,
     again = np.zeros_like(got)  # prefetched (reader threads), all hits now
     pending = svc.fetch_into(ids, again, background=True)
     assert pending is None and np.array_equal(again, got)
-    from polymem.asset.pages import PageService
+    from polymem.serve.service import PageService
 
     nocache = PageService(sub, cache_mb=0)  # prefetched with nothing cached: the reader threads read them
     pending = nocache.fetch_into(ids, again, background=True)
@@ -384,20 +388,21 @@ def test_subset_serves_every_corpus_lookup_and_stores_only_kept_chunks(tmp_path,
 
 def test_subset_min_count_and_errors(tmp_path, tok, corpus):
     full = _byte_asset(tmp_path)
-    sub, rep = full.subset(tmp_path / "mc.pmem", min_count=9)
+    rep = subset(full, tmp_path / "mc.pmem", min_count=9)
+    sub = MemoryAsset.open(rep.path)
     c = full.row_counts().reshape(full.layout.pages, -1)
     want = (c >= 9).any(axis=1)
     got = np.abs(sub.to_numpy()).reshape(full.layout.pages, -1).max(axis=1) > 0
     assert np.array_equal(got, want) and rep.pages_kept == int(want.sum())
     with pytest.raises(PolymemError, match="already exists"):
-        full.subset(tmp_path / "mc.pmem", min_count=9)
+        subset(full, tmp_path / "mc.pmem", min_count=9)
     with pytest.raises(PolymemError, match="needs a corpus"):
-        full.subset(tmp_path / "x.pmem")
+        subset(full, tmp_path / "x.pmem")
     with pytest.raises(PolymemError, match="read-only"):
         sub.write_pages([0], np.zeros((1, 4, 4), np.float32))
     nocount = _byte_asset(tmp_path, name="nc.pmem", counts=False)
     with pytest.raises(PolymemError, match="row counts"):
-        nocount.subset(tmp_path / "y.pmem", min_count=1)
+        subset(nocount, tmp_path / "y.pmem", min_count=1)
     # a tampered sparse shard is named
     g = sub.geometry
     key = next(k for k in sub.header["checksums"]["shards"])

@@ -1,4 +1,4 @@
-"""Issue 9, verified reads on the fast path: the SIGBUS-guarded shard maps and the pread path give the same bytes,
+"""Verified reads on the fast path: the SIGBUS-guarded shard maps and the pread path give the same bytes,
 both check every read (bytes changed in place after a first read are caught on the next one), the fused
 ``read_rows`` kernel equals page-by-page reads, and the crc32c residue check rejects any flipped bit."""
 
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polymem import FormatError, HashSpec, Layout, MemoryAsset
-from polymem.asset import _shards, _sigbus
+from polymem.asset import _reader, _shards, _sigbus
 
 SPEC = HashSpec()
 DTYPES = ["float32", "float16", "bfloat16", "nf4"]
@@ -35,7 +35,7 @@ def mode(request, monkeypatch):
     if request.param == "map":
         if not MAPS:
             pytest.skip("no SIGBUS guard on this platform: readers use pread only")
-        monkeypatch.setattr(_shards, "MAP_AFTER", 0)
+        monkeypatch.setattr(_reader, "MAP_AFTER", 0)
         monkeypatch.delenv("POLYMEM_NO_MMAP", raising=False)
     else:
         monkeypatch.setenv("POLYMEM_NO_MMAP", "1")
@@ -88,7 +88,7 @@ def test_map_and_pread_readers_return_the_same_pages_and_rows(tmp_path, monkeypa
         pytest.skip("no SIGBUS guard on this platform")
     a = MemoryAsset.from_array(tmp_path / "a", _table(), SPEC, LAYOUT, orders=(1,), dtype=dtype, chunks_per_shard=8)
     del a
-    monkeypatch.setattr(_shards, "MAP_AFTER", 0)
+    monkeypatch.setattr(_reader, "MAP_AFTER", 0)
     mapped = MemoryAsset.open(tmp_path / "a")
     monkeypatch.setenv("POLYMEM_NO_MMAP", "1")
     plain = MemoryAsset.open(tmp_path / "a")
@@ -170,8 +170,8 @@ _FOREIGN_SIGBUS = textwrap.dedent(
     """
     import mmap, os, sys, numpy as np
     from polymem import MemoryAsset
-    from polymem.asset import _shards
-    _shards.MAP_AFTER = 0
+    from polymem.asset import _reader
+    _reader.MAP_AFTER = 0
     a = MemoryAsset.open(sys.argv[1])
     a.read_stored(np.arange(4))                           # the SIGBUS guard is installed, shard 0 mapped
     assert any(a._reader._maps)

@@ -1,4 +1,4 @@
-"""attach() against the wrong tokenizer (issue 9 probe 8) and stacked attach/detach in any order (probe 9)."""
+"""attach() against the wrong tokenizer and stacked attach/detach in any order."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def tiny_llama(vocab: int):
                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
 
 
-# ------------------------------------------------------------------------------------- probe 8: vocabularies
+# ---------------------------------------------------------------------------------------------- vocabularies
 def test_a_much_smaller_tokenizer_is_refused_up_front() -> None:
     model = tiny_llama(32_000)
     with pytest.raises(PolymemError) as e:
@@ -67,7 +67,7 @@ def test_the_right_tokenizer_and_a_slightly_padded_model_work(mistral_v1, vocab:
     h.detach()
 
 
-# ------------------------------------------------------------------------------- probe 9: detach in any order
+# ---------------------------------------------------------------------------------------- detach in any order
 @pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
 @pytest.mark.parametrize("freezes", [(None, None, None), (None, False, None), (False, None, None)])
 def test_stacked_attaches_restore_the_flags_in_any_detach_order(order, freezes) -> None:

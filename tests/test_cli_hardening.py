@@ -1,4 +1,4 @@
-"""Issue 9 (non-asset half) through the CLI: rich markup in user data, and one-line errors with exit code 2."""
+"""Hostile input through the CLI: rich markup in user data, and one-line errors with exit code 2."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_markup_in_cache_tokenizer_and_report_paths(tmp_path: Path, bpe_json_pat
     assert json.loads(rep.read_text())["docs"] == 1 and _flat(str(rep)) in _flat(r.output)
 
 
-# --------------------------------------------------------------------------- probe 12: one line, exit code 2
+# ------------------------------------------------------------------------------------ one line, exit code 2
 def run_main(args: list[str], capsys, monkeypatch) -> tuple[int, str]:
     """The console entry point (what the `polymem` script runs): exit code and stderr."""
     import pytest

@@ -268,6 +268,16 @@ def test_fidelity_is_reported_and_dummy_prefix_kept(mistral_v1: Tokenizer, cl100
     assert r.fidelity["target"] == {"docs": 1, "exact": 0, "dummy_prefix": 1, "mismatched": 0,
                                     "first_mismatch": None, "faithful": True}
     assert r.fidelity["reference"]["exact"] == 1 and r.fidelity["reference"]["faithful"]
+    # the JSON report is a user-facing format: its keys, in this order, at every level (docs/coverage.md)
+    d = json.loads(r.to_json())
+    assert list(d) == [
+        "format", "version", "target", "reference", "max_n", "method", "docs", "bytes", "tokens", "per_doc_mean",
+        "pooled", "by_reference_n", "by_reference_n_pooled", "occurrence_weighted", "xor_baseline", "xor_pooled",
+        "unique_target_ngrams", "target_positions", "docs_with_order", "fidelity", "skipped", "replaced_utf8",
+        "elapsed_s", "workers", "timing", "hash_spec"]
+    assert [list(d["fidelity"][side]) for side in ("target", "reference")] == [
+        ["docs", "exact", "dummy_prefix", "mismatched", "first_mismatch", "faithful"]] * 2
+    assert list(d["timing"]) == ["encode_s", "count_s", "read_s"] and list(d["tokens"]) == ["target", "reference"]
 
 
 def test_inline_fidelity_equals_check_fidelity(mistral_v1: Tokenizer, cl100k: Tokenizer, real_docs: list[str],
@@ -592,7 +602,7 @@ def test_cli_error_exit_code_and_message(tmp_path: Path) -> None:
     assert res.returncode == 2 and "nope' does not exist" in " ".join(res.stderr.split())
 
 
-# ------------------------------------------------------------------------ the bucketed occurrence kernels (_sets)
+# ------------------------------------------------------------------------ the bucketed occurrence kernels (_buckets)
 _key_values = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2**63, 2**64 - 1, GOLDEN]))
 
 
@@ -605,11 +615,11 @@ def test_bucket_kernels_equal_python_sets(ref: list[int], pend: list[tuple[int, 
     """bucket_unique == set(); bucket_group_into groups keys and entries by bucket, losing and adding nothing;
     resolve_range (the reduce) over two "partitions" == membership in the set, for keys that include 0 (stored
     as ZERO_KEY, as the per-document tables store it) and ZERO_KEY itself."""
-    from polymem.analysis.coverage import _sets
+    from polymem.analysis.coverage import _buckets
 
     stored = lambda k: k if k else GOLDEN  # noqa: E731 - _sets.ZERO_KEY
     keys = np.array(ref * dup, dtype=np.uint64)
-    uniq, off = _sets.bucket_unique(keys, keys.shape[0], bits)
+    uniq, off = _buckets.bucket_unique(keys, keys.shape[0], bits)
     assert sorted(uniq.tolist()) == sorted({stored(k) for k in ref})
     assert off[0] == 0 and off[-1] == uniq.shape[0] and np.all(np.diff(off) >= 0)
     for b in range(1 << bits):  # every key sits in the bucket of its top bits
@@ -620,7 +630,7 @@ def test_bucket_kernels_equal_python_sets(ref: list[int], pend: list[tuple[int, 
     # scratch larger than needed and dirty, as when it is reused across partitions
     grouped = np.full(keys.shape[0] + 5, 7, dtype=np.uint64)
     gh, gn, gc = (np.full(ph.shape[0] + 3, 7, dtype=dt) for dt in (np.uint64, np.int8, np.int64))
-    goff, gpoff = _sets.bucket_group_into(keys, keys.shape[0], ph, pn, pc, ph.shape[0], bits, grouped, gh, gn, gc)
+    goff, gpoff = _buckets.bucket_group_into(keys, keys.shape[0], ph, pn, pc, ph.shape[0], bits, grouped, gh, gn, gc)
     assert goff[-1] == keys.shape[0] and gpoff[-1] == ph.shape[0]
     assert sorted(grouped[:keys.shape[0]].tolist()) == sorted(stored(k) for k in ref * dup)
     assert sorted(zip(gh[:ph.shape[0]].tolist(), gn[:ph.shape[0]].tolist(), gc[:ph.shape[0]].tolist())) == sorted(
@@ -636,13 +646,13 @@ def test_bucket_kernels_equal_python_sets(ref: list[int], pend: list[tuple[int, 
     # the reduce over two "partitions" (the keys split in halves, grouped but not deduplicated; all the
     # pending entries in the first) finds what one set finds
     half = keys.shape[0] // 2
-    parts = [_sets._group_keys(x, x.shape[0], bits) for x in (keys[:half], keys[half:])]
+    parts = [_buckets._group_keys(x, x.shape[0], bits) for x in (keys[:half], keys[half:])]
     hits = np.zeros(7, dtype=np.int64)
     cat = np.concatenate([parts[0][0], parts[1][0]])
     ref_off = np.stack([parts[0][1], parts[1][1] + parts[0][0].shape[0]])
     n_p = ph.shape[0]
     empty_off = np.full_like(gpoff, n_p)  # the second partition has no pending entries
-    _sets.resolve_range(cat, ref_off, gh[:n_p], gn[:n_p], gc[:n_p], np.stack([gpoff, empty_off]), bits, hits)
+    _buckets.resolve_range(cat, ref_off, gh[:n_p], gn[:n_p], gc[:n_p], np.stack([gpoff, empty_off]), bits, hits)
     assert hits.tolist() == want.tolist()
 
 
@@ -731,7 +741,7 @@ def test_byte_fidelity_compares_equal_the_definition(ids: list[int], edit: str, 
     """compare_token_bytes and the 8-bytes-at-a-time compare_token_words (either shift guess) answer exactly the
     definition: empty documents and tokens, a dummy prefix, multi-byte UTF-8 and tokens longer than a word, and
     a mismatch at any offset (a flipped byte, a missing or extra byte at either end, unrelated text)."""
-    from polymem.analysis.coverage import _sets
+    from polymem.analysis.coverage import _fidelity
     from polymem.tokenizers.base import pack_token_bytes
 
     stream = b"".join(_FID_VOCAB[i] for i in ids)
@@ -743,10 +753,10 @@ def test_byte_fidelity_compares_equal_the_definition(ids: list[int], edit: str, 
     want = _compare_by_definition(stream, text)
     buf, offsets = pack_token_bytes(_FID_VOCAB)
     arr = np.array(ids, dtype=np.int64)
-    assert tuple(_sets.compare_token_bytes(arr, buf, offsets, np.frombuffer(text, np.uint8))) == want
-    padded_buf = np.concatenate([buf, np.full(_sets.PAD, 0x20, np.uint8)])  # padding bytes of any value
-    padded = np.frombuffer(text + b" " * _sets.PAD, np.uint8)
-    assert tuple(_sets.compare_token_words(arr, padded_buf, offsets, padded, len(text), int(dummy))) == want
+    assert tuple(_fidelity.compare_token_bytes(arr, buf, offsets, np.frombuffer(text, np.uint8))) == want
+    padded_buf = np.concatenate([buf, np.full(_fidelity.PAD, 0x20, np.uint8)])  # padding bytes of any value
+    padded = np.frombuffer(text + b" " * _fidelity.PAD, np.uint8)
+    assert tuple(_fidelity.compare_token_words(arr, padded_buf, offsets, padded, len(text), int(dummy))) == want
 
 
 @settings(max_examples=300, deadline=None)
@@ -758,7 +768,7 @@ def test_byte_fidelity_by_hash_answers_as_the_bytes(ids: list[int], edit: str, w
     """stream_fidelity (the token stream's hash and length against the text's) gives 0 / 1 exactly where the
     byte compare does, and -1 (compare the bytes) wherever the bytes differ; a special token (no bytes) counts
     as nothing, as in compare_token_bytes."""
-    from polymem.analysis.coverage import _sets
+    from polymem.analysis.coverage import _fidelity
 
     vocab = [*_FID_VOCAB, None]  # the last id is a special token
     stream = b"".join(vocab[i] or b"" for i in ids)
@@ -772,7 +782,7 @@ def test_byte_fidelity_by_hash_answers_as_the_bytes(ids: list[int], edit: str, w
     cache = polymem.TokenHashes.from_token_bytes(vocab, name="t", fingerprint="t", spec=spec)
     arr = np.array(ids, dtype=np.int64)
     table = np.asarray(spec.effective_byte_table, dtype=np.uint64)
-    got = _sets.stream_fidelity(arr, cache.C, cache.P, arr[::-1].copy(), cache.C, cache.P,
+    got = _fidelity.stream_fidelity(arr, cache.C, cache.P, arr[::-1].copy(), cache.C, cache.P,
                                 np.frombuffer(text, np.uint8), table, np.uint64(spec.base))
     assert got[0] == (want if want < 2 else -1)
     rev = b"".join(vocab[i] or b"" for i in ids[::-1])
@@ -844,11 +854,11 @@ def test_reduce_reads_only_data_slices_with_the_offsets_from_the_map(mistral_v1:
                   for docs in (real_docs[:half], real_docs[half:])]
         written = [dist.count_partition(plan, i, part) for i, part in enumerate(halves)]
         kept = [dist.count_partition(plan, i, part, keep=1e6) for i, part in enumerate(halves)]
-        held = {r["index"]: r["occ"] for r in kept}
-        assert all(r["off"].shape == (2, (1 << 10) + 1) and "occ" not in r for r in written)
+        held = {r.index: r.occ for r in kept}
+        assert all(r.off is not None and r.off.shape == (2, (1 << 10) + 1) and r.occ is None for r in written)
         assert sorted(p.name for p in (tmp_path / "scratch").iterdir()) == [
             f"p{i:07d}.{name}.npy" for i in (0, 1) for name in ("pc", "ph", "pn", "ref")]
-        ranges = dist.bucket_ranges(sum(r["ref_keys"] for r in written), minimum=4)
+        ranges = dist.bucket_ranges(sum(r.ref_keys for r in written), minimum=4)
         from_files = [dist.resolve_buckets(plan, [0, 1], lo, hi, None, dist.range_offsets(written, lo, hi))
                       for lo, hi in ranges]
         in_memory = [dist.resolve_buckets(plan, [0, 1], lo, hi, held) for lo, hi in ranges]

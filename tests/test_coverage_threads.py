@@ -131,14 +131,14 @@ def test_a_reduce_task_holds_its_buffers_until_it_is_done(monkeypatch: pytest.Mo
     assert occ.pend_h.shape[0] > 0
     plan = dist.Plan(target=tt, reference=tr, max_n=3, occurrence=True, spec=spec, scratch="unused")
     seen: list[bool] = []
-    real = dist._kernels.resolve_range
+    real = dist._buckets.resolve_range
 
     def looking_up(ref: Any, *args: Any) -> Any:
         seen.append(all(not np.shares_memory(ref, spare[0]) for spare in dist._REDUCE_SPARE))
         return real(ref, *args)
 
     dist.release_reduce_buffers()
-    monkeypatch.setattr(dist._kernels, "resolve_range", looking_up)
+    monkeypatch.setattr(dist._buckets, "resolve_range", looking_up)
     want = dist.resolve_buckets(plan, [0], 0, 1 << C.BUCKET_BITS, {0: occ})
     assert seen == [True] and len(dist._REDUCE_SPARE) == 1  # held while in use, handed back after
     assert np.array_equal(dist.resolve_buckets(plan, [0], 0, 1 << C.BUCKET_BITS, {0: occ}), want)

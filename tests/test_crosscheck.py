@@ -4,8 +4,10 @@ vocabularies small enough to count by hand, including a broken spec and a forced
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from polymem import HashSpec, TokenHashes
+from polymem.errors import PolymemError
 from polymem.analysis.crosscheck import crosscheck
 
 A = [b"a", b"b", b"ab", None]  # id 3: a special token
@@ -42,3 +44,10 @@ def test_a_forced_collision_is_counted() -> None:
     cb.C[1] = cb.C[0]  # token "b" now hashes like "a": two different byte strings, one hash
     r = crosscheck(cache(A), A, np.array([0]), cb, B, np.array([0, 1]), max_n=1)
     assert r.collisions == 1 and r.mismatched == 0
+
+
+def test_token_bytes_of_another_vocabulary_are_refused() -> None:
+    # the cache is A's ("ab" is a token with bytes) but the bytes passed say id 2 is a special token
+    wrong = [b"a", b"b", None, None]
+    with pytest.raises(PolymemError, match=r"side 'a'.*position 0 \(order 1\).*all_token_bytes"):
+        crosscheck(cache(A), wrong, np.array([2]), cache(B), B, np.array([0, 1]), max_n=2)

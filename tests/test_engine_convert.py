@@ -166,6 +166,10 @@ def test_cli_converts_an_engine_table(setup, tmp_path: Path) -> None:
     assert np.array_equal(MemoryAsset.open(tmp_path / "cli.pmem").to_numpy(), MemoryAsset.open(want.path).to_numpy())
     r = CliRunner().invoke(app, args[:-6] + ["--layer", "5", "--overwrite"])
     assert r.exit_code == 2 and "--layer 5 is not a layer of this deepseek-v4.1 table; its layers are [1, 14]" in r.output
+    plain = MemoryAsset.create(tmp_path / "plain.pmem", HashSpec(), TARGET, orders=(2, 3))  # not an engine table
+    r = CliRunner().invoke(app, ["convert", plain.path, "-c", str(root / "docs.jsonl"), "-o", str(tmp_path / "p.pmem"),
+                                 "-t", str(root / "tokenizer.json"), "--layer", "1"])
+    assert r.exit_code == 2 and "this source is not one" in r.output and not (tmp_path / "p.pmem").exists()
 
 
 def _one_line(excinfo: pytest.ExceptionInfo) -> str:
@@ -174,22 +178,24 @@ def _one_line(excinfo: pytest.ExceptionInfo) -> str:
 
 
 def test_refusals_are_one_line(setup, tmp_path: Path) -> None:
-    from polymem.asset.ops import convert
+    from polymem.ops.convert import convert
 
     root, tok, *_ = setup
     plain = MemoryAsset.create(tmp_path / "plain.pmem", HashSpec(), TARGET, orders=(2, 3))
     docs, out = [root / "docs.jsonl"], tmp_path / "out.pmem"
+    ds = root / "ds.pmem"
     cases = [
         (SpecMismatchError, "is not an engine table", lambda: convert_engine(plain.path, docs, out, tokenizer=tok)),
-        (PolymemError, "this source is not one", lambda: convert(plain.path, tok, docs, out, layer=1)),
-        (PolymemError, "--layer 2 is not a layer", lambda: convert(root / "ds.pmem", tok, docs, out, layer=2)),
-        (PolymemError, "does not exist", lambda: convert(root / "ds.pmem", tok, [tmp_path / "no.txt"], out)),
-        (PolymemError, "no documents found", lambda: convert(root / "ds.pmem", tok, [tmp_path], out)),
+        (SpecMismatchError, "is an engine table (written by `polymem import`): re-address it with "
+                            "polymem.engines.convert.convert_engine", lambda: convert(ds, tok, docs, out)),
+        (PolymemError, "--layer 2 is not a layer", lambda: convert_engine(ds, docs, out, tokenizer=tok, layer=2)),
+        (PolymemError, "does not exist", lambda: convert_engine(ds, [tmp_path / "no.txt"], out, tokenizer=tok)),
+        (PolymemError, "no documents found", lambda: convert_engine(ds, [tmp_path], out, tokenizer=tok)),
         (SpecMismatchError, "does not give this table's compressed ids",
-         lambda: convert(root / "ds.pmem", tokenizer(extra_merge=True), docs, out)),
+         lambda: convert_engine(ds, docs, out, tokenizer=tokenizer(extra_merge=True))),
         (SpecMismatchError, "K and r must match",
-         lambda: convert(root / "ds.pmem", tok, docs, out, layout=Layout(pages=8, heads=3, slots=2, head_dim=D))),
-        (PolymemError, "quantize --to fp8-e4m3", lambda: convert(root / "ds.pmem", tok, docs, out, dtype="fp8-e4m3")),
+         lambda: convert_engine(ds, docs, out, tokenizer=tok, layout=Layout(pages=8, heads=3, slots=2, head_dim=D))),
+        (PolymemError, "quantize --to fp8-e4m3", lambda: convert_engine(ds, docs, out, tokenizer=tok, dtype="fp8-e4m3")),
     ]
     for kind, match, call in cases:
         with pytest.raises(kind) as e:

@@ -16,11 +16,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from faults import Injector
+
 from polymem import HashSpec, Layout, MemoryAsset
-from polymem.engines import deepseek, fp8, qwen
+from polymem.asset import fp8
+from polymem.engines import deepseek, qwen
 from polymem.engines.addressing import EngineAddressing, LayerTable
 from polymem.engines.io import export_table, import_table
-from polymem.engines.table import EngineTableSpec
+from polymem.asset.engine_table import EngineTableSpec
 from polymem.errors import FormatError, PolymemError
 
 D_DS, D_QW = 64, 32  # row widths (the engines: 256 and 160)
@@ -84,7 +87,7 @@ def raw_tensors(root: Path) -> dict[str, bytes]:
     for f in sorted(root.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as h:
             for k in h.keys():
-                out[k] = h.get_tensor(k).contiguous().view(torch.uint8).numpy().tobytes()
+                out[k] = h.get_tensor(k).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
     return out
 
 
@@ -108,7 +111,7 @@ def test_fp8_every_read_path_agrees(tmp_path: Path, dtype: str) -> None:
     assert np.array_equal(a.read_rows(rows), want)
     for backend in ("zarr", "tensorstore"):
         assert np.array_equal(MemoryAsset.open(a.path, backend=backend).to_numpy(), x)
-    from polymem.asset.pages import PageService
+    from polymem.serve.service import PageService
     from polymem.torch.pages import PagedRows
 
     svc = PageService(a, cache_mb=1, workers=1)
@@ -373,3 +376,50 @@ def test_export_refuses_file_names_that_leave_the_output(tmp_path: Path, name: s
         export_table(str(tmp_path / "qw.pmem"), tmp_path / "exp")
     assert victim.read_text() == "keep me" and not (tmp_path / "exp").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".exp")] == []
+
+
+@pytest.mark.parametrize("step", ["import", "export"])
+def test_an_injected_failure_leaves_the_table_whole_or_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              step: str) -> None:
+    """Import and export commit like every asset writer: fail each file-system call in turn (as a killed process,
+    and as an error the writer rolls back) and the output is either absent or complete, never half-written."""
+    a = small_deepseek()
+    write_deepseek(tmp_path / "ds", a)
+    base = import_table(tmp_path / "ds", tmp_path / "base.pmem", addressing=a)
+
+    def run(out: Path) -> None:
+        if step == "import":
+            import_table(tmp_path / "ds", out, addressing=a)
+        else:
+            export_table(base, out)
+
+    def data(root: Path) -> dict[str, bytes]:  # the group metadata aside (an import records when it ran)
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+                if p.is_file() and p.name not in ("zarr.json", ".polymem-lock")}
+
+    clean = Injector(float("inf"), "none")
+    with monkeypatch.context() as m:
+        clean.install(m)
+        run(tmp_path / "clean")
+    want = data(tmp_path / "clean")
+    assert clean.n >= 3 and want, clean.log
+    landed = 0
+    for mode in ("crash", "error"):
+        for k in range(1, clean.n + 1):
+            out = tmp_path / f"{mode}-{k}"
+            inj = Injector(k, mode)
+            with monkeypatch.context() as m:
+                inj.install(m)
+                try:
+                    run(out)
+                except (OSError, PolymemError):
+                    pass
+            where = f"{step}: {mode} at call {k} ({inj.log[k - 1] if k <= len(inj.log) else '-'})"
+            if out.exists():
+                assert data(out) == want, where
+                if step == "import":
+                    assert MemoryAsset.open(out).problems() == [], where
+                landed += 1
+            if mode == "error":  # the writer's own clean-up ran: nothing of it is left beside the output
+                assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(f".{out.name}")], where
+    assert 0 < landed < 2 * clean.n

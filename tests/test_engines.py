@@ -297,7 +297,7 @@ def _bits(x: np.ndarray) -> np.ndarray:
 
 def test_fp8_decode_equals_torch_bit_for_bit() -> None:
     torch = pytest.importorskip("torch")
-    from polymem.engines import fp8
+    from polymem.asset import fp8
 
     codes = np.tile(np.arange(256, dtype=np.uint8), (256, 8))  # [256 rows, 2048]: every code under every scale
     scale = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 2048 // fp8.BLOCK, axis=1)  # row r: scale byte r
@@ -309,7 +309,7 @@ def test_fp8_decode_equals_torch_bit_for_bit() -> None:
 
 def test_fp8_encode_equals_torch() -> None:
     torch = pytest.importorskip("torch")
-    from polymem.engines import fp8
+    from polymem.asset import fp8
 
     rng = np.random.default_rng(0)
     finite = fp8.decode_e4m3(np.arange(0x7F, dtype=np.uint8)).astype(np.float64)
@@ -321,7 +321,7 @@ def test_fp8_encode_equals_torch() -> None:
 
 
 def test_fp8_rows_round_trip() -> None:
-    from polymem.engines import fp8
+    from polymem.asset import fp8
 
     rng = np.random.default_rng(1)
     x = (rng.normal(0, 1, (4, 256)) * 2.0 ** rng.integers(-20, 20, (4, 1))).astype(np.float32)

@@ -1,4 +1,4 @@
-"""Issue 9 probe 12, library side: bad numbers, ragged ids and a killed worker give one-line PolymemErrors."""
+"""Errors on the library side: bad numbers, ragged ids and a killed worker give one-line PolymemErrors."""
 
 from __future__ import annotations
 

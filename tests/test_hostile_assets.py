@@ -24,6 +24,7 @@ from polymem import FormatError, HashSpec, Layout, MemoryAsset, PolymemError
 from polymem.asset import _zarr
 from polymem.asset._format import canonical_json, geometry, sha256_hex
 from polymem.asset._shards import crc32c
+from polymem.ops.subset import subset
 
 SPEC = HashSpec()
 LAYOUT = Layout(pages=11, heads=4, slots=2, head_dim=8)  # 8 rows of r=8 a page; nf4: 48 B pages, one block
@@ -87,17 +88,17 @@ def _set_scale(root: Path, g, row: int, value: float) -> None:
 @contextlib.contextmanager
 def _page_service_mode(svc, mode: str):
     """lane: the compiled lane; general: planning + cache copies + the compiled decoder; python: no numba."""
-    from polymem.asset import pages as pages_mod
+    from polymem.serve import _load
     from polymem.torch import pages as torch_pages
 
-    saved = svc.lane, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS
+    saved = svc.lane, _load._IO, torch_pages.USE_HOST_KERNELS
     svc.lane = svc.lane and mode == "lane"
     if mode == "python":
-        pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS = (), False
+        _load._IO, torch_pages.USE_HOST_KERNELS = False, False
     try:
         yield
     finally:
-        svc.lane, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS = saved
+        svc.lane, _load._IO, torch_pages.USE_HOST_KERNELS = saved
 
 
 # ------------------------------------------------------------------------------ nf4 scales
@@ -127,7 +128,7 @@ def test_nf4_scale_no_writer_makes_is_refused_where_it_is_decoded(tmp_path, valu
 @pytest.mark.parametrize("mode", ["lane", "general", "python"])
 def test_nf4_bad_scale_is_refused_by_the_page_service_decoders(tmp_path, mode):
     torch = pytest.importorskip("torch")
-    from polymem.asset.pages import service_for
+    from polymem.serve.service import service_for
     from polymem.torch.pages import PagedRows
 
     root = tmp_path / "a"
@@ -176,7 +177,7 @@ def test_a_shard_of_another_sparse_subset_is_refused_at_open(tmp_path):
     for name, seed in (("x", 0), ("y", 1)):
         full = MemoryAsset.from_array(tmp_path / name, _table(seed=seed), SPEC, LAYOUT, orders=(1,), chunks_per_shard=4,
                                       row_counts=counts)
-        subs.append(full.subset(tmp_path / f"{name}-sub", min_count=1)[0])
+        subs.append(MemoryAsset.open(subset(full, tmp_path / f"{name}-sub", min_count=1).path))
     key = subs[0].geometry.shard_key(0)
     assert subs[0].sparse and subs[0].header["checksums"]["shard_ids"][key] != subs[1].header["checksums"]["shard_ids"][key]
     shutil.copy(tmp_path / "y-sub" / key, tmp_path / "x-sub" / key)

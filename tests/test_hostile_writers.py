@@ -20,7 +20,7 @@ import pytest
 
 from polymem import HashSpec, Layout, MemoryAsset, PolymemError
 from polymem.asset import _fs
-from polymem.asset.pull import pull
+from polymem.ops.pull import pull
 
 LAYOUT = Layout(pages=11, heads=4, slots=2, head_dim=8)
 PAGES = np.full((2, 8, 8), 0.25, np.float32)
@@ -249,7 +249,7 @@ def test_overwriting_through_a_symlinked_destination_is_refused(tmp_path: Path) 
 def test_a_pull_killed_with_sigkill_leaves_staging_that_the_next_pull_removes(tmp_path: Path) -> None:
     src = _asset(tmp_path / "src.pmem")
     out = tmp_path / "dst" / "p.pmem"
-    code = ("import os, signal, sys\nfrom polymem.asset.pull import pull\n"
+    code = ("import os, signal, sys\nfrom polymem.ops.pull import pull\n"
             "pull(sys.argv[1], sys.argv[2], workers=1, progress=lambda k, n: os.kill(os.getpid(), signal.SIGKILL))")
     r = subprocess.run([sys.executable, "-c", code, src.path, str(out)], capture_output=True, text=True)
     assert r.returncode == -signal.SIGKILL, r.stderr

@@ -97,9 +97,9 @@ def _writers():
     import polymem
     from polymem import HashSpec, Layout, TokenHashes
     from polymem.torch import attach
-    from polymem.torch.model import GPT, GPTConfig
+    from polymem.recipes.model import GPT, GPTConfig
     from polymem.torch.tablefile import save_table
-    from polymem.torch.transfer import write_json
+    from polymem.recipes.transfer import write_json
 
     cache = TokenHashes.build("bytes", HashSpec())
     report = polymem.coverage("bytes", "bytes", ["some text", "more text"], max_n=2)
@@ -143,3 +143,30 @@ def test_every_writer_is_atomic_and_fails_in_one_line(tmp_path: Path) -> None:
             write(bad)
         assert "\n" not in str(e.value), name
     assert (tmp_path / "plain").read_text() == "a file"
+
+
+def test_one_rule_tells_a_remote_url_from_a_local_path(tmp_path: Path) -> None:
+    """_paths.is_url is the one test of "URL or local path": file://PATH is a URL but not a remote one, and the
+    output checks of _io and the CLI's path parsers follow it (a file:// output is checked as the local path,
+    an s3:// one is left to the writer, a file:// input of a corpus is refused as a local path that is missing)."""
+    import typer
+
+    from polymem._io import check_outputs_not_inputs
+    from polymem._paths import is_url
+    from polymem.cli._needs import _local
+    from polymem.cli._options import local_path
+
+    for text, url, remote in [("s3://b/k", True, True), ("https://h/x", True, True), ("file:///tmp/x", True, False),
+                              ("/tmp/x", False, False), ("x.txt", False, False), ("-", False, False),
+                              ("C:/x", False, False)]:
+        assert (is_url(text), is_url(text, remote=True)) == (url, remote), text
+    assert not is_url(tmp_path) and not is_url(None)  # only strings are URLs
+    data = tmp_path / "data.txt"
+    data.write_text("x")
+    with pytest.raises(OutputError, match="is an input of this run"):
+        check_outputs_not_inputs({"--json": f"file://{data}"}, [("corpus", str(data))])
+    check_outputs_not_inputs({"--json": "s3://bucket/data.txt"}, [("corpus", str(data))])  # not local: not ours
+    assert _local(f"file://{data}") == str(data) and _local("s3://b/k") is None and _local("-") is None
+    assert local_path("a local file")(f"file://{data}") == data
+    with pytest.raises(typer.BadParameter, match="is a URL"):
+        local_path("a local file")("s3://b/k")

@@ -220,7 +220,7 @@ def test_eval_with_table_and_switched_off(lms, texts):
 
 # ------------------------------------------------------------------------------------------------ training
 def test_layers_below_the_site_run_without_autograd(lms, texts):
-    from polymem.models.tabletrain import FrozenTrainConfig, corpus_stream, train_site
+    from polymem.recipes.frozen import FrozenTrainConfig, corpus_stream, train_site
     from polymem.torch.attach import attach
 
     lm = lms["gemma3"]
@@ -242,7 +242,7 @@ def test_layers_below_the_site_run_without_autograd(lms, texts):
 
 def test_restricted_head_is_the_softmax_over_the_corpus_ids(lms):
     from polymem.models.evaluate import token_nats
-    from polymem.models.tabletrain import restricted_head
+    from polymem.recipes.frozen import restricted_head
 
     lm = lms["llama"]
     head, emb = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
@@ -259,7 +259,7 @@ def test_restricted_head_is_the_softmax_over_the_corpus_ids(lms):
 
 
 def test_data_order_depends_on_the_seed_only():
-    from polymem.models.tabletrain import FrozenTrainConfig, data_order, window_batch
+    from polymem.recipes.frozen import FrozenTrainConfig, data_order, window_batch
 
     cfg = FrozenTrainConfig(steps=3, batch_size=2, block_size=8, seed=4)
     a, b = data_order(1000, cfg), data_order(1000, FrozenTrainConfig(**{**cfg.__dict__, "table_lr": 0.5}))
@@ -276,7 +276,7 @@ def test_data_order_depends_on_the_seed_only():
 
 @pytest.fixture(scope="module")
 def donor(lms, corpus_file, tmp_path_factory):
-    from polymem.models.tabletrain import FrozenTrainConfig, train_table
+    from polymem.recipes.frozen import FrozenTrainConfig, train_table
 
     out = tmp_path_factory.mktemp("donor") / "donor.pmem"
     cfg = FrozenTrainConfig(steps=6, batch_size=2, block_size=32, layers=(1,), params=4096 * 8, heads=4, head_dim=8,
@@ -287,7 +287,7 @@ def donor(lms, corpus_file, tmp_path_factory):
 
 def test_train_table_writes_asset_site_and_provenance(lms, donor, corpus_file, texts):
     from polymem.models.evaluate import evaluate
-    from polymem.models.tabletrain import _bounded_texts
+    from polymem.recipes.frozen import _bounded_texts
     from polymem.torch.attach import load_attached
     from polymem.torch.tablefile import open_table
 
@@ -307,7 +307,7 @@ def test_train_table_writes_asset_site_and_provenance(lms, donor, corpus_file, t
 
 
 def test_train_table_refuses_to_overwrite(lms, donor, corpus_file):
-    from polymem.models.tabletrain import FrozenTrainConfig, train_table
+    from polymem.recipes.frozen import FrozenTrainConfig, train_table
 
     with pytest.raises(PolymemError, match="exists"):
         train_table(lms["llama"], [corpus_file], donor["path"], cfg=FrozenTrainConfig(steps=1))
@@ -315,8 +315,8 @@ def test_train_table_refuses_to_overwrite(lms, donor, corpus_file):
 
 # ------------------------------------------------------------------------------------------------ transfer
 def test_transfer_arms_resume_and_summary(lms, donor, corpus_file, tmp_path, texts):
-    from polymem.models.tabletrain import FrozenTrainConfig
-    from polymem.models.transfer import ARMS, Experiment, run_transfer
+    from polymem.recipes.frozen import FrozenTrainConfig
+    from polymem.recipes.pretrained import ARMS, Experiment, run_transfer
     from polymem.torch.tablefile import open_table
 
     lm = lms["gemma3"]
@@ -367,7 +367,7 @@ def test_transfer_arms_resume_and_summary(lms, donor, corpus_file, tmp_path, tex
 
 
 def test_null_arm_reads_one_row(lms, donor):
-    from polymem.models.transfer import arm_table
+    from polymem.recipes.pretrained import arm_table
     from polymem.torch.tablefile import open_table
 
     a = open_table(donor["path"])

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from polymem.cli.app import app
 from polymem.errors import PolymemError
 from polymem.torch.precision import choose_precision, host_cpu_flags, parse_cpu_flags
-from polymem.torch.train import TrainConfig
+from polymem.recipes.train import TrainConfig
 
 X86 = """processor\t: 0
 vendor_id\t: AuthenticAMD

@@ -4,6 +4,7 @@ README/CI install commands."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 import tomllib
@@ -178,7 +179,8 @@ _NOTEBOOK_WORDS = re.compile(
     r"|\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|\d+(?:st|nd|rd|th))[ -]pass(?:es)?\b"
     r"|\bpass(?:es)? \d"                                                  # "pass 3"
     r"|\bseeds? 00\d"                                                     # "seed 002"
-    r"|\bDESIGN(?:\.md)? ?§",                                             # "DESIGN §5"
+    r"|\bDESIGN(?:\.md)? ?§"                                              # "DESIGN §5"
+    r"|\b(?:issue|probe) \d+\b",                                         # "issue 9", "probe 12"
     re.I,
 )
 _NOTEBOOK_SCOPE = ("polymem", "docs", "README.md", "tests", "benchmarks")
@@ -203,8 +205,8 @@ def _text_files(scope: tuple[str, ...]) -> list[Path]:
 
 
 def test_no_lab_notebook_wording() -> None:
-    """No "session N", "ninth pass", "seed 00N" or "DESIGN §" in code, docs, tests or benchmarks: a reader who
-    clones the repository has none of those; history lives in git."""
+    """No "session N", "ninth pass", "seed 00N", "DESIGN §" or "issue N" in code, docs, tests or benchmarks: a
+    reader who clones the repository has none of those; history lives in git."""
     hits = []
     for path in _text_files(_NOTEBOOK_SCOPE):
         for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -214,10 +216,10 @@ def test_no_lab_notebook_wording() -> None:
 
 
 def test_notebook_rule_catches_what_it_names() -> None:
-    for bad in ("session 4", "the Ninth pass", "fifth-pass", "seed 002's example", "DESIGN §5", "Sessions 7"):
+    for bad in ("session 4", "the Ninth pass", "fifth-pass", "seed 002's example", "DESIGN §5", "Sessions 7", "Issue 9 probe 12", "(issue 13)"):
         assert _NOTEBOOK_WORDS.search(bad), bad
     # an algorithm's pass is named by what it does ("the occurrence pass"), never by its rank
-    for fine in ('scope="session"', "the occurrence pass", "two stable 32-way passes", "seed 0", "§5 of hash-spec.md"):
+    for fine in ('scope="session"', "the occurrence pass", "two stable 32-way passes", "seed 0", "§5 of hash-spec.md", "an issue of 9 pages", "issue #9 on GitHub"):
         assert not _NOTEBOOK_WORDS.search(fine), fine
 
 
@@ -235,12 +237,8 @@ def test_every_raw_benchmark_file_is_cited() -> None:
 # ------------------------------------------------------------------------------------------ import circles
 # Imports that close a circle and stay for now, each with why. An entry is one edge (importer, imported): the
 # test drops it before looking for circles, so any other edge that closes a circle still fails.
-_KNOWN_CIRCLE_EDGES = {
-    # MemoryAsset.subset (public) calls the corpus-driven subset of ops.py, which opens and writes assets through
-    # core.py. Breaking it means moving the asset operations into a stage of their own above the format, with
-    # the method kept as a thin alias: a larger move than breaking an edge.
-    ("polymem.asset.core", "polymem.asset.ops"),
-}
+# (importer, imported) edges of a known circle, each with the reason it is allowed; none now
+_KNOWN_CIRCLE_EDGES: set[tuple[str, str]] = set()
 
 
 def _modules(pkg_dir: Path) -> dict[str, tuple[Path, bool]]:
@@ -303,6 +301,16 @@ def import_graph(pkg_dir: Path) -> dict[str, set[str]]:
     return graph
 
 
+@functools.cache
+def _polymem_graph_frozen() -> tuple[tuple[str, frozenset[str]], ...]:
+    return tuple((m, frozenset(d)) for m, d in import_graph(ROOT / "polymem").items())
+
+
+def _polymem_graph() -> dict[str, set[str]]:
+    """polymem's import graph, parsed once per test run (a fresh, mutable copy each call)."""
+    return {m: set(d) for m, d in _polymem_graph_frozen()}
+
+
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan, iterative), each sorted."""
     index: dict[str, int] = {}
@@ -353,7 +361,7 @@ def test_no_import_circles() -> None:
     """No module of polymem imports, directly or through others, a module that imports it back (imports inside
     functions count: they run too). A circle is broken by moving the shared piece down, passing a callable, or
     merging the two modules; see docs/architecture.md "Imports as they are"."""
-    graph = import_graph(ROOT / "polymem")
+    graph = _polymem_graph()
     for importer, imported in _KNOWN_CIRCLE_EDGES:
         assert imported in graph.get(importer, set()), f"known circle edge {importer} -> {imported} is gone: drop it from _KNOWN_CIRCLE_EDGES"
         graph[importer] = graph[importer] - {imported}
@@ -381,3 +389,56 @@ def test_circle_rule_catches_what_it_names(tmp_path: Path) -> None:
     assert circles(graph) == [["pkg.a", "pkg.sub.b", "pkg.sub.c"]]
     assert circles({"x": {"y"}, "y": {"z"}, "z": set()}) == []
 
+
+
+# The stages of the flow, lowest first (docs/architecture.md). A module may import from its own stage or a lower
+# one, never a higher one; the package root (`polymem/__init__.py`, lazy names for users) stands above them all.
+STAGES = [
+    ("base", ("polymem.errors", "polymem._paths", "polymem._io", "polymem._optional", "polymem.samples")),
+    ("inputs", ("polymem.sources", "polymem._discover", "polymem.corpus", "polymem.tokenizers")),
+    ("hash", ("polymem.hash",)),
+    ("asset format", ("polymem.asset",)),
+    ("page service", ("polymem.serve",)),
+    ("asset operations", ("polymem.ops",)),
+    ("engines' tables", ("polymem.engines",)),
+    ("analysis", ("polymem.analysis",)),
+    ("torch mechanism", ("polymem.torch",)),
+    ("pretrained models", ("polymem.models",)),
+    ("recipes", ("polymem.recipes",)),
+    ("cli", ("polymem.cli",)),
+]
+
+
+def stage_of(module: str) -> int | None:
+    for rank, (_, prefixes) in enumerate(STAGES):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return rank
+    return None
+
+
+def test_every_module_sits_in_one_stage() -> None:
+    graph = _polymem_graph()
+    loose = sorted(m for m in graph if m != "polymem" and stage_of(m) is None)
+    assert not loose, f"modules in no stage (add them to STAGES and docs/architecture.md): {loose}"
+
+
+def test_no_import_runs_from_a_lower_stage_to_a_higher_one() -> None:
+    graph = _polymem_graph()
+    upward = sorted(
+        f"{m} ({STAGES[stage_of(m)][0]}) -> {d} ({STAGES[stage_of(d)][0]})"
+        for m, deps in graph.items() if m != "polymem"
+        for d in deps if d != "polymem" and stage_of(d) is not None and stage_of(m) is not None and stage_of(d) > stage_of(m)
+    )
+    assert not upward, "imports from a lower stage to a higher one:\n" + "\n".join(upward)
+
+
+def test_stage_rule_catches_what_it_names() -> None:
+    assert stage_of("polymem.asset.core") < stage_of("polymem.serve.service") < stage_of("polymem.ops.convert")
+    assert stage_of("polymem.corpus") == stage_of("polymem.sources") and stage_of("polymem.cli.app") == len(STAGES) - 1
+    assert stage_of("polymem.assets") is None and stage_of("polymem") is None
+
+
+def test_every_module_is_under_600_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "polymem").rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) >= 600}
+    assert not long, f"modules of 600 lines or more (split them by concern): {long}"

@@ -24,9 +24,12 @@ from hypothesis import strategies as st
 
 import polymem
 from polymem import FormatError, HashSpec, Layout, MemoryAsset, PolymemError, TokenHashes
-import polymem.asset.pages as pages_mod
+import polymem.serve.service as service_mod
 import polymem.torch.pages as torch_pages
-from polymem.asset.pages import THREAD_PREFIX, PageService
+from polymem.serve import _load
+from polymem.serve._state import READING
+from polymem.serve.pending import IORead
+from polymem.serve.service import THREAD_PREFIX, PageService
 from polymem.samples import sample_text
 from polymem.torch import AssetTable, TrainableTable, attach
 
@@ -77,17 +80,17 @@ LANE_MODES = ("nowait", "io", "sync-lane")
 
 @contextlib.contextmanager
 def read_mode(svc, mode: str):
-    saved = svc.reader.nowait, svc.io_thread, svc.lane, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS
+    saved = svc.reader.nowait, svc.io_thread, svc.lane, _load._IO, torch_pages.USE_HOST_KERNELS
     svc.reader.nowait = svc.reader.nowait and mode in ("nowait", "general")
     svc.io_thread = svc.io_thread and mode in ("nowait", "io", "general", "sync-lane")
     svc.lane = svc.lane and mode in LANE_MODES
     if mode == "python":  # no numba anywhere: reads in Python, rows planned and decoded by numpy/torch
-        pages_mod._KERNEL = ()
+        _load._IO = False
         torch_pages.USE_HOST_KERNELS = False
     try:
         yield svc
     finally:
-        svc.reader.nowait, svc.io_thread, svc.lane, pages_mod._KERNEL, torch_pages.USE_HOST_KERNELS = saved
+        svc.reader.nowait, svc.io_thread, svc.lane, _load._IO, torch_pages.USE_HOST_KERNELS = saved
 
 
 def pages_threads() -> list[threading.Thread]:
@@ -325,7 +328,7 @@ def test_lane_read_errors_surface_in_the_forward_and_give_their_slots_back(byte_
             model(input_ids=ids)
         st = svc.stats()
         assert st["errors"] >= 1 and st["lane_forwards"] >= 1
-        assert not (svc._chunk_at == pages_mod.READING).any() and not svc._inflight
+        assert not (svc._chunk_at == READING).any() and not svc._inflight
         assert not any(svc.cached(s * g.chunks_per_shard + i) for i in range(g.chunks_per_shard))
     h.detach()
     os.unlink(tmp_path / "t" / key)  # (an open shard file stays readable: a new service opens them again)
@@ -406,7 +409,7 @@ def test_two_threads_on_one_small_shared_cache_stay_bit_identical(byte_cache, id
     st = svc.stats()
     assert bad == [] and st["errors"] == 0 and st["cache_bytes"] <= st["capacity_bytes"]
     assert st["evictions"] > 0 and st["lane_forwards"] > 0 and st["reads"] == st["misses"]
-    assert not (svc._chunk_at == pages_mod.READING).any() and not svc._inflight
+    assert not (svc._chunk_at == READING).any() and not svc._inflight
     for h in hs:
         h.detach()
     assert wait_no_threads() == []
@@ -424,7 +427,7 @@ def test_a_lane_read_in_flight_is_joined_by_the_general_path(assets):
     rpc = g.rows_per_page * g.pages_per_chunk
     rows = np.array([[3 * rpc + 1, -1, 7 * rpc, 3 * rpc + 2], [11 * rpc + 5, 7 * rpc + 1, -1, 11 * rpc]])
     rd = svc.lane_begin(rows, background=True)
-    assert isinstance(rd, pages_mod.IORead) and sorted(rd.chunks.tolist()) == [3, 7, 11]
+    assert isinstance(rd, IORead) and sorted(rd.chunks.tolist()) == [3, 7, 11]
     out = np.zeros((3, g.chunk_bytes), np.uint8)
     pending = svc.fetch_into(np.array([11, 3]), out[:2], background=True)
     assert pending is not None
@@ -451,10 +454,7 @@ def test_the_compiled_reader_and_lane_are_there_on_linux(assets):
     asset reader's)."""
     from polymem.asset import _shards
 
-    from polymem.asset import _pagekern
-
-    assert pages_mod._kernel() is not None and _shards._kernels() is not None
-    assert _pagekern.READING == pages_mod.READING
+    assert _load.kernels(io=True) is not None and _shards._kernels() is not None
     svc = PageService(assets["nf4"], cache_mb=1)
     assert svc.io_thread and svc.lane
     svc.close()
@@ -466,7 +466,7 @@ def test_the_compiled_reader_and_lane_are_there_on_linux(assets):
 def test_chunk_index_behaves_like_a_dict(ops, cap):
     """The cache's compiled open-addressing index (linear probing, deletion by backward shift) maps chunks to
     slots exactly like a dict under any sequence of inserts and deletes (kept at most half full)."""
-    from polymem.asset import _pagekern as K
+    from polymem.serve import _kernels as K
 
     keys, vals = np.full(cap, -1, np.int64), np.zeros(cap, np.int64)
     ref: dict[int, int] = {}
@@ -557,7 +557,7 @@ def test_remote_asset_is_served_through_range_requests(byte_cache, ids, assets, 
 
 # ------------------------------------------------------------------------------------------------- pull
 def test_pull_stages_a_remote_asset_verified_and_atomically(assets, memfs, tmp_path):
-    from polymem.asset.pull import pull
+    from polymem.ops.pull import pull
 
     src = assets["nf4"]
     url = upload(memfs, src, "p")
@@ -617,7 +617,7 @@ def test_pull_cli_errors_exit_2_with_one_line(assets, tmp_path):
 # ------------------------------------------------------------------------------------------ the page service
 def _direct(asset: MemoryAsset, chunks) -> np.ndarray:
     """Stored chunk bytes read without the service (the asset's own verified reader)."""
-    from polymem.asset._shards import FastReader
+    from polymem.asset._reader import FastReader
 
     ids = np.asarray(chunks, dtype=np.int64)
     out = np.empty((ids.size, asset.geometry.chunk_bytes), np.uint8)
@@ -695,7 +695,7 @@ def test_pages_not_in_the_os_cache_go_to_the_reader_threads(byte_cache, ids, ass
     names = {t.name for t in pages_threads()}
     assert names == ({THREAD_PREFIX + "-io"} if svc.io_thread else names - {THREAD_PREFIX + "-io"}) and names
     if svc.io_thread and svc.reader.nowait and 2 * st["nowait_reads"] < st["reads"]:
-        assert svc._nowait_skip == pages_mod.NOWAIT_BACKOFF
+        assert svc._nowait_skip == service_mod.NOWAIT_BACKOFF
     h.detach()
     assert wait_no_threads() == []
 
@@ -724,7 +724,9 @@ def test_a_chunk_in_flight_is_joined_not_read_twice(assets):
     svc.reader.nowait = False  # the reads go to the (single, busy) pool worker
     svc.io_thread = False
     gate = threading.Event()
-    busy = svc.pool().submit(gate.wait)
+    with svc._lock:  # the pool a background read starts (fetch_into), started here to keep its worker busy
+        pool = svc._pool or svc._start_pool()
+    busy = pool.submit(gate.wait)
     chunks = np.array([3, 7, 11], dtype=np.int64)
     a, b = np.zeros((3, cb), np.uint8), np.zeros((3, cb), np.uint8)
     pa = svc.fetch_into(chunks, a, background=True)
@@ -772,11 +774,11 @@ def test_a_chunk_read_by_the_io_thread_is_joined_and_read_once(assets):
 def test_a_larger_request_grows_the_shared_cache_and_keeps_its_chunks(assets):
     asset = assets["float16"]
     cb = asset.geometry.chunk_bytes
-    svc = pages_mod.service_for(asset, cache_mb=4 * cb / 2**20)
+    svc = service_mod.service_for(asset, cache_mb=4 * cb / 2**20)
     svc.acquire()
     out = np.empty((4, cb), np.uint8)
     svc.fetch_into(np.arange(4), out, background=False)
-    assert pages_mod.service_for(asset, cache_mb=8 * cb / 2**20) is svc
+    assert service_mod.service_for(asset, cache_mb=8 * cb / 2**20) is svc
     assert svc.stats()["capacity_bytes"] == 8 * cb and all(svc.cached(c) for c in range(4))
     big = np.empty((8, cb), np.uint8)
     svc.fetch_into(np.arange(8), big, background=False)

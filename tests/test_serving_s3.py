@@ -33,7 +33,7 @@ def s3_asset(tmp_path, endpoint, monkeypatch):  # noqa: F811
 def test_s3_asset_is_served_and_pulled(s3_asset, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from polymem.asset.pull import pull
+    from polymem.ops.pull import pull
 
     local, url = s3_asset
     remote = MemoryAsset.open(url)

@@ -1,4 +1,4 @@
-"""Hostile .tiktoken files (issue 9 probe 10): a clear TokenizerError before tiktoken's Rust code can panic.
+"""Hostile .tiktoken files: a clear TokenizerError before tiktoken's Rust code can panic.
 
 A pyo3 PanicException is a BaseException: it escapes `except Exception`, so a bad file would kill a coverage
 run mid-corpus. Every case below panicked (at load or at the first encode) before the checks existed.

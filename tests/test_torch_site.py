@@ -11,7 +11,7 @@ import polymem
 from polymem import HashSpec, Layout, PolymemError, SpecMismatchError, TokenHashes
 from polymem.samples import sample_text
 from polymem.torch import TrainableTable, SparseRowRMS, attach, load_attached
-from polymem.torch.model import GPT, GPTConfig
+from polymem.recipes.model import GPT, GPTConfig
 
 torch.set_num_threads(1)
 LAYOUT = Layout(pages=64, heads=4, slots=4, head_dim=8)
@@ -97,7 +97,7 @@ def test_row_optimizer_moves_only_touched_rows(byte_cache, ids):
 
 
 def test_frozen_donor_table_is_bit_identical_after_training(byte_cache, ids):
-    from polymem.torch.train import TokenData, TrainConfig, train_loop
+    from polymem.recipes.train import TokenData, TrainConfig, train_loop
 
     table = random_table(1)
     snapshot = table.weight.detach().clone()

@@ -11,7 +11,8 @@ import torch
 from typer.testing import CliRunner
 
 from polymem.cli.app import app
-from polymem.torch.train import MemoryConfig, TokenData, TrainConfig, evaluate_bpb, split_documents, train_donor
+from polymem.recipes.data import split_documents
+from polymem.recipes.train import MemoryConfig, TokenData, TrainConfig, evaluate_bpb, train_donor
 
 torch.set_num_threads(1)
 TINY = dict(steps=4, batch_size=2, block_size=32, n_layer=2, n_head=2, d_model=32)
@@ -80,7 +81,7 @@ def test_train_and_transfer_cli(corpus, tmp_path):
 
 def test_transfer_arms_share_backbone_init(corpus, tmp_path):
     """Identical backbone init per seed across arms: the memory arms differ from `none` only by the site."""
-    from polymem.torch.train import build_model
+    from polymem.recipes.train import build_model
 
     data = TokenData.build("bytes", ["abc def " * 40], ["abc " * 40])
     a, b = build_model(data, TrainConfig(**TINY), seed=3), build_model(data, TrainConfig(**TINY), seed=3)

@@ -1,4 +1,4 @@
-"""polymem.torch.transfer on its own: the coverage of recipient n-grams by donor-trained hashes (hand-counted,
+"""polymem.recipes.transfer on its own: the coverage of recipient n-grams by donor-trained hashes (hand-counted,
 across tokenizer families) and the random control table (same shape and row norms, new directions)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from polymem.torch.tables import random_like
-from polymem.torch.train import TokenData, batch_starts
-from polymem.torch.transfer import trained_hash_coverage
+from polymem.recipes.train import TokenData, batch_starts
+from polymem.recipes.transfer import trained_hash_coverage
 
 
 def test_coverage_by_hand_with_bytes() -> None:

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from polymem.cli.app import app
 from polymem.errors import PolymemError
-from polymem.torch.curves import analyze, compute_saved, crossover, end_of_schedule_saving, paired, tokens_to_reach
-from polymem.torch.train import MemoryConfig, TokenData, TrainConfig, train_donor, train_loop
+from polymem.recipes.curves import analyze, compute_saved, crossover, end_of_schedule_saving, paired, tokens_to_reach
+from polymem.recipes.train import MemoryConfig, TokenData, TrainConfig, train_donor, train_loop
 
 torch.set_num_threads(1)
 TINY = dict(steps=4, batch_size=2, block_size=32, n_layer=2, n_head=2, d_model=32, precision="fp32")
@@ -32,8 +32,8 @@ def donor(corpus, tmp_path_factory):
 
 def test_finetune_starts_from_donor_rows_and_trains_them_frozen_donor_does_not(corpus, donor):
     from polymem.torch.tablefile import open_table
-    from polymem.torch.train import read_documents, split_documents
-    from polymem.torch.transfer import build_arm
+    from polymem.recipes.data import read_documents, split_documents
+    from polymem.recipes.transfer import build_arm
 
     a = open_table(donor)
     tab = torch.from_numpy(a.to_numpy().copy())
@@ -167,7 +167,7 @@ def test_analyze_targets_on_hand_made_result():
 
 
 def test_markdown_report_quotes_the_numbers():
-    from polymem.torch.curves import markdown_report
+    from polymem.recipes.curves import markdown_report
 
     t = [1000, 2000]
     curves = {"none": [[3.0, 2.8]], "donor": [[2.6, 2.4]], "donor_finetune": [[2.4, 2.2]], "scratch": [[2.8, 2.3]]}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from polymem.errors import PolymemError
 from polymem.hash.reference import ngram_bytes
 from polymem.hash.token_hashes import TokenHashes
 
@@ -29,7 +30,7 @@ def crosscheck(
     cache_b: TokenHashes, bytes_b: list[bytes | None], ids_b: np.ndarray, max_n: int = 7,
 ) -> CrossCheck:
     """Compare every valid n-gram (n ≤ max_n) of stream A with every one of stream B by bytes and by hash."""
-    seen: dict[bytes, dict[str, object]] = {}  # bytes -> {"a": {(order, hash)}, "b": ...}
+    seen: dict[bytes, dict[str, set[tuple[int, int]]]] = {}  # bytes -> {"a": {(order, hash)}, "b": ...}
     by_hash: dict[int, bytes] = {}
     collisions = 0
     for side, cache, tb, ids in (("a", cache_a, bytes_a, ids_a), ("b", cache_b, bytes_b, ids_b)):
@@ -40,9 +41,15 @@ def crosscheck(
                 if not v[i, n]:
                     continue
                 b, x = nb[i][n], int(h[i, n])
-                entry = seen.setdefault(b, {"a": set(), "b": set()})  # type: ignore[arg-type]
-                entry[side].add((n + 1, x))  # type: ignore[union-attr]
-                prev = by_hash.setdefault(x, b)  # type: ignore[arg-type]
+                if b is None:  # the cache hashed it, so its tokens have bytes: bytes_{a,b} belong to another vocabulary
+                    raise PolymemError(
+                        f"token bytes for side {side!r} do not match its TokenHashes {cache.tokenizer_name!r}: the "
+                        f"n-gram ending at position {i} (order {n + 1}) is hashed but has a token without bytes. "
+                        "Fix: pass the token bytes of the tokenizer the cache was built from (tok.all_token_bytes())"
+                    )
+                entry = seen.setdefault(b, {"a": set(), "b": set()})
+                entry[side].add((n + 1, x))
+                prev = by_hash.setdefault(x, b)
                 if prev != b:
                     collisions += 1
     pairs = mismatched = shared = 0
@@ -52,8 +59,8 @@ def crosscheck(
         if not sa or not sb:
             continue
         shared += 1
-        for oa, ha in sa:  # type: ignore[union-attr]
-            for ob, hb in sb:  # type: ignore[union-attr]
+        for oa, ha in sa:
+            for ob, hb in sb:
                 pairs += 1
                 mismatched += ha != hb
                 if oa != ob and len(examples) < 1000:

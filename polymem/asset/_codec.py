@@ -12,7 +12,7 @@ import numpy as np
 
 from polymem.asset import nf4
 from polymem.asset._format import Geometry
-from polymem.engines import fp8
+from polymem.asset import fp8
 from polymem.errors import PolymemError
 
 
@@ -30,11 +30,13 @@ def bf16_encode(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits as uint16, round to nearest even (finite input)."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     bias = ((u >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
-    return ((u + bias) >> np.uint32(16)).astype(np.uint16)
+    out: np.ndarray = ((u + bias) >> np.uint32(16)).astype(np.uint16)
+    return out
 
 
 def bf16_decode(b: np.ndarray) -> np.ndarray:
-    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    out: np.ndarray = (np.asarray(b, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return out
 
 
 def page_view(chunks: np.ndarray, geom: Geometry) -> np.ndarray:
@@ -79,7 +81,8 @@ def encode_rows(x: np.ndarray, geom: Geometry) -> np.ndarray:
     flat = x.reshape(-1, geom.head_dim)
     if geom.dtype == "fp8-e4m3-e8m0":
         w, sc = fp8.encode_rows(flat)  # [m, r], [m, r/32]
-        return np.concatenate([w, sc], axis=1).reshape(x.shape[:-1] + (geom.row_bytes,))
+        out: np.ndarray = np.concatenate([w, sc], axis=1).reshape(x.shape[:-1] + (geom.row_bytes,))
+        return out
     scale = np.float32(geom.fp8_scale)
     if flat.size and float(np.abs(flat).max()) > fp8.E4M3_MAX * float(scale):
         raise PolymemError(f"values exceed fp8-e4m3's range ±448 × scale {float(scale)!r}; quantize the table to "

@@ -401,8 +401,8 @@ def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
 
 def _parse_spec(d: Any) -> Any:
     """hash_spec -> a HashSpec (byte hash), an IdHashSpec (``--hash xor``) or an EngineTableSpec (an engine's
-    imported table, polymem/engines/table.py)."""
-    from polymem.engines.table import EngineTableSpec, is_table_dict
+    imported table, polymem/asset/engine_table.py)."""
+    from polymem.asset.engine_table import EngineTableSpec, is_table_dict
     from polymem.hash.idhash import IdHashSpec, is_id_hash_dict
 
     if is_id_hash_dict(d):

@@ -22,13 +22,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from polymem._paths import is_url
 from polymem.errors import FormatError, MissingError, PolymemError
 
 GROUP_META = "zarr.json"
 
 
 def is_remote(location: str) -> bool:
-    return "://" in location and not location.startswith("file://")
+    return is_url(location, remote=True)
 
 
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:

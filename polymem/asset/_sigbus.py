@@ -26,7 +26,7 @@ import os
 import platform
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -73,17 +73,18 @@ class _Guard:
         FLAGS = _MAP_PRIVATE | _MAP_FIXED | _MAP_ANONYMOUS
 
         @intrinsic
-        def _u64p(typingctx, addr):  # integer address -> uint64*
+        def _u64p(typingctx: Any, addr: Any) -> tuple[Any, Callable[..., Any]]:  # integer address -> uint64*
             sig = types.CPointer(types.uint64)(addr)
 
-            def codegen(context, builder, signature, args):
+            def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
                 return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
 
             return sig, codegen
 
-        @cfunc(types.void(types.int32, types.CPointer(types.uint64), types.voidptr), nopython=True)
-        def handler(sig, info, ctx):  # pragma: no cover - runs in signal context
-            reg = _u64p(REG)
+        @cfunc(types.void(types.int32, types.CPointer(types.uint64), types.voidptr))  # (always nopython)
+        def handler(sig: int, info: Any, ctx: int) -> None:  # pragma: no cover - runs in signal context
+            # compiled code calls an intrinsic without its typing context, which numba's stub counts as an argument
+            reg: Any = _u64p(REG)  # type: ignore[call-arg]
             code = info[1] & 0xFFFFFFFF  # si_code (int32 @ 8); > 0: sent by the kernel for a fault
             fault = code != 0 and code < 0x80000000
             if fault:
@@ -101,7 +102,10 @@ class _Guard:
 
         self.handler = handler  # keep the compiled code alive
         self.act = (ctypes.c_char * 256)()
-        ctypes.memmove(self.act, ctypes.byref(ctypes.c_uint64(handler.address)), 8)
+        address = handler.address
+        if address is None:  # pragma: no cover - cfunc compiles when it decorates
+            raise RuntimeError("numba did not compile the SIGBUS handler")
+        ctypes.memmove(self.act, ctypes.byref(ctypes.c_uint64(address)), 8)
         ctypes.memmove(ctypes.addressof(self.act) + _SA_FLAGS, ctypes.byref(ctypes.c_int(_SA_SIGINFO | _SA_ONSTACK)), 4)
         self.ensure_installed()
 

@@ -17,7 +17,8 @@ import google_crc32c
 import numpy as np
 
 from polymem.asset._format import Geometry, Header
-from polymem.asset._shards import FastReader, index_of_tail
+from polymem.asset._reader import FastReader
+from polymem.asset._shards import index_of_tail
 from polymem.errors import FormatError, MissingError
 
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -40,7 +41,7 @@ def write_sparse_shard(path: Path, geom: Geometry, present: np.ndarray, chunks: 
     from polymem.asset._shards import chunk_crcs, shard_footer
 
     k, cb = int(present.sum()), geom.chunk_bytes
-    raw = np.ascontiguousarray(chunks).view(np.uint8).reshape(-1)
+    raw: np.ndarray = np.ascontiguousarray(chunks).view(np.uint8).reshape(-1)
     if raw.nbytes != k * cb:
         raise ValueError(f"{path}: {raw.nbytes} data bytes for {k} chunks of {cb}")
     raw = raw.reshape(k, cb)
@@ -48,7 +49,7 @@ def write_sparse_shard(path: Path, geom: Geometry, present: np.ndarray, chunks: 
     out[:, :cb] = raw
     if geom.crc:
         out[:, cb:] = chunk_crcs(raw).astype("<u4").view(np.uint8).reshape(k, 4)
-    buf = memoryview(out).cast("B")
+    buf = out.data.cast("B")
     index = shard_footer(geom, buf) + sparse_index(geom, present)  # (the shard-id footer, then the index)
     h = hashlib.sha256()
     from polymem.asset import _fs
@@ -141,8 +142,10 @@ class SparseReader(FastReader):
         buf = np.empty((1, self._cb), np.uint8)
         self.read_chunks_into(np.array([c], dtype=np.int64), buf)
         if g.pages_per_chunk == 1 and not g.packed:
-            return buf.view(self._dtype).reshape(self._page_shape)
-        return buf[:, j * g.page_bytes : (j + 1) * g.page_bytes].reshape(self._page_shape).copy()
+            page: np.ndarray = buf.view(self._dtype).reshape(self._page_shape)
+            return page
+        page = buf[:, j * g.page_bytes : (j + 1) * g.page_bytes].reshape(self._page_shape).copy()
+        return page
 
 
 __all__ = ["SparseReader", "parse_sparse_index", "sparse_index", "validate_sparse", "write_sparse_shard"]

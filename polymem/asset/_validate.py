@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from polymem._paths import is_url
 from polymem.asset._format import (
     MAX_JSON_BYTES, WRITING_MARKER, Header, check_array_metadata, parse_header, sha256_hex,
 )
@@ -26,7 +27,7 @@ class Raw:
         self.location = location
         self.storage_options = dict(storage_options or {})
         self.local: Path | None = None
-        if "://" not in location or location.startswith("file://"):
+        if not is_url(location, remote=True):
             self.local = Path(location.removeprefix("file://"))
             self._fs: Any = None
             self._root = ""

@@ -9,12 +9,16 @@ the fast path does not handle (fsspec URLs). Not here: header validation (``_for
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from polymem._paths import is_url
 from polymem.asset._format import ARRAY_NAME, Geometry
 from polymem.errors import FormatError
+
+if TYPE_CHECKING:
+    from zarr.core.array_spec import ArrayConfigParams
 
 
 def _checked(read: Any, ids: np.ndarray, geom: Geometry | None, where: str) -> np.ndarray:
@@ -44,10 +48,12 @@ def create_array_metadata(root: Path, geom: Geometry) -> None:
     from zarr.codecs import BytesCodec, Crc32cCodec
 
     group = zarr.open_group(str(root), mode="w", zarr_format=3)
+    # zarr imports NotRequired from typing (Python 3.11+), so mypy's 3.10 target reads "order" as required
+    config: ArrayConfigParams = {"write_empty_chunks": True}  # type: ignore[typeddict-item]
     group.create_array(
         ARRAY_NAME, shape=geom.shape, dtype=geom.data_type, chunks=geom.chunk_shape, shards=geom.shard_shape,
         compressors=[Crc32cCodec()] if geom.crc else None, filters=None, serializer=BytesCodec(endian="little"), fill_value=0,
-        config={"write_empty_chunks": True},
+        config=config,
     )
 
 
@@ -68,7 +74,7 @@ class ZarrReader:
                  where: str = "") -> None:
         import zarr
 
-        kw = {"storage_options": storage_options} if storage_options and "://" in url else {}
+        kw: dict[str, Any] = {"storage_options": storage_options} if storage_options and is_url(url) else {}
         self._arr = zarr.open_array(url.rstrip("/") + "/" + ARRAY_NAME, mode="r", **kw)
         self._geom, self._where = geom, where or url
 

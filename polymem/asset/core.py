@@ -5,7 +5,7 @@
     vecs = MemoryAsset.open("table.pmem").lookup(hashes)   # float32 [..., K, r]
 
 Writes build a complete group in a sibling temp directory and rename it into place; page writes replace
-whole shards behind a marker file (§7). Reads go straight to memory-mapped shard files once the geometry was
+whole shards behind a marker file (§7); both are :mod:`._write`. Reads go straight to memory-mapped shard files once the geometry was
 validated (local paths), or through zarr-python (fsspec URLs) / tensorstore.
 """
 
@@ -18,29 +18,20 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from polymem.asset import _codec, _commit, _fs
-from polymem.asset._format import (
-    ASSET_VERSION, LOCK_FILE, Geometry, Header, canonical_json, check_dtype, check_orders,
-    check_provenance, fp8_scale_for, geometry, header_body, parse_header, sha256_hex,
-)
-from polymem.asset._shards import (
-    FastReader, bad_scale, file_sha256, read_shard_checked, read_shard_ids, write_shard,
-)
-from polymem.asset import _remote
+from polymem._paths import is_url
+from polymem.asset import _codec, _commit, _fs, _remote, _write, nf4
+from polymem.asset._format import ASSET_VERSION, LOCK_FILE, Geometry, Header, check_dtype, fp8_scale_for, geometry
+from polymem.asset._reader import AssetReader, FastReader
+from polymem.asset._shards import bad_scale, read_shard_checked
 from polymem.asset._validate import Raw as _Raw
 from polymem.asset._validate import validate as _validate
-from polymem.errors import FormatError, MissingError, PolymemError, SpecMismatchError, TokenizerBoundError
-from polymem.asset import nf4
-from polymem.hash.spec import HashSpec
-from polymem.hash.layout import Layout
+from polymem.asset._write import ChunkSource, PageSource
 from polymem.asset.nf4 import QuantError, reconstruction_error
+from polymem.errors import FormatError, MissingError, PolymemError, SpecMismatchError, TokenizerBoundError
+from polymem.hash.layout import Layout
+from polymem.hash.spec import HashSpec
 
 BACKENDS = ("auto", "fast", "zarr", "tensorstore")
-PageSource = Callable[[int, int], np.ndarray]  # (first page, stop page) -> float32 [stop-first, K*S, r]
-
-
-
-ChunkSource = Callable[[int], np.ndarray]  # shard s -> its stored chunks (any dtype, C-contiguous)
 
 
 def row_ids(rows: Any, num_rows: int) -> np.ndarray:
@@ -57,20 +48,6 @@ def row_ids(rows: Any, num_rows: int) -> np.ndarray:
     return a.astype(np.int64, copy=False)
 
 
-def _unchanged_since(src: "MemoryAsset | None", dest: Path) -> Callable[[], None] | None:
-    """For a rewrite of ``src`` over itself: a check (run under the writer lock, before the swap) that no other
-    writer committed since ``src`` was opened; their pages would be lost."""
-    if src is None or src._raw.local is None or not dest.exists() or not os.path.samefile(dest, src._raw.local):
-        return None
-
-    def check() -> None:
-        if _validate(_Raw(str(dest)), src.path).checksums != src._header.checksums:
-            raise PolymemError(f"{src.path}: another writer committed pages while this rewrite read the asset; "
-                               "nothing was replaced (their pages would have been lost). Run it again")
-
-    return check
-
-
 # ------------------------------------------------------------------------------------------ the asset
 class MemoryAsset:
     """An opened asset. Build with :meth:`create`, :meth:`from_array`, :meth:`open`."""
@@ -80,7 +57,7 @@ class MemoryAsset:
         self._header = header
         self._version = header.geometry.version
         self._backend = backend
-        self._reader = self._make_reader(backend)
+        self._reader: AssetReader = self._make_reader(backend)
         self._pages = header.layout.pages
         self._lean = self._reader.lean_reader() if isinstance(self._reader, FastReader) else None
 
@@ -172,7 +149,7 @@ class MemoryAsset:
             f"orders={list(self.orders)}, dtype={self.dtype}, backend={self._backend})"
         )
 
-    def _make_reader(self, backend: str) -> Any:
+    def _make_reader(self, backend: str) -> AssetReader:
         if backend not in BACKENDS:
             raise PolymemError(f"backend {backend!r} is unknown; accepted: {', '.join(BACKENDS)}")
         local = self._raw.local
@@ -181,18 +158,18 @@ class MemoryAsset:
         if backend in ("fast", "tensorstore") and local is None:
             raise PolymemError(f"backend {backend!r} reads local directories only; {self.path!r} is a URL — use 'zarr'")
         self._backend = backend
-        if backend == "fast":
-            if self._header.sparse:
-                from polymem.asset._sparse import SparseReader, validate_sparse
-
-                return SparseReader(local, self.geometry, validate_sparse(self._raw, self._header, self.path), self.path)  # type: ignore[arg-type]
-            return FastReader(local, self.geometry, self.path)  # type: ignore[arg-type]
         from polymem.asset import _zarr
 
+        if backend == "zarr" or local is None:  # (local is None only for 'zarr' here)
+            return _zarr.ZarrReader(str(local) if local is not None else self._raw.location, geom=self.geometry,
+                                    where=self.path, storage_options=self._raw.storage_options)
         if backend == "tensorstore":
-            return _zarr.TensorstoreReader(local, self.geometry, self.path)  # type: ignore[arg-type]
-        return _zarr.ZarrReader(str(local) if local is not None else self._raw.location, geom=self.geometry,
-                                where=self.path, storage_options=self._raw.storage_options)
+            return _zarr.TensorstoreReader(local, self.geometry, self.path)
+        if self._header.sparse:
+            from polymem.asset._sparse import SparseReader, validate_sparse
+
+            return SparseReader(local, self.geometry, validate_sparse(self._raw, self._header, self.path), self.path)
+        return FastReader(local, self.geometry, self.path)
 
     # ---- constructors
     @classmethod
@@ -250,19 +227,6 @@ class MemoryAsset:
                               fp8_scale=fp8_scale_for(dtype, amax))
 
     @classmethod
-    def _write_remote(cls, url: str, storage_options: Mapping[str, Any] | None, overwrite: bool,
-                      build: Any) -> "MemoryAsset":
-        """Build the asset in a local temporary directory (``build(path)``), then commit it to ``url``: data
-        objects first, the group metadata with the checksums last (polymem/asset/_remote.py)."""
-        import tempfile
-
-        opts = dict(storage_options or {})
-        with tempfile.TemporaryDirectory(prefix="polymem-upload-") as d:
-            build(Path(d) / "asset")
-            _remote.upload(Path(d) / "asset", url, opts, overwrite=overwrite)
-        return cls.open(url, storage_options=opts)
-
-    @classmethod
     def _write_new(
         cls, path: str | os.PathLike[str], spec: Any, layout: Layout, source: PageSource | None, *,
         dtype: str, orders: Any, provenance: Mapping[str, Any] | None, overwrite: bool,
@@ -270,79 +234,13 @@ class MemoryAsset:
         storage_options: Mapping[str, Any] | None = None, format_version: int = ASSET_VERSION,
         row_counts: Any = None, fp8_scale: float | None = None, based_on: "MemoryAsset | None" = None,
     ) -> "MemoryAsset":
-        location = os.fspath(path)
-        if _remote.is_remote(location):
-            return cls._write_remote(location, storage_options, overwrite, lambda local: cls._write_new(
-                local, spec, layout, source, dtype=dtype, orders=orders, provenance=provenance, overwrite=False,
-                chunks_per_shard=chunks_per_shard, chunk_source=chunk_source, format_version=format_version,
-                row_counts=row_counts, fp8_scale=fp8_scale))
-        dest = Path(location.removeprefix("file://"))
-        from polymem.hash.idhash import IdHashSpec
-
-        from polymem.engines.table import EngineTableSpec
-
-        if not isinstance(spec, (HashSpec, IdHashSpec, EngineTableSpec)) or not isinstance(layout, Layout):
-            raise PolymemError("spec must be a polymem.HashSpec (or an IdHashSpec, EngineTableSpec) and layout a "
-                               "polymem.Layout")
-        if isinstance(spec, (IdHashSpec, EngineTableSpec)):
-            spec.check_layout(layout)
-        counts = None
-        if row_counts is not None:
-            from polymem.asset._counts import check_counts
-
-            counts = check_counts(row_counts, layout.num_rows)
-        dtype = check_dtype(dtype)
-        orders_t = check_orders(orders)
-        prov = check_provenance(provenance)
-        geom = geometry(layout, dtype, chunks_per_shard, version=format_version,  # version 1: tests/benchmarks only
-                        fp8_scale=fp8_scale)
-        if dest.exists() and not overwrite:
-            raise PolymemError(f"{str(dest)!r} already exists; pass overwrite=True (CLI: --overwrite) or pick another path")
-        if dest.exists() and not dest.is_dir():
-            raise PolymemError(f"{str(dest)!r} is a file, not an asset directory; remove it or pick another path")
-        with _commit.building(dest) as tmp:
-            from polymem.asset import _zarr
-
-            _zarr.create_array_metadata(tmp, geom)
-            shards: dict[str, str] = {}
-            zero_digest: dict[int, str] = {}
-            for s in range(geom.num_shards):
-                key = geom.shard_key(s)
-                (tmp / key).parent.mkdir(parents=True, exist_ok=True)
-                if chunk_source is not None:
-                    shards[key] = write_shard(tmp / key, geom, s, chunk_source(s))
-                elif source is None:  # zero shards; equal-sized ones have equal bytes
-                    n = geom.chunks_in_shard(s)
-                    shards[key] = write_shard(tmp / key, geom, s, None)
-                    zero_digest.setdefault(n, shards[key])
-                else:
-                    ppc, cps = geom.pages_per_chunk, geom.chunks_per_shard
-                    a = s * cps * ppc
-                    b = min(geom.pages, (s * cps + geom.chunks_in_shard(s)) * ppc)
-                    pages = _codec.check_pages(source(a, b), geom, b - a)
-                    chunks = _codec.pages_to_chunks(_codec.encode_pages(pages, geom), geom)
-                    shards[key] = write_shard(tmp / key, geom, s, chunks)
-            extras: dict[str, Any] = {}
-            count_sums: dict[str, str] = {}
-            if counts is not None:
-                from polymem.asset._counts import write_counts
-
-                extras["row_counts"], count_sums = write_counts(tmp, counts)
-            body = header_body(spec, layout, orders_t, dtype, geom, prov, extras)
-            checksums = {
-                "algorithm": "sha256", "attributes": sha256_hex(canonical_json(body)),
-                "array_metadata": file_sha256(tmp / "pages" / "zarr.json"), "shards": shards,
-            }
-            if geom.shard_id:
-                checksums["shard_ids"] = read_shard_ids(tmp, geom, shards)
-            if count_sums:
-                checksums["row_counts"] = count_sums
-            _commit.write_group_json(tmp, body, checksums)
-            for d in [tmp, tmp / "pages", *(tmp / geom.shard_key(s) for s in range(geom.num_shards))]:
-                _fs.fsync_dir(d if d.is_dir() else d.parent)
-            _commit.install(tmp, dest, overwrite=overwrite, lock_timeout=lock_timeout,
-                            check=_unchanged_since(based_on, dest))
-        return cls.open(dest)
+        """A new asset from ``source`` (pages [a, b) -> float32 [b-a, K*S, r]), ``chunk_source`` (shard -> its
+        stored chunks) or neither (zeros): :func:`polymem.asset._write.write_new`."""
+        return _write.write_new(cls, path, spec, layout, source, dtype=dtype, orders=orders, provenance=provenance,
+                                overwrite=overwrite, chunks_per_shard=chunks_per_shard, chunk_source=chunk_source,
+                                lock_timeout=lock_timeout, storage_options=storage_options,
+                                format_version=format_version, row_counts=row_counts, fp8_scale=fp8_scale,
+                                based_on=based_on)
 
     # ---- reads
     def _check_ids(self, page_ids: Any) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -378,7 +276,8 @@ class MemoryAsset:
             return self._reader.read_chunks(ids).reshape(shape + (g.rows_per_page, g.head_dim))
         ppc = g.pages_per_chunk
         chunks = np.ascontiguousarray(self._reader.read_chunks(ids // ppc))  # [n, chunk_bytes]
-        return _codec.page_view(chunks, g)[np.arange(ids.shape[0]), ids % ppc].reshape(shape + (g.page_bytes,))
+        pages: np.ndarray = _codec.page_view(chunks, g)[np.arange(ids.shape[0]), ids % ppc].reshape(shape + (g.page_bytes,))
+        return pages
 
     def read_pages(self, page_ids: Any) -> np.ndarray:
         """int page ids [n] -> float32 [n, K*S, r], dequantised."""
@@ -447,16 +346,17 @@ class MemoryAsset:
             vec = self._unpack(stored, lambda i: int(sel[i]))
         else:
             vec = _codec.decode_chunks(stored, g)
+        shape: tuple[int, ...] = rows.shape + (r,)
         if all_ok:
-            return vec.reshape(rows.shape + (r,))
+            return vec.reshape(shape)
         out = np.zeros((flat.shape[0], r), dtype=np.float32)
         out[ok] = vec
-        return out.reshape(rows.shape + (r,))
+        return out.reshape(shape)
 
     def check_chunk_bytes(self, chunk_ids: np.ndarray, chunks: "list[np.ndarray]") -> None:
         """Raise FormatError unless ``chunks`` (uint8, each one stored chunk as it lies in its shard —
         ``geometry.stride`` bytes: chunk bytes + crc32c from format v2 — read straight from the shards by the
-        page service, :mod:`polymem.asset.pages`) are intact stored chunks ``chunk_ids`` of this asset.
+        page service, :mod:`polymem.serve`) are intact stored chunks ``chunk_ids`` of this asset.
 
         Format v2: the length and every chunk's crc32c. Format v1 keeps one sha256 per shard (checked by
         :meth:`verify` and ``polymem pull``), so a chunk on its own can only be checked for its length."""
@@ -499,86 +399,7 @@ class MemoryAsset:
         to build on a shard whose bytes do not match its checksums, and either lands completely or raises
         with the asset unchanged.
         """
-        root = self._raw.local
-        if root is None:
-            self._write_pages_remote(page_ids, data)
-            return
-        if self._version < ASSET_VERSION:
-            raise PolymemError(
-                f"{self.path}: format version {self._version} assets are read-only in this polymem; run "
-                f"`polymem upgrade {self.path}` (MemoryAsset.upgrade) first"
-            )
-        if self.sparse:
-            raise PolymemError(f"cannot write pages of {self.path!r}: it is a sparse subset (read-only); write to the full asset")
-        ids, _ = self._check_ids(page_ids)
-        g = self.geometry
-        pages = _codec.check_pages(data, g, ids.shape[0])
-        if np.unique(ids).shape[0] != ids.shape[0]:
-            raise PolymemError("page ids passed to write_pages must be distinct; merge duplicate pages first")
-        stored = _codec.encode_pages(pages, g)  # [n, ...]
-        with _fs.writer_lock(root, LOCK_FILE, lock_timeout, self.path):
-            # the asset as it is now (another writer may have committed since we opened it); no marker
-            header = _validate(self._raw, self.path)
-            if header.geometry != g:
-                raise PolymemError(f"{self.path}: the asset was re-created with another geometry; reopen it")
-            if header.checksums != self._header.checksums:
-                self._reader.invalidate()
-            _commit.recover(root)  # stale .new/.old/.tmp files of a killed writer (no marker: nothing to roll back)
-            ppc, cps = g.pages_per_chunk, g.chunks_per_shard
-            chunk_of = ids // ppc
-            shard_of = chunk_of // cps
-            new_sums: dict[str, str] = {}
-            touched = sorted({int(s) for s in shard_of})
-            for s in touched:  # contained: no link on the way to any file this write creates
-                _commit.shard_path(root, g.shard_key(s))
-            try:
-                for s in touched:
-                    key = g.shard_key(s)
-                    c0 = s * cps
-                    chunks = read_shard_checked(root / key, g, s, header.checksums["shards"][key], self.path)
-                    chunks = chunks.view(np.dtype(g.data_type).newbyteorder("<")).reshape(
-                        (chunks.shape[0],) + g.chunk_shape[1:])
-                    sel = np.flatnonzero(shard_of == s)
-                    if g.packed:
-                        _codec.page_view(chunks, g)[chunk_of[sel] - c0, ids[sel] % ppc] = stored[sel]
-                    else:
-                        chunks[chunk_of[sel] - c0] = stored[sel]
-                    new_sums[key] = write_shard(root / (key + ".new"), g, s, chunks)
-            except BaseException:
-                for s in touched:
-                    try:
-                        _fs.unlink(root / (g.shard_key(s) + ".new"))
-                    except OSError:
-                        pass
-                raise
-            checksums = dict(header.checksums)
-            checksums["shards"] = {**header.checksums["shards"], **new_sums}
-            if g.shard_id:
-                checksums["shard_ids"] = {**header.checksums["shard_ids"], **read_shard_ids(root, g, new_sums, ".new")}
-            body = header_body(header.spec, header.layout, header.orders, header.dtype, g, header.provenance,
-                               header.extras)
-            try:
-                _commit.swap(root, sorted(new_sums), _commit.group_json_bytes(body, checksums))
-            finally:
-                self._reader.invalidate()
-            self._header = parse_header({"polymem": {**body, "checksums": checksums}}, self.path)
-
-    def _write_pages_remote(self, page_ids: Any, data: Any) -> None:
-        """write_pages on a URL: copy the asset here, write the pages, commit it back in order (data objects,
-        then the group metadata). Costs a download and an upload of the whole asset; for large tables write
-        locally and upload."""
-        import tempfile
-
-        opts = self._raw.storage_options
-        with tempfile.TemporaryDirectory(prefix="polymem-pages-") as d:
-            local = Path(d) / "asset"
-            _remote.download(self.path, local, opts)
-            with MemoryAsset.open(local) as a:
-                a.write_pages(page_ids, data)
-            _remote.upload(local, self.path, opts, overwrite=True)
-        fresh = MemoryAsset.open(self.path, storage_options=opts, backend=self._backend)
-        self._reader.close()
-        self._raw, self._header, self._reader = fresh._raw, fresh._header, fresh._reader
+        _write.write_pages(self, page_ids, data, lock_timeout=lock_timeout)
 
     # ---- integrity
     def problems(self) -> list[str]:
@@ -673,18 +494,6 @@ class MemoryAsset:
                                        fp8_scale=geom_to.fp8_scale, based_on=self)
         return asset, _merge_errors(errs)
 
-    def subset(
-        self, out: str | os.PathLike[str], *, tokenizer: Any = None, corpus: Any = None, min_count: int | None = None,
-        heldout: Any = None, overwrite: bool = False, keep_counts: bool = False, progress: Any = None,
-    ) -> tuple["MemoryAsset", Any]:
-        """A sparse copy holding only the pages ``corpus``'s n-grams touch (and/or with a row updated ≥ ``min_count``
-        times); absent pages are not stored and read as zeros. Returns (the subset, its SubsetReport)."""
-        from polymem.asset.ops import subset
-
-        rep = subset(self, out, tokenizer=tokenizer, corpus=corpus, min_count=min_count, heldout=heldout,
-                     overwrite=overwrite, keep_counts=keep_counts, progress=progress)
-        return MemoryAsset.open(rep.path), rep
-
     # ---- upgrade and repair
     @classmethod
     def upgrade(cls, path: str | os.PathLike[str], *, lock_timeout: float | None = None) -> "MemoryAsset":
@@ -718,7 +527,7 @@ class MemoryAsset:
         """Roll back a page write that was interrupted mid-swap (the ``.polymem-writing`` marker), put back an
         asset an interrupted overwrite left aside, and remove stale temporary files. Returns what was done."""
         location = os.fspath(path)
-        if "://" in location and not location.startswith("file://"):
+        if is_url(location, remote=True):
             raise PolymemError(f"cannot repair {location!r}: repair works on local assets")
         root = Path(location.removeprefix("file://"))
         if not root.is_dir():

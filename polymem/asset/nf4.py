@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from polymem.errors import FormatError, PolymemError
 
@@ -79,7 +80,9 @@ def quantize_numpy(x: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _quantize_rows(x, scale, mids, out):  # pragma: no cover - compiled
+def _quantize_rows(  # pragma: no cover - compiled (the annotations are for readers and mypy only)
+    x: npt.NDArray[np.float32], scale: npt.NDArray[np.float32], mids: npt.NDArray[np.float32], out: npt.NDArray[np.uint8],
+) -> None:
     n, r = x.shape
     for i in range(n):
         s = scale[i]

@@ -68,7 +68,7 @@ def _tokenizer(value: Any, purpose: str) -> None:
 
 def _source(value: Any, purpose: str) -> None:
     """A corpus file or asset, local or a URL: the packages its protocol and file kind need."""
-    from polymem.sources import is_url, kind_of
+    from polymem._paths import is_url, kind_of
 
     text = str(value)
     if is_url(text) and text.split("://", 1)[0] in ("s3", "s3a"):
@@ -82,10 +82,10 @@ def _source(value: Any, purpose: str) -> None:
 
 def _local(value: Any) -> str | None:
     """The local path an output names (None for stdout "-" and URLs, which are checked where they are written)."""
-    from polymem.sources import is_url
+    from polymem._paths import is_url
 
     text = str(value)
-    if text == "-" or (is_url(text) and not text.startswith("file://")):
+    if text == "-" or is_url(text, remote=True):
         return None
     return text.removeprefix("file://")
 

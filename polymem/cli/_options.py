@@ -11,26 +11,43 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from enum import Enum
+from enum import Enum, EnumMeta
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional, cast
 
 import typer
 
+from polymem._paths import is_url
 from polymem.errors import PolymemError
 from polymem.hash.layout import LAYOUT_KINDS
 from polymem.hash.spec import NORMALIZERS
 
 
-def _choices(name: str, values: tuple[str, ...] | list[str]) -> type[Enum]:
-    return Enum(name, [(v, v) for v in values], type=str)  # type: ignore[return-value]
+class Choice(str, Enum):
+    """What every choice below is: a str enum whose members (value = name) are made from a list of strings."""
+
+    _value_: str
 
 
-AssetDtype = _choices("AssetDtype", ("float32", "float16", "bfloat16", "nf4", "fp8-e4m3-e8m0", "fp8-e4m3"))  # = polymem.asset.DTYPES
-LayoutKind = _choices("LayoutKind", LAYOUT_KINDS)
-Normalizer = _choices("Normalizer", sorted(NORMALIZERS))
-Gate = _choices("Gate", ("scalar", "context"))  # = polymem.torch.site.GATES
-ValueInit = _choices("ValueInit", ("zero", "orthogonal"))  # = polymem.torch.site.VALUE_INITS
+def _choices(name: str, values: tuple[str, ...] | list[str]) -> type[Choice]:
+    """A :class:`Choice` subclass named ``name`` with a member per value (Enum's functional API)."""
+    return cast("type[Choice]", EnumMeta.__call__(Choice, name, [(v, v) for v in values]))
+
+
+if TYPE_CHECKING:  # members made from data are invisible to mypy: to it, each choice is a Choice
+    AssetDtype = Choice
+    LayoutKind = Choice
+    Normalizer = Choice
+    Gate = Choice
+    ValueInit = Choice
+    Precision = Choice
+else:
+    AssetDtype = _choices("AssetDtype", ("float32", "float16", "bfloat16", "nf4", "fp8-e4m3-e8m0", "fp8-e4m3"))  # = polymem.asset.DTYPES
+    LayoutKind = _choices("LayoutKind", LAYOUT_KINDS)
+    Normalizer = _choices("Normalizer", sorted(NORMALIZERS))
+    Gate = _choices("Gate", ("scalar", "context"))  # = polymem.torch.site.GATES
+    ValueInit = _choices("ValueInit", ("zero", "orthogonal"))  # = polymem.torch.site.VALUE_INITS
+    Precision = _choices("Precision", ("auto", "fp32", "bf16"))  # = polymem.torch.precision.PRECISIONS
 
 _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9, "T": 10**12}
 
@@ -64,20 +81,13 @@ def parse_orders(text: str) -> tuple[int, ...]:
 # ------------------------------------------------------------------------------ paths and URLs
 # typer's Path type would turn s3://bucket/t into the local path s3:/bucket/t; path options parse the text
 # themselves: a URL is kept where the library reads or writes URLs, refused where it needs a local path.
-def is_url(value: str) -> bool:
-    """An fsspec URL (s3://…, https://…, memory://…); file://PATH is a local path."""
-    from polymem.sources import is_url as _is_url
-
-    return _is_url(value) and not value.startswith("file://")
-
-
 def local_path(takes: str, *, exists: bool = False, file: bool = False) -> Callable[[str], Path]:
     """A typer ``parser`` for an option that takes a local path (``takes``: what, e.g. "a local file"): the
     Path (file://PATH too); a URL is refused, with ``exists`` a path that is not there, with ``file`` a
     directory."""
 
     def parse(value: str) -> Path:
-        if is_url(value):
+        if is_url(value, remote=True):
             raise typer.BadParameter(f"{value!r} is a URL; this takes {takes}: give a local path (or file://PATH)")
         path = Path(value.removeprefix("file://"))
         if exists and not path.exists():
@@ -94,7 +104,7 @@ def corpus_source(value: str) -> str | Path:
     through fsspec), else a local path that must exist."""
     if value.startswith("sample:"):
         return sample_corpus(value)
-    return value if is_url(value) else local_path("corpus files or folders", exists=True)(value)
+    return value if is_url(value, remote=True) else local_path("corpus files or folders", exists=True)(value)
 
 
 def sample_corpus(value: str) -> str:
@@ -135,7 +145,6 @@ NHead = Annotated[int, typer.Option("--n-head", min=1, help="Attention heads.")]
 Lr = Annotated[float, typer.Option("--lr", min=0.0, help="Dense AdamW peak learning rate.")]
 TableLrMult = Annotated[float, typer.Option("--table-lr-mult", min=0.0, help="Table learning rate = lr × this (row-wise RMS rule).")]
 MaxEvalTokens = Annotated[Optional[int], typer.Option("--max-eval-tokens", min=1, help="Cap on held-out tokens scored.")]
-Precision = _choices("Precision", ("auto", "fp32", "bf16"))  # = polymem.torch.precision.PRECISIONS
 PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="auto (bf16 autocast only where the CPU/GPU does bf16 natively and fast, else fp32; the choice and why are printed), fp32 or bf16; tables stay fp32.")]
 Bf16 = Annotated[Optional[bool], typer.Option("--bf16/--no-bf16", help="Deprecated: use --precision bf16|fp32.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", min=1, help="torch CPU threads (1 is faster on a busy shared CPU).")]

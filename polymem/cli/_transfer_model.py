@@ -39,8 +39,8 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
     from polymem.cli.cmd_eval import progress_bar
     from polymem.errors import PolymemError
     from polymem.models import load_model
-    from polymem.models.tabletrain import FrozenTrainConfig
-    from polymem.models.transfer import ARMS, Experiment, check_arms, plot_result, run_transfer
+    from polymem.recipes.frozen import FrozenTrainConfig
+    from polymem.recipes.pretrained import ARMS, Experiment, check_arms, plot_result, run_transfer
 
     if out_dir is None:
         raise PolymemError("--model needs --out-dir DIR: each (arm, seed) result is written there as it ends, so a "
@@ -110,9 +110,9 @@ def print_result(result: dict[str, Any]) -> None:
     for arm, v in result["arms"].items():
         cells = []
         for k in sets:
-            m = float(np.mean(v["bpb"][k]))
+            mean = float(np.mean(v["bpb"][k]))
             g = result["gains"][arm][k]["share_of_base"]
-            cells.append(f"{m:.4f} ({-float(np.mean(g)):+.2%})")
+            cells.append(f"{mean:.4f} ({-float(np.mean(g)):+.2%})")
         t.add_row(arm, *cells)
     console.print(t)
     for name, p in result["paired"].items():

@@ -66,7 +66,7 @@ def _compute_saved(saved: dict[str, Any], console: Console) -> None:
 
 def _saved_words(arm: str, points: list[dict[str, Any]]) -> str:
     last = points[-1]
-    b, need, extra = last["budget"], last["ref_tokens_needed"], last["extra_fraction"]
+    need, extra = last["ref_tokens_needed"], last["extra_fraction"]
     if extra is None:
         earlier = [p for p in points[:-1] if p["extra_fraction"] is not None]
         then = (f"; at {earlier[-1]['budget']:,.0f} tokens it needed {earlier[-1]['extra_fraction']:+.0%}"

@@ -12,11 +12,12 @@ from rich.console import Console
 from rich.table import Table
 
 from polymem.cli._display import escape
+from polymem._paths import is_url
 from polymem.cli._needs import check_needs
 from polymem.cli._options import (
     StorageOptionsOpt,
     parse_storage_options,
-    AssetDtype, Dtype, HeadDim, Heads, LayoutKind, Normalizer, NormalizerOpt, Orders, Params, Slots, is_url,
+    AssetDtype, Dtype, HeadDim, Heads, LayoutKind, Normalizer, NormalizerOpt, Orders, Params, Slots,
     local_path, parse_count, parse_orders,
 )
 
@@ -53,7 +54,7 @@ def init(
 
     layout = Layout.for_params(parse_count(params), heads=heads, slots=slots, head_dim=head_dim, kind=kind.value)
     options = parse_storage_options(storage_options)
-    if not is_url(asset):
+    if not is_url(asset, remote=True):
         asset = str(check_output_path(asset.removeprefix("file://"), directory=True))
     prov = {"created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "created_by": f"polymem {__version__}"}
     a = MemoryAsset.create(asset, HashSpec(normalizer=normalizer.value), layout, dtype=dtype.value,

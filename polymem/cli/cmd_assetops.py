@@ -1,4 +1,8 @@
-"""``polymem convert``, ``polymem subset``, ``polymem merge``: assets as portable artifacts (polymem/asset/ops.py)."""
+"""``polymem convert``, ``polymem subset``, ``polymem merge``: assets as portable artifacts (polymem/ops/).
+
+``polymem convert`` takes two kinds of source and picks the library entry here: an imported engine table goes to
+:func:`polymem.engines.convert.convert_engine`, a tokenizer-bound table to :func:`polymem.ops.convert`.
+"""
 
 from __future__ import annotations
 
@@ -74,20 +78,34 @@ def convert(
     """Re-address a tokenizer-bound (token-id) table by bytes: replay a corpus, average the source rows each byte n-gram reads."""
     check_needs("convert", locals())
 
-    from polymem.asset.ops import convert as run, convert_source
+    from polymem.engines.convert import as_engine_table, convert_engine
     from polymem.hash.layout import Layout
+    from polymem.ops.convert import convert as run
+    from polymem.ops.engram import convert_source
 
     check_outputs_not_inputs({"--output": output, "--json": json_out},
                              [("asset", src), ("tokenizer", tokenizer)] + [("corpus", c) for c in corpus])
     try:
+        engine = as_engine_table(src)
+        if engine is None and layer is not None:
+            raise PolymemError(f"--layer {layer} picks a layer of an engine table (`polymem import`); this source is "
+                               "not one, and has one table: drop --layer")
         layout = None
-        src_arg: Any = src
+        src_arg: Any = src if engine is None else engine
         if pages is not None:
-            src_arg, heads, head_dim = convert_source(src)
+            if engine is not None:
+                heads, head_dim = engine.spec.addressing.heads, engine.layout.head_dim
+            else:
+                src_arg, heads, head_dim = convert_source(src)
             layout = Layout(pages=pages, heads=heads, slots=slots, head_dim=head_dim, kind=kind)
+        rep: Any
         with _Bar() as bar:
-            rep = run(src_arg, tokenizer, corpus, output, layout=layout, dtype=dtype, overwrite=overwrite, progress=bar,
-                      layer=layer)
+            if engine is not None:
+                rep = convert_engine(engine, corpus, output, tokenizer=tokenizer, layer=layer, layout=layout,
+                                     dtype=dtype, overwrite=overwrite, progress=bar)
+            else:
+                rep = run(src_arg, tokenizer, corpus, output, layout=layout, dtype=dtype, overwrite=overwrite,
+                          progress=bar)
     except PolymemError as e:
         _fail(e)
     t = Table(title=escape(f"{src} -> {output}"), show_header=False, title_justify="left")
@@ -115,7 +133,7 @@ def subset(
     """Keep only the pages a corpus touches (and/or with well-trained rows); absent pages are not stored (read as zeros)."""
     check_needs("subset", locals())
 
-    from polymem.asset.ops import subset as run
+    from polymem.ops.subset import subset as run
 
     check_outputs_not_inputs({"--output": output, "--json": json_out}, [("asset", asset), ("tokenizer", tokenizer)]
                              + [("corpus", c) for c in [*(corpus or []), *(heldout or [])]])
@@ -144,7 +162,7 @@ def merge(
     """Combine donors of one hash spec and layout into one table, rows weighted by their update counts."""
     check_needs("merge", locals())
 
-    from polymem.asset.ops import merge as run
+    from polymem.ops.merge import merge as run
 
     check_outputs_not_inputs({"--output": output, "--json": json_out}, [("asset", a) for a in assets])
     try:

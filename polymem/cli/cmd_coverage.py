@@ -19,8 +19,8 @@ _local_file = local_path("a local file")
 
 
 class _InvalidUtf8(str, Enum):
-    replace = "replace"
-    skip = "skip"
+    REPLACE = "replace"  # (upper case: a member named replace would hide str.replace)
+    SKIP = "skip"
 
 
 class _StdinFormat(str, Enum):
@@ -75,7 +75,7 @@ def coverage_cmd(
                                              "distinct reference n-gram hashes in memory).")] = True,
     invalid_utf8: Annotated[_InvalidUtf8, typer.Option("--invalid-utf8", help="Invalid UTF-8 in a document: "
                                                        "replace with U+FFFD (counted) or skip the document.")]
-    = _InvalidUtf8.replace,
+    = _InvalidUtf8.REPLACE,
     stdin_format: Annotated[_StdinFormat, typer.Option("--stdin-format", help="What - reads: one text document, "
                                                        "or JSONL lines.")] = _StdinFormat.text,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table.")] = False,

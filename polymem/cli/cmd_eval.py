@@ -46,7 +46,7 @@ def eval_cmd(
     from polymem.errors import PolymemError
     from polymem.models import load_model
     from polymem.models.evaluate import evaluate
-    from polymem.torch.train import read_documents
+    from polymem.recipes.data import read_documents
 
     check_outputs_not_inputs({"--json": json_out}, [("model", model), ("site", site), ("asset", table)]
                              + [("corpus", c) for c in corpus])
@@ -61,7 +61,7 @@ def eval_cmd(
     console.print(f"loading {escape(model)} …", highlight=False)
     lm = load_model(model)
     tpath = None
-    if site is not None:
+    if site_header is not None:  # (made when --site is given)
         tpath = table or site_header["table"].get("source", {}).get("path")
         if site_header["table"].get("saved") and table is None:
             tpath = None  # the site file holds its (trained) table

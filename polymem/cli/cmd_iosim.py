@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
 import numpy as np
@@ -28,7 +29,7 @@ def iosim(
     cache_mb: Annotated[str, typer.Option("--cache-mb", help="LRU page-cache sizes in MiB, comma-separated, e.g. 64,256,1024.")],
     tokenizer: Tokenizer = None,  # type: ignore[assignment]  # --engine brings its own
     asset: Annotated[Optional[str], typer.Option("--asset", help="Take layout, dtype, orders and hash spec from this asset.")] = None,
-    engine: Annotated[Optional[Engine], typer.Option("--engine", help="Replay an engine's released table (its tokenizer, addressing and layouts on disk) against a page-local table of the same bytes; --slots sets the page-local S. docs/iosim.md.")] = None,  # type: ignore[valid-type]
+    engine: Annotated[Optional[Engine], typer.Option("--engine", help="Replay an engine's released table (its tokenizer, addressing and layouts on disk) against a page-local table of the same bytes; --slots sets the page-local S. docs/iosim.md.")] = None,
     params: Params = "200M",
     heads: Heads = 8,
     slots: Slots = 4,
@@ -112,7 +113,7 @@ def iosim(
 
 
 def _engine_iosim(name: str, paths: list[str], tokenizer: Optional[str], cache_mb: str, *, asset: Optional[str],
-                  slots: int, max_tokens: Optional[int], json_out: Optional[str], plot_out: Optional[str]) -> None:
+                  slots: int, max_tokens: Optional[int], json_out: Optional[Path], plot_out: Optional[Path]) -> None:
     """``iosim --engine NAME``: the engine's released layouts against a page-local table of the same bytes."""
     from polymem import TokenHashes
     from polymem.analysis.iosim_engines import engine_replay, simulate_engine

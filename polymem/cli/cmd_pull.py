@@ -28,7 +28,7 @@ def pull(
     check_needs("pull", locals())
 
     from polymem._io import check_outputs_not_inputs
-    from polymem.asset.pull import pull as _pull
+    from polymem.ops.pull import pull as _pull
 
     check_outputs_not_inputs({"DIR": directory}, [("asset", url)])
 

@@ -72,7 +72,7 @@ def train(
 
     from polymem.errors import PolymemError
     from polymem.cli._precision import precision_option, say_precision
-    from polymem.torch.train import MemoryConfig, TrainConfig, train_donor
+    from polymem.recipes.train import MemoryConfig, TrainConfig, train_donor
     from polymem._io import check_outputs_not_inputs
 
     default_site = out.with_name(out.name + ".site") if model is not None and site is None else None
@@ -90,7 +90,7 @@ def train(
             "device": (device, "auto"), "n_layer": (n_layer, 4), "d_model": (d_model, 256), "n_head": (n_head, 4)})
         if hash_kind != "bytes":
             raise PolymemError("--hash xor trains a tokenizer-bound table from scratch; with --model use --hash bytes")
-        from polymem.models.tabletrain import FrozenTrainConfig
+        from polymem.recipes.frozen import FrozenTrainConfig
 
         fcfg = FrozenTrainConfig(steps=steps or 80, batch_size=batch_size or 4, block_size=block_size,
                                  layers=_layers(layers or "2"), max_n=max_n, params=parse_count(params or "20M"),
@@ -173,7 +173,7 @@ def _layers(text: str) -> tuple[int, ...]:
 def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, cfg, *, heldout_every: int,
                  eval_tokens: int, overwrite: bool, json_out: Path | None) -> None:
     from polymem.models import load_model
-    from polymem.models.tabletrain import train_table
+    from polymem.recipes.frozen import train_table
 
     console.print(f"loading {escape(model)} … (backbone frozen; table {cfg.params:,} scalars, site before block(s) "
                   f"{', '.join(map(str, cfg.layers))}, training softmax: {cfg.softmax})", highlight=False)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -67,9 +67,9 @@ def transfer(
     import torch
 
     from polymem.cli._precision import precision_option, say_precision
-    from polymem.torch.train import TrainConfig
+    from polymem.recipes.train import TrainConfig
     from polymem.errors import PolymemError
-    from polymem.torch.transfer import _check_arms, plot_curves, plot_transfer, run_transfer, write_json
+    from polymem.recipes.transfer import _check_arms, plot_curves, plot_transfer, run_transfer, write_json
     from polymem._io import check_outputs_not_inputs
 
     check_outputs_not_inputs({"--json": json_out, "--plot": plot, "--out-dir": out_dir},
@@ -111,7 +111,7 @@ def transfer(
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console) as prog:
         task = prog.add_task("transfer", total=n_arms * seeds * steps, info="")
-        state = {"done": 0, "run": ""}
+        state: dict[str, Any] = {"done": 0, "run": ""}
 
         def on_event(kind: str, **k) -> None:
             if kind == "phase":

@@ -7,14 +7,15 @@
 Registered: ``"deepseek-v4.1"`` (DeepSeek-V4.1-Flash's Engram, two layers; needs the DeepSeek tokenizer) and
 ``"qwen3.8-ple"`` (Qwen3.8-Flash-Next's PLE table; needs the EOS id). A spec is recorded as plain JSON with
 ``to_json()`` and read back with ``EngineAddressing.from_json``. docs/engines.md describes both engines.
-FP8 row helpers (E4M3 with E8M0 scales) are in :mod:`polymem.engines.fp8`; an engine's table inside an asset
-is :mod:`polymem.engines.table`, import and export of the released layouts :mod:`polymem.engines.io`.
+FP8 row helpers (E4M3 with E8M0 scales) are in :mod:`polymem.asset.fp8`; an engine's table inside an asset
+is :mod:`polymem.asset.engine_table`, import and export of the released layouts :mod:`polymem.engines.io`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from polymem.asset.engine_table import EngineTableSpec
 from polymem.engines import deepseek, qwen
 from polymem.engines.addressing import ADDRESSING_FORMAT, EngineAddressing, LayerTable
 from polymem.errors import PolymemError
@@ -35,4 +36,4 @@ def addressing(name: str, *, tokenizer: Any = None, **options: Any) -> EngineAdd
         raise PolymemError(f"engine {name!r} does not take these options: {e}") from None
 
 
-__all__ = ["ADDRESSING_FORMAT", "ENGINES", "EngineAddressing", "LayerTable", "addressing"]
+__all__ = ["ADDRESSING_FORMAT", "ENGINES", "EngineAddressing", "EngineTableSpec", "LayerTable", "addressing"]

@@ -19,14 +19,15 @@ from typing import Any, Iterable
 
 from polymem.errors import FormatError
 
-ITEMSIZE = {"F8_E4M3": 1, "F8_E8M0": 1, "BF16": 2, "F16": 2, "F32": 4, "I8": 1, "U8": 1}
+ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "I16": 2, "F16": 2,
+            "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
 MAX_HEADER = 100 << 20
 INDEX = "model.safetensors.index.json"
 
 
 @dataclass(frozen=True)
 class Tensor:
-    """One 2-d tensor of a file: its rows are ``row_bytes`` each, starting at byte ``start`` of ``path``."""
+    """One tensor of a file (2-d for a table; a scalar is one row): its rows are ``row_bytes`` each, starting at byte ``start`` of ``path``."""
 
     name: str
     path: Path
@@ -36,7 +37,7 @@ class Tensor:
 
     @property
     def rows(self) -> int:
-        return self.shape[0]
+        return self.shape[0] if self.shape else 1  # a scalar is one row of one value
 
     @property
     def row_bytes(self) -> int:
@@ -61,7 +62,8 @@ def read_header(path: Path) -> tuple[dict[str, str], dict[str, Tensor]]:
         except ValueError as e:
             raise FormatError(f"{str(path)!r}: safetensors header is not JSON ({e})") from None
     meta = doc.pop("__metadata__", None) or {}
-    out = {name: _tensor(path, name, d, 8 + n, size) for name, d in doc.items()}
+    out = {name: _tensor(path, name, d, 8 + n, size) for name, d in doc.items()
+           if not isinstance(d, dict) or d.get("dtype") in ITEMSIZE}  # others (sub-byte floats) are no table's
     return dict(meta), out
 
 

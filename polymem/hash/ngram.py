@@ -61,13 +61,15 @@ def fmix64(k: np.ndarray) -> np.ndarray:
         k = k * np.uint64(FMIX_M1)
         k = k ^ (k >> np.uint64(33))
         k = k * np.uint64(FMIX_M2)
-        return k ^ (k >> np.uint64(33))
+        out: np.ndarray = k ^ (k >> np.uint64(33))
+    return out
 
 
 def finalize(h: np.ndarray, stream: int) -> np.ndarray:
     """:func:`polymem.hash.spec.finalize` on uint64 arrays."""
     with np.errstate(over="ignore"):
-        return fmix64(h + np.uint64(stream + 1) * np.uint64(GOLDEN))
+        h = h + np.uint64(stream + 1) * np.uint64(GOLDEN)
+    return fmix64(h)
 
 
 def fastrange(z: np.ndarray, m: int) -> np.ndarray:
@@ -75,7 +77,8 @@ def fastrange(z: np.ndarray, m: int) -> np.ndarray:
     mu = np.uint64(m)
     with np.errstate(over="ignore"):
         c = ((z & np.uint64(0xFFFFFFFF)) * mu) >> np.uint64(32)
-        return (((z >> np.uint64(32)) * mu + c) >> np.uint64(32)).astype(np.int64)
+        out: np.ndarray = (((z >> np.uint64(32)) * mu + c) >> np.uint64(32)).astype(np.int64)
+    return out
 
 
 def rows_numpy(layout: "Layout", hashes: np.ndarray) -> np.ndarray:
@@ -89,10 +92,12 @@ def rows_numpy(layout: "Layout", hashes: np.ndarray) -> np.ndarray:
         w = ws[..., k // 4]  # [..., K]
         field = (w >> (np.uint64(16) * (k % 4).astype(np.uint64))) & np.uint64(0xFFFF)
         slot = ((field * np.uint64(S)) >> np.uint64(16)).astype(np.int64)
-        return (page[..., None] * K + k) * S + slot
-    if layout.kind == "flat":
+        rows: np.ndarray = (page[..., None] * K + k) * S + slot
+    elif layout.kind == "flat":
         e = fastrange(finalize(h, 0), P * S)
-        return e[..., None] * K + k
-    q = P * S
-    u = np.stack([fastrange(finalize(h, 1 + j), q) for j in range(K)], axis=-1)  # [..., K]
-    return k * q + u
+        rows = e[..., None] * K + k
+    else:
+        q = P * S
+        u = np.stack([fastrange(finalize(h, 1 + j), q) for j in range(K)], axis=-1)  # [..., K]
+        rows = k * q + u
+    return rows

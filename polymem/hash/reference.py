@@ -9,7 +9,7 @@ Not for production use: ~1 µs per byte.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from typing import Callable, Iterable, Sequence, Union
 
 from polymem.hash.spec import MASK64, HashSpec, fastrange, finalize
 
@@ -17,7 +17,7 @@ from polymem.hash.spec import MASK64, HashSpec, fastrange, finalize
 TokenBytes = Union[Callable[[int], "bytes | None"], Sequence["bytes | None"]]  # id -> bytes (None: special)
 
 
-def ngram_bytes(token_bytes: TokenBytes, ids: Sequence[int], max_n: int) -> list[list[bytes | None]]:
+def ngram_bytes(token_bytes: TokenBytes, ids: Iterable[int], max_n: int) -> list[list[bytes | None]]:
     """out[i][n-1] = bytes(ids[i-n+1]) ‖ … ‖ bytes(ids[i]), or None if the n-gram reaches before the start of
     ``ids`` or includes a token without bytes (special/control). The one definition of "the bytes of an n-gram";
     ``token_bytes`` is a function of the id or a table indexed by it."""
@@ -27,8 +27,8 @@ def ngram_bytes(token_bytes: TokenBytes, ids: Sequence[int], max_n: int) -> list
     for i in range(len(toks)):
         row: list[bytes | None] = []
         for n in range(1, max_n + 1):
-            parts = toks[i - n + 1 : i + 1] if i - n + 1 >= 0 else None
-            row.append(None if parts is None or None in parts else b"".join(parts))  # type: ignore[arg-type]
+            parts = [t for t in toks[i - n + 1 : i + 1] if t is not None] if i - n + 1 >= 0 else []
+            row.append(b"".join(parts) if len(parts) == n else None)  # n tokens, all with bytes
         out.append(row)
     return out
 

@@ -150,12 +150,13 @@ def check_max_n(max_n: Any, *, hint: str = "pass e.g. max_n=3 (--max-n 3)") -> i
 def check_orders(orders: Any) -> tuple[int, ...]:
     """A non-empty set of n-gram orders in 1..MAX_ORDER, as a sorted tuple: (3, 1, 2, 2) -> (1, 2, 3)."""
     try:
-        ints = [_as_int(o) for o in orders] if not isinstance(orders, (str, bytes)) else [None]
+        maybe = [_as_int(o) for o in orders] if not isinstance(orders, (str, bytes)) else [None]
     except TypeError:  # not iterable
-        ints = [None]
-    if None in ints:
+        maybe = [None]
+    ints = [o for o in maybe if o is not None]
+    if len(ints) != len(maybe):
         raise PolymemError(f"orders {orders!r} must be integers in 1..{MAX_ORDER}, e.g. (1, 2, 3) or --orders 1,2,3")
-    out = tuple(sorted(set(ints)))  # type: ignore[arg-type]
+    out = tuple(sorted(set(ints)))
     if not out or out[0] < 1 or out[-1] > MAX_ORDER:
         raise PolymemError(f"orders {orders!r} must be a non-empty set of integers in 1..{MAX_ORDER}, e.g. (1, 2, 3)")
     return out

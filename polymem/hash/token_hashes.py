@@ -246,10 +246,12 @@ def _member_size(zf: zipfile.ZipFile, key: str, where: str) -> int:
         raise FormatError(f"{where} lacks array {key!r}; rebuild it") from None
     with zf.open(info) as f:
         version = npformat.read_magic(f)
-        read = {(1, 0): npformat.read_array_header_1_0, (2, 0): npformat.read_array_header_2_0}.get(version)
-        if read is None:
+        if version == (1, 0):
+            shape, _, dtype = npformat.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, _, dtype = npformat.read_array_header_2_0(f)
+        else:
             raise FormatError(f"{where}: array {key!r} is .npy format {version}; expected 1.0 or 2.0. Rebuild it")
-        shape, _, dtype = read(f)
     want = np.dtype(_DTYPES[key])
     bound = _MAX_HEADER_BYTES if key == "header" else MAX_VOCAB_SIZE
     if (dtype.kind, dtype.itemsize) != (want.kind, want.itemsize) or len(shape) != 1 or shape[0] > bound:
@@ -261,7 +263,8 @@ def _member_size(zf: zipfile.ZipFile, key: str, where: str) -> int:
 
 def _read_member(zf: zipfile.ZipFile, key: str) -> np.ndarray:
     with zf.open(f"{key}.npy") as f:
-        return npformat.read_array(f, allow_pickle=False)
+        arr: np.ndarray = npformat.read_array(f, allow_pickle=False)
+    return arr
 
 
 def _parse_header(raw: np.ndarray, where: str) -> dict[str, Any]:

@@ -119,4 +119,5 @@ def xor_mixes(ids: np.ndarray, multipliers: Sequence[int], max_n: int) -> np.nda
             out[n] = out[n - 1]
             if n < T:
                 out[n, n:] ^= x[: T - n] * np.uint64(multipliers[n])
-    return out.T  # [T, max_n] (a view)
+    hashes: np.ndarray = out.T  # [T, max_n] (a view)
+    return hashes

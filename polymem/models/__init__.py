@@ -1,12 +1,12 @@
-"""Pretrained causal LMs as recipients and donors: load one by name, score it, train a table on it, transfer.
+"""Pretrained causal LMs as recipients and donors: load one by name and score it.
 
     lm = polymem.models.load_model("smollm2-135m")      # or "gemma3-270m", "x.gguf", "ckpt/", "hf:ORG/NAME"
     from polymem.models.evaluate import evaluate
     report = evaluate(lm, texts)                         # held-out bits per byte, per document and overall
 
 Modules: ``registry`` (model specs -> a transformers model and its own tokenizer), ``evaluate`` (bits per byte
-in windows from BOS), ``tabletrain`` (a table and its site trained on a frozen pretrained backbone),
-``transfer`` (a donor table on a pretrained recipient, in arms against controls).
+in windows from BOS). Training a table on a frozen backbone and transfer to a pretrained recipient are recipes:
+:mod:`polymem.recipes.frozen`, :mod:`polymem.recipes.pretrained`.
 Needs ``pip install 'polymem[models]'`` (transformers, gguf, accelerate).
 """
 

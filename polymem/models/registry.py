@@ -218,7 +218,8 @@ def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str =
         bos = getattr(model.config, "bos_token_id", None)
     if eos is None:
         eos = getattr(model.config, "eos_token_id", None)
-    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    if isinstance(eos, (list, tuple)):  # several end-of-text ids: the first
+        eos = eos[0] if eos else None
     return LoadedModel(name=name, spec=s, model=model, tokenizer=tok, hf_tokenizer=hf_tok,
                        bos_id=None if bos is None else int(bos), eos_id=None if eos is None else int(eos),
                        source=source)

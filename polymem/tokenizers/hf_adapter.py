@@ -150,7 +150,8 @@ class HFTokenizer(Tokenizer):
         return self._tok
 
     def _encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        return ids
 
     def encode_batch(self, texts: Iterable[str]) -> list[np.ndarray]:
         batch = [check_text(t) for t in texts]

@@ -115,7 +115,8 @@ class SentencePieceTokenizer(Tokenizer):
         )
 
     def _encode(self, text: str) -> list[int]:
-        return self._sp.encode(text, out_type=int, add_bos=False, add_eos=False)
+        ids: list[int] = self._sp.encode(text, out_type=int, add_bos=False, add_eos=False)
+        return ids
 
     def encode_batch(self, texts: Iterable[str]) -> list[np.ndarray]:
         batch = [check_text(t) for t in texts]

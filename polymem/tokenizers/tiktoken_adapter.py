@@ -18,7 +18,7 @@ import binascii
 import importlib.util
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,7 +77,7 @@ class TiktokenTokenizer(Tokenizer):
 
     def __init__(self, encoding: tiktoken.Encoding, *, name: str | None = None) -> None:
         self._enc = encoding
-        self._to_numpy = getattr(encoding, "encode_to_numpy", None)
+        self._to_numpy: Callable[..., np.ndarray] | None = getattr(encoding, "encode_to_numpy", None)  # tiktoken >= 0.8
         super().__init__(
             name=name or encoding.name,
             family="tiktoken",

@@ -3,9 +3,12 @@
     handle = polymem.attach(model, "donor.asset", "mistral-v1", layers=[1], train="projection")
     ...train handle.trainable_parameters()...; handle.save("site/"); handle.detach()
 
-Modules: ``hash`` (token hashes and rows as tensors), ``tables`` (trainable / frozen / asset-backed tables),
-``site`` (the site's maths), ``attach`` (hooks into a model; re-attaching a saved site), ``sitefile`` (the saved site's files), ``optim`` (row-wise
-optimizer), ``model`` (a small GPT), ``train`` and ``transfer`` (the experiments).
+Modules: ``hash`` (token hashes and rows as tensors), ``idrows`` (token-id rows of tokenizer-bound tables),
+``tables`` (trainable / frozen / asset-backed tables), ``tablefile`` (a table's file), ``pages`` (rows from the
+page service), ``site`` (the site's maths), ``attach`` (hooks into a model; re-attaching a saved site),
+``modelinfo`` (a model's blocks, hidden size and vocabulary, as attach reads them), ``sitefile`` (the saved
+site's files), ``optim`` (row-wise optimizer), ``precision`` (bf16 or fp32 on a device).
+The training recipes and transfer experiments that use them are in :mod:`polymem.recipes`.
 """
 
 import warnings as _warnings

@@ -24,13 +24,12 @@ from polymem.errors import PolymemError, SpecMismatchError
 from polymem.hash.layout import LAYOUT_KINDS, Layout
 from polymem.hash.spec import HashSpec
 from polymem.torch.hash import TorchTokenHashes
+from polymem.torch.modelinfo import check_vocab, find_blocks, hidden_size
 from polymem.torch.site import MemorySite, SiteConfig
 from polymem.torch.sitefile import read_site, save_site, site_header
 from polymem.torch.tables import AssetTable, MemoryTable, TrainableTable
 
 TRAIN_MODES = ("projection", "table", "all")
-# where decoder blocks live in common causal LMs (first match wins)
-_BLOCK_PATHS = ("model.layers", "transformer.h", "model.decoder.layers", "gpt_neox.layers", "layers", "h")
 
 
 @dataclass
@@ -45,75 +44,6 @@ class AttachReport:
         lines = [f"matched   {m['module']} (layer {m['layer']}, d_model {m['d_model']})" for m in self.matched]
         lines += [f"UNMATCHED {u['requested']!r}: {u['reason']}" for u in self.unmatched]
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
-
-
-def _find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    for path in _BLOCK_PATHS:
-        try:
-            m = model.get_submodule(path)
-        except AttributeError:
-            continue
-        if isinstance(m, nn.ModuleList) and len(m) > 0:
-            return path, m
-    raise PolymemError(
-        f"could not find the decoder blocks of {type(model).__name__}: none of {', '.join(_BLOCK_PATHS)} is a "
-        "ModuleList; pass layers=[module names] (e.g. 'model.layers.1') for other architectures"
-    )
-
-
-def _d_model(model: nn.Module) -> int:
-    cfg = getattr(model, "config", None)
-    for name in ("hidden_size", "n_embd", "d_model"):
-        v = getattr(cfg, name, None)
-        if isinstance(v, int):
-            return v
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if emb is not None:
-        return int(emb.weight.shape[1])
-    raise PolymemError(f"cannot tell the hidden size of {type(model).__name__}: its config has no hidden_size/n_embd/d_model")
-
-
-def _model_vocab(model: nn.Module) -> int | None:
-    """The ids the model accepts: config.vocab_size, else the input embedding's rows (None if neither)."""
-    v = getattr(getattr(model, "config", None), "vocab_size", None)
-    if isinstance(v, int):
-        return int(v)
-    emb = None
-    with contextlib.suppress(NotImplementedError, AttributeError):
-        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    w = getattr(emb, "weight", None)
-    return int(w.shape[0]) if isinstance(w, torch.Tensor) and w.dim() == 2 else None
-
-
-def vocab_padding_limit(tokenizer_vocab: int) -> int:
-    """How many ids a model's vocabulary may exceed the tokenizer's by and still count as padding: the larger of
-    1,024 and 1/16 of the tokenizer's (GPT-2 50,257 -> 50,304, Phi-2 50,295 -> 51,200, Qwen2 151,665 ->
-    151,936 pass; the 256-id bytes tokenizer on a 32,000-id model does not)."""
-    return max(1024, tokenizer_vocab // 16)
-
-
-def _check_vocab(model: nn.Module, tok_name: str, V: int, allow_padding: bool) -> int | None:
-    """Refuse a tokenizer whose ids do not fit the model: more ids than the model's vocabulary (the forward would
-    raise IndexError in the embedding), or far fewer (another tokenizer's ids would be hashed as this one's)."""
-    vocab = _model_vocab(model)
-    if vocab is None or vocab == V:
-        return vocab
-    what = f"tokenizer {tok_name!r} has {V:,} ids but {type(model).__name__} has a vocabulary of {vocab:,}"
-    fix = ("pass the model's own tokenizer (the tokenizer.json / tokenizer.model saved with the checkpoint, "
-           "or hf:ORG/NAME of the model)")
-    if V > vocab:
-        raise PolymemError(
-            f"{what}: ids {vocab}..{V - 1} of the tokenizer do not exist in the model (its embedding would raise "
-            f"IndexError in the forward), so this is not the tokenizer this model was trained with; {fix}"
-        )
-    if vocab - V > vocab_padding_limit(V) and not allow_padding:
-        raise PolymemError(
-            f"{what}: {vocab - V:,} model ids would have no tokenizer bytes, more than padding "
-            f"(at most {vocab_padding_limit(V):,}), so this is most likely not the tokenizer this model was trained "
-            f"with and its ids would be hashed as another tokenizer's bytes; {fix}. If the model's embedding really "
-            "is padded that far beyond the tokenizer, pass allow_vocab_padding=True"
-        )
-    return vocab
 
 
 @dataclass
@@ -152,21 +82,6 @@ def _apply_grads(model: nn.Module, state: _GradState) -> None:
     for name, p in model.named_parameters():
         if name in state.original:
             p.requires_grad_(state.original[name] and not frozen)
-
-
-def _input_width(model: nn.Module) -> int | None:
-    """Width of the input embedding, to check d_model against real weights."""
-    emb = None
-    if hasattr(model, "get_input_embeddings"):
-        try:
-            emb = model.get_input_embeddings()
-        except (NotImplementedError, AttributeError):
-            emb = None
-    if emb is None:
-        with contextlib.suppress(AttributeError):
-            emb = model.get_submodule("transformer.wte")
-    w = getattr(emb, "weight", None)
-    return int(w.shape[1]) if isinstance(w, torch.Tensor) and w.dim() == 2 else None
 
 
 def _resolve_table(table_or_asset: Any, spec: HashSpec | None, in_memory: bool, trainable: bool,
@@ -222,6 +137,8 @@ def _token_cache(tokenizer: Any, spec: HashSpec):
 
 class AttachHandle:
     """The result of :func:`attach`: hooks, sites, the table and the report. Use as a context manager to detach."""
+
+    freeze_model: bool = True  # whether the model's own weights are held frozen (set by attach)
 
     def __init__(self, model, table, sites, names, cache, tokenizer_info, train, report, block_path) -> None:
         self.model, self.table, self.sites, self.layer_names = model, table, sites, names
@@ -411,8 +328,8 @@ def attach(
     tokenizer: anything :func:`polymem.load_tokenizer` accepts, or a TokenHashes built with the table's spec.
     layers: block indices or module names. train: "projection" (table frozen, model frozen; sites train),
     "table" (table and sites train, model frozen) or "all"; freeze_model=False keeps the model's own weights
-    trainable whatever ``train`` says (a recipient trained from scratch next to a frozen donor table). max_n: orders 1..max_n read (default: the table's
-    largest order). in_memory=False serves a frozen asset page by page instead of loading it (tables bigger
+    trainable whatever ``train`` says (a recipient trained from scratch next to a frozen donor table).
+    max_n: orders 1..max_n read (default: the table's largest order). in_memory=False serves a frozen asset page by page instead of loading it (tables bigger
     than memory): the rows of each forward are read through a RAM page cache of ``cache_mb`` MiB (shared by
     every table on the same opened asset), started from the model's pre-hook before block 0 when ``prefetch``
     (else inside the first site): chunks in the OS page cache are read there, the others by one I/O thread
@@ -420,23 +337,43 @@ def attach(
     model's device; results are bit-identical to in_memory=True. ``handle.stats()`` has the cache counters.
     strict=False skips layers that cannot be matched (they are listed in ``handle.report``).
     The tokenizer must be the model's: a tokenizer with more ids than the model's vocabulary, or with far fewer
-    (more than :func:`vocab_padding_limit` padding ids) is refused up front; allow_vocab_padding=True accepts a
-    model whose embedding really is padded further. Several handles may be stacked on one model and detached in
+    (more than :func:`polymem.torch.modelinfo.vocab_padding_limit` padding ids) is refused up front;
+    allow_vocab_padding=True accepts a model whose embedding really is padded further. Several handles may be stacked on one model and detached in
     any order: the model's requires_grad flags come back once no live handle freezes it.
     """
     if train not in TRAIN_MODES:
         raise PolymemError(f"train={train!r} is unknown; accepted: {', '.join(TRAIN_MODES)}")
+    table, cache, id_bound = _build_table(
+        model, table_or_asset, tokenizer, train, spec=spec, in_memory=in_memory,
+        serving={"cache_mb": cache_mb, "prefetch": prefetch, "read_workers": read_workers},
+        allow_vocab_padding=allow_vocab_padding)
+    d = hidden_size(model)
+    report = AttachReport()
+    path, names = _resolve_sites(model, layers, strict, report)
+    n = max_n if max_n is not None else max(table.orders)
+    if value_init is None:
+        value_init = "orthogonal" if table.trainable else "zero"
+    cfg = SiteConfig(d_model=d, max_n=n, gate=gate, gate_init=gate_init, conv=conv, init_seed=init_seed,
+                     value_init=value_init)
+    sites = _build_sites(names, cfg, table.layout, report)
+    rows = _device_rows(model, cache, table, id_bound, allow_vocab_padding, report)
+    _report_notes(report, table, cache, n, value_init)
+    return _hook(model, table, sites, names, rows, cache, train, report, path, freeze_model)
+
+
+def _build_table(model: nn.Module, table_or_asset: Any, tokenizer: Any, train: str, *, spec: HashSpec | None,
+                 in_memory: bool, serving: dict[str, Any], allow_vocab_padding: bool) -> tuple[MemoryTable, Any, bool]:
+    """(table, token cache, whether the table is token-id bound): the tokenizer loaded and checked against the
+    model's vocabulary before the table is read, then the table, its training mode and the cache checked."""
+    from polymem.hash.idhash import IdHashSpec
     from polymem.hash.token_hashes import TokenHashes
     from polymem.tokenizers import load_tokenizer
 
     if not isinstance(tokenizer, TokenHashes):
         tokenizer = load_tokenizer(tokenizer)  # loaded once, checked before the table is read
     tok_name = tokenizer.tokenizer_name if isinstance(tokenizer, TokenHashes) else tokenizer.name
-    _check_vocab(model, tok_name, int(tokenizer.vocab_size), allow_vocab_padding)
-    table = _resolve_table(table_or_asset, spec, in_memory, trainable=train in ("table", "all"),
-                           serving={"cache_mb": cache_mb, "prefetch": prefetch, "read_workers": read_workers})
-    from polymem.hash.idhash import IdHashSpec
-
+    check_vocab(model, tok_name, int(tokenizer.vocab_size), allow_vocab_padding)
+    table = _resolve_table(table_or_asset, spec, in_memory, trainable=train in ("table", "all"), serving=serving)
     id_bound = isinstance(table.spec, IdHashSpec)  # a token-id (Engram XOR) table asset: polymem.torch.idrows
     if not id_bound:
         _check_usable(table.spec, table.layout, where="table")
@@ -444,20 +381,23 @@ def attach(
         table.set_trainable(train in ("table", "all"))
     elif train != "projection":
         raise PolymemError(f"train={train!r} needs the table in memory; an asset read page by page is frozen (in_memory=True)")
-    cache = _token_cache(tokenizer, HashSpec() if id_bound else table.spec)
-    if id_bound and cache.fingerprint != table.spec.tokenizer["fingerprint"]:
+    tspec = table.spec
+    cache = _token_cache(tokenizer, HashSpec() if isinstance(tspec, IdHashSpec) else tspec)
+    if isinstance(tspec, IdHashSpec) and cache.fingerprint != tspec.tokenizer["fingerprint"]:
         raise SpecMismatchError(
-            f"the table is tokenizer-bound to {table.spec.tokenizer['name']!r} (fingerprint "
-            f"{table.spec.tokenizer['fingerprint'][:16]}…), the model's tokenizer {cache.tokenizer_name!r} has "
+            f"the table is tokenizer-bound to {tspec.tokenizer['name']!r} (fingerprint "
+            f"{tspec.tokenizer['fingerprint'][:16]}…), the model's tokenizer {cache.tokenizer_name!r} has "
             f"{cache.fingerprint[:16]}…: token-id rows mean nothing under another tokenizer; re-address the table by "
             "bytes with `polymem convert`"
         )
-    d = _d_model(model)
-    width = _input_width(model)
-    if width is not None and width != d:
-        raise PolymemError(f"{type(model).__name__}: config hidden size {d} but the input embedding has width {width}")
-    report = AttachReport()
-    path, blocks = _find_blocks(model)
+    return table, cache, id_bound
+
+
+def _resolve_sites(model: nn.Module, layers: Sequence[int | str], strict: bool, report: AttachReport
+                   ) -> tuple[str, list[str]]:
+    """(where the blocks live, the module name of each requested layer); a layer that matches nothing goes to
+    ``report.unmatched`` and is refused when ``strict``."""
+    path, blocks = find_blocks(model)
     names: list[str] = []
     for req in layers:
         if isinstance(req, (int, np.integer)) and not isinstance(req, bool):
@@ -478,25 +418,34 @@ def attach(
         raise PolymemError(f"attach matched no layer of {type(model).__name__} (requested {list(layers)}):\n{report}")
     if len(set(names)) != len(names):
         raise PolymemError(f"layers {list(layers)} name the same block twice")
-    n = max_n if max_n is not None else max(table.orders)
-    if value_init is None:
-        value_init = "orthogonal" if table.trainable else "zero"
-    cfg = SiteConfig(d_model=d, max_n=n, gate=gate, gate_init=gate_init, conv=conv, init_seed=init_seed,
-                     value_init=value_init)
+    return path, names
+
+
+def _build_sites(names: list[str], cfg: SiteConfig, layout: Layout, report: AttachReport) -> nn.ModuleDict:
+    """One site per block, initialised from ``cfg.init_seed`` + its position."""
     sites = nn.ModuleDict()
     for j, name in enumerate(names):
         sites[name.replace(".", "/")] = MemorySite(
-            SiteConfig(**{**asdict(cfg), "init_seed": init_seed + j}), table.layout)
-        report.matched.append({"layer": name.rsplit(".", 1)[-1], "module": name, "d_model": d})
-    # the token cache as tensors; ids beyond the tokenizer's vocabulary (padded embeddings) are invalid
+            SiteConfig(**{**asdict(cfg), "init_seed": cfg.init_seed + j}), layout)
+        report.matched.append({"layer": name.rsplit(".", 1)[-1], "module": name, "d_model": cfg.d_model})
+    return sites
+
+
+def _device_rows(model: nn.Module, cache: Any, table: MemoryTable, id_bound: bool, allow_vocab_padding: bool,
+                 report: AttachReport) -> Any:
+    """The token cache as tensors (byte-hash or token-id rows); ids beyond the tokenizer's vocabulary (padded
+    embeddings) are invalid."""
     tc = TorchTokenHashes.from_cache(cache)
     V = tc.C.numel()
-    vocab = _check_vocab(model, cache.tokenizer_name, V, allow_vocab_padding)
+    vocab = check_vocab(model, cache.tokenizer_name, V, allow_vocab_padding)
     if id_bound:
+        from polymem.hash.idhash import IdHashSpec
         from polymem.torch.idrows import TorchIdRows
 
-        tc = TorchIdRows.build(table.spec, cache.special, vocab)  # ids >= V are treated as special
-    elif vocab is not None and vocab != V:  # vocab > V: padding, checked above
+        spec = table.spec
+        assert isinstance(spec, IdHashSpec)  # (id_bound says so)
+        return TorchIdRows.build(spec, cache.special, vocab)  # ids >= V are treated as special
+    if vocab is not None and vocab != V:  # vocab > V: padding, checked above
         report.notes.append(f"model vocab_size {vocab} > tokenizer vocab size {V}: the {vocab - V:,} ids "
                             f"({V}..{vocab - 1}) never hit memory")
         if vocab > V:
@@ -506,6 +455,11 @@ def attach(
                 P=torch.cat([tc.P, torch.ones(pad, dtype=torch.int64)]),
                 special=torch.cat([tc.special, torch.ones(pad, dtype=torch.bool)]),
             )
+    return tc
+
+
+def _report_notes(report: AttachReport, table: MemoryTable, cache: Any, n: int, value_init: str) -> None:
+    """What the user should know about the result: orders the table lacks, a lossy tokenizer, a zero projection."""
     if not set(range(1, n + 1)) & set(table.orders):
         report.notes.append(f"the table was trained with orders {list(table.orders)}, the site reads 1..{n}")
     if getattr(cache, "lossy", False):
@@ -514,12 +468,17 @@ def attach(
         report.notes.append("the projection starts at zero, so the model computes exactly what it did without memory "
                             "until the site trains (handle.trainable_parameters()); whether the table then helps is "
                             "measured, e.g. `polymem transfer --model` or `polymem eval --site` (docs/real-models.md)")
+
+
+def _hook(model: nn.Module, table: MemoryTable, sites: nn.ModuleDict, names: list[str], rows: Any, cache: Any,
+          train: str, report: AttachReport, path: str, freeze_model: bool | None) -> AttachHandle:
+    """The handle on the model's device, the model's gradients held as ``train``/``freeze_model`` say, hooks in."""
     try:
         dev = next(model.parameters()).device
     except StopIteration:
         dev = torch.device("cpu")
     handle = AttachHandle(
-        model, table, sites, names, tc, {"name": cache.tokenizer_name, "fingerprint": cache.fingerprint}, train,
+        model, table, sites, names, rows, {"name": cache.tokenizer_name, "fingerprint": cache.fingerprint}, train,
         report, path,
     )
     handle.to(dev)

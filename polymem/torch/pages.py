@@ -4,7 +4,7 @@
 
 1. plan (host): the distinct stored chunks the rows live in (a page read once per batch however many
    n-grams hit it), and where each row sits in them;
-2. fetch: :class:`polymem.asset.pages.PageService` copies the cached chunks into a reused host buffer (the
+2. fetch: :class:`polymem.serve.service.PageService` copies the cached chunks into a reused host buffer (the
    stage) and reads the others into it — in the calling thread what the OS page cache holds, on the reader
    threads what has to come from storage;
 3. finish: only the rows the forward needs are taken out of the chunks (host, one numpy gather), moved to the
@@ -22,7 +22,7 @@ On the CPU with a local asset, steps 1-3 run as the service's *lane* instead: on
 :meth:`PagedRows.start` (lookup, slots reserved, reads straight into the cache, and the rows decoded when
 nothing is left to read) and, when reads were left, one in :meth:`PagedRows.gather` (settled, decoded out of the
 cache) — same values, far fewer calls inside the forward.
-Not here: the cache and reads (:mod:`polymem.asset.pages`), the site maths (:mod:`.site`).
+Not here: the cache and reads (:mod:`polymem.serve`), the site maths (:mod:`.site`).
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ import torch
 from polymem.asset._codec import decode_rows
 from polymem.asset._shards import bad_scale
 from polymem.asset.nf4 import NF4_LEVELS, ScaleError, check_scales
-from polymem.asset.pages import DECODED
+from polymem.serve._load import kernels
+from polymem.serve.lane import DECODED
 
 _PAIRS = np.ascontiguousarray(np.stack([NF4_LEVELS[np.arange(256) & 0x0F], NF4_LEVELS[np.arange(256) >> 4]],
                                         axis=-1).astype(np.float32))  # byte -> (low-nibble level, high-nibble level)
 _HALF: np.ndarray | None = None
-_KERNELS: Any = None
 USE_HOST_KERNELS = True  # False: the numpy/torch path (what runs where numba is missing; tests run both)
 
 
@@ -56,18 +56,9 @@ def _half_table() -> np.ndarray:
 
 
 def _host_kernels() -> Any:
-    """polymem.asset._pagekern (numba), or None where numba is missing or the kernels are switched off."""
-    global _KERNELS
-    if not USE_HOST_KERNELS:
-        return None
-    if _KERNELS is None:
-        try:
-            from polymem.asset import _pagekern
-
-            _KERNELS = _pagekern
-        except ImportError:  # pragma: no cover - numba is a dependency; the numpy path stays correct
-            _KERNELS = False
-    return _KERNELS or None
+    """The page service's numba kernels (:func:`polymem.serve._load.kernels`), or None where numba is missing or
+    the kernels are switched off."""
+    return kernels() if USE_HOST_KERNELS else None
 
 
 _TORCH_FLOAT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -128,7 +119,7 @@ class _CudaStager:
 
 
 class PagedRows:
-    """Gathers rows of one frozen asset through its :class:`~polymem.asset.pages.PageService`."""
+    """Gathers rows of one frozen asset through its :class:`~polymem.serve.service.PageService`."""
 
     def __init__(self, asset: Any, service: Any) -> None:
         g = asset.geometry
@@ -179,7 +170,10 @@ class PagedRows:
 
     def _row_bytes(self, plan: _Plan) -> np.ndarray:
         """The stored bytes of the plan's valid rows, uint8 [m, row_bytes] (a copy: the stage is reused)."""
-        return self._rows_view[plan.slot, plan.inner]
+        view = self._rows_view
+        assert view is not None  # made with the stage (_stage), which every forward fills first
+        rows: np.ndarray = view[plan.slot, plan.inner]
+        return rows
 
     def _decode(self, b: torch.Tensor) -> torch.Tensor:
         """Stored rows uint8 [m, row_bytes] (on the device) -> fp32 [m, r]: float16/bfloat16 widened, NF4 codes
@@ -223,7 +217,6 @@ class PagedRows:
                 event = torch.cuda.Event()
                 event.record(stager.stream)
             return out.view(*plan.shape, r), event
-        rb = self._row_bytes(plan) if _host_kernels() is None or self.dtype != "nf4" else None
         kern = _host_kernels() if self.dtype == "nf4" else None
         if kern is not None:  # CPU: one compiled loop over the needed rows, the same float32 products
             dec_np = np.empty((plan.slot.shape[0], r), dtype=np.float32)
@@ -232,6 +225,7 @@ class PagedRows:
                 self._check_scales(plan, self._row_bytes(plan))
             dec = torch.from_numpy(dec_np)
         elif self.dtype == "nf4":  # host work on the host: codes widened and scales split by numpy
+            rb = self._row_bytes(plan)
             self._check_scales(plan, rb)
             lut = self._levels.get(dev)
             if lut is None:
@@ -241,7 +235,7 @@ class PagedRows:
             levels = lut.index_select(0, torch.from_numpy(rb[:, :h].astype(np.int64).reshape(-1))).view(-1, r)
             dec = levels * torch.from_numpy(rb[:, h:].copy().view(np.float16)).float()
         else:
-            dec = self._decode(torch.from_numpy(rb))
+            dec = self._decode(torch.from_numpy(self._row_bytes(plan)))
         out = self._scatter(dec, None if plan.valid is None else torch.from_numpy(plan.valid), M, dev)
         return out.view(*plan.shape, r), None
 

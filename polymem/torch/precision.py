@@ -2,7 +2,7 @@
 
 bf16 autocast pays only where the hardware does bf16 matrix arithmetic fast: on a CPU without bf16 instructions
 PyTorch emulates bf16 with conversions around fp32 kernels, which measured 17x *slower* than fp32 on a 2-core
-AVX2-only AMD EPYC (issue 12: ~110 s per step with bf16 against ~6.5 s in fp32). Having ``avx512_bf16`` (a bf16 dot
+AVX2-only AMD EPYC (~110 s per step with bf16 against ~6.5 s in fp32). Having ``avx512_bf16`` (a bf16 dot
 product instruction, no matrix unit) is not enough either: on the development machine's Xeon (avx512_bf16, no AMX)
 bf16 autocast trained at 0.72x the fp32 speed (``benchmarks/bench_precision.py``, docs/results/bench_precision.json).
 So ``auto`` picks bf16 only on
@@ -13,16 +13,19 @@ So ``auto`` picks bf16 only on
 and fp32 everywhere else (``avx512_bf16`` alone, aarch64 ``bf16``, AVX2, unknown), and says why. ``fp32``/``bf16`` override it (a forced bf16 on a CPU without native bf16
 runs, with a warning in the reason). The table and its row-wise updates stay fp32 in every case.
 
-Not here: the autocast context itself (:func:`polymem.torch.train._autocast`).
+Not here: the autocast context itself (:func:`polymem.recipes.train._autocast`).
 """
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from polymem.errors import PolymemError
+
+if TYPE_CHECKING:
+    import torch
 
 PRECISIONS = ("auto", "fp32", "bf16")
 # CPU flags (as /proc/cpuinfo spells them) that mean bf16 arithmetic in hardware; only the matrix unit makes
@@ -89,7 +92,7 @@ def choose_precision(requested: str, device_type: str, *, cpu_flags: Iterable[st
     return requested, f"{requested} requested ({what})"
 
 
-def resolve_precision(requested: str, device: "str | object") -> tuple[str, str]:
+def resolve_precision(requested: str, device: "str | torch.device") -> tuple[str, str]:
     """:func:`choose_precision` for a torch device (or its name) on this machine."""
     import torch
 

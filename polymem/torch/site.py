@@ -13,7 +13,7 @@ A site, before block i::
 With an all-zero table every site adds exactly 0, so the model computes what it computed without memory.
 
 Not here: hooking sites into a model (:mod:`.attach`), saving them (:mod:`.sitefile`), the table storage
-(:mod:`.tables`), the hash (:mod:`.hash`), training loops (:mod:`.train`).
+(:mod:`.tables`), the hash (:mod:`.hash`), training loops (:mod:`polymem.recipes.train`).
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ class SiteConfig:
 
 class MemorySite(nn.Module):
     """Projection, gate and optional conv of one site. ``forward(h, e)`` with e the gathered rows."""
+
+    order_scale: torch.Tensor  # a buffer [N]: per-order scale of the gathered rows
 
     def __init__(self, cfg: SiteConfig, layout: Layout) -> None:
         super().__init__()

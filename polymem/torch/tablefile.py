@@ -16,19 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from polymem._paths import is_url
 from polymem.errors import FormatError, PolymemError
 from polymem.hash.spec import HashSpec
 from polymem.hash.layout import Layout
 
 TABLE_FILE_FORMAT = "polymem.table-file"
-
-
-def _asset_cls():
-    try:
-        from polymem.asset import MemoryAsset  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return MemoryAsset
 
 
 class TableFile:
@@ -111,13 +104,12 @@ def save_table(
     table = np.ascontiguousarray(table, dtype=np.float32)
     if path.exists() and not overwrite:
         raise PolymemError(f"{str(path)!r} exists; pass --overwrite (overwrite=True) or choose another path")
-    Asset = _asset_cls()
-    if Asset is not None and path.suffix != ".safetensors":
-        Asset.from_array(path, table, spec, layout, orders=tuple(orders), dtype="float32",
-                         provenance=provenance, overwrite=overwrite, row_counts=row_counts)
+    if path.suffix != ".safetensors":  # an asset directory (any other name); a table file only when asked for
+        from polymem.asset import MemoryAsset
+
+        MemoryAsset.from_array(path, table, spec, layout, orders=tuple(orders), dtype="float32",
+                               provenance=provenance, overwrite=overwrite, row_counts=row_counts)
         return path
-    if path.suffix != ".safetensors":
-        path = path.with_suffix(".safetensors")
     from safetensors.numpy import save_file
 
     header = {"format": TABLE_FILE_FORMAT, "version": 1, "hash_spec": spec.to_dict(), "layout": layout.to_dict(),
@@ -151,9 +143,8 @@ def open_table(path: str | os.PathLike[str]) -> Any:
         tf = TableFile(p, table, spec, layout, header["orders"], header.get("provenance"))
         tf._counts = counts
         return tf
-    Asset = _asset_cls()
-    if Asset is None:
-        raise PolymemError(f"{str(p)!r} is not a .safetensors table file and polymem.asset is not available")
-    if not p.exists() and "://" not in str(path):
+    from polymem.asset import MemoryAsset
+
+    if not p.exists() and not is_url(os.fspath(path)):
         raise PolymemError(f"asset {str(p)!r} does not exist; make one with `polymem train --out {p}`")
-    return Asset.open(path)
+    return MemoryAsset.open(path)

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from polymem.errors import PolymemError
+from polymem.hash.idhash import IdHashSpec
 from polymem.hash.spec import HashSpec
 from polymem.hash.layout import Layout
 
@@ -45,7 +46,7 @@ class _RowGather(torch.autograd.Function):
         return g, None
 
 
-def table_fingerprint(table: np.ndarray | torch.Tensor, spec: HashSpec, layout: Layout) -> str:
+def table_fingerprint(table: np.ndarray | torch.Tensor, spec: HashSpec | IdHashSpec, layout: Layout) -> str:
     """sha256 over the spec, the layout and the fp32 table bytes (hex, first 32 chars)."""
     arr = table.detach().float().cpu().numpy() if isinstance(table, torch.Tensor) else np.asarray(table, np.float32)
     h = hashlib.sha256()
@@ -57,11 +58,15 @@ def table_fingerprint(table: np.ndarray | torch.Tensor, spec: HashSpec, layout: 
 class MemoryTable(nn.Module):
     """Common interface. ``spec``, ``layout``, ``orders`` (the n-gram orders the table was trained with)."""
 
-    spec: HashSpec
+    spec: HashSpec | IdHashSpec  # byte-addressed, or a token-id (Engram XOR) table: polymem.torch.idrows
     layout: Layout
     orders: tuple[int, ...]
-    trainable: bool
     source: dict[str, Any]
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the rows are a parameter with gradients."""
+        raise NotImplementedError
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:  # rows long [...] -> fp32 [..., r]
         raise NotImplementedError
@@ -77,7 +82,7 @@ class TrainableTable(MemoryTable):
     """fp32 table in memory. ``trainable=True``: a parameter with sparse gradients; else a frozen parameter."""
 
     def __init__(
-        self, weight: torch.Tensor | np.ndarray | None, *, spec: HashSpec, layout: Layout,
+        self, weight: torch.Tensor | np.ndarray | None, *, spec: HashSpec | IdHashSpec, layout: Layout,
         orders: tuple[int, ...] = (1, 2, 3), trainable: bool = True, source: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -117,7 +122,7 @@ class TrainableTable(MemoryTable):
 
 class AssetTable(MemoryTable):
     """Frozen rows read from a :class:`polymem.MemoryAsset` through its page service (a bounded RAM cache of
-    stored chunks filled by background reads, :mod:`polymem.asset.pages`), decoded in torch on the device of
+    stored chunks filled by background reads, :mod:`polymem.serve`), decoded in torch on the device of
     the request (:mod:`polymem.torch.pages`). The table never has to fit in memory.
 
     cache_mb: RAM for cached chunks, shared by every table reading the same opened asset. prefetch: reads
@@ -128,7 +133,7 @@ class AssetTable(MemoryTable):
 
     def __init__(self, asset: Any, *, cache_mb: float = 256.0, prefetch: bool = True, read_workers: int = 4) -> None:
         super().__init__()
-        from polymem.asset.pages import service_for
+        from polymem.serve.service import service_for
         from polymem.torch.pages import PagedRows
 
         self.asset = asset
@@ -155,7 +160,7 @@ class AssetTable(MemoryTable):
         return self._paged.gather(rows)
 
     def stats(self) -> dict[str, Any]:
-        """The page service's counters (:meth:`polymem.asset.pages.PageService.stats`) and ``prefetch``."""
+        """The page service's counters (:meth:`polymem.serve.service.PageService.stats`) and ``prefetch``."""
         return {**self.service.stats(), "prefetch": self.prefetch_enabled}
 
     def _reopen(self) -> None:

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from polymem.analysis.coverage import _sets as _kernels
+from polymem.analysis.coverage import _fidelity as _kernels
+from polymem.analysis.coverage._results import Fidelity
 from polymem.analysis.coverage.counter import ExactCounter, HashCounter
 from polymem.analysis.coverage.report import TokenizerInfo
 from polymem.corpus import Document, Skipped
@@ -36,7 +37,7 @@ class _Fidelity:
             status: int = -1) -> None:
         """One document's ids against its UTF-8 ``data``; ``padded`` (optional): uint8 of data followed by
         _kernels.PAD bytes, for the 8-bytes-at-a-time compare (the same answer, ~3x faster). ``status``: 0 or 1
-        when already known from the hashes (:func:`_sets.stream_fidelity`); else the bytes are compared."""
+        when already known from the hashes (:func:`_fidelity.stream_fidelity`); else the bytes are compared."""
         self.docs += 1
         if status < 0:  # the token bytes themselves (packed once per tokenizer, only when needed)
             buf, offsets = _packed(self.tok)  # buf ends with _kernels.PAD bytes beyond the token bytes
@@ -57,9 +58,9 @@ class _Fidelity:
                 want = b" " + data if self.dummy and got.startswith(b" ") else data
                 self.first = f"{doc.id}: " + describe_mismatch(0, want, got).split(", ", 1)[1]
 
-    def state(self) -> dict[str, Any]:
-        return {"docs": self.docs, "exact": self.exact, "dummy_prefix": self.prefixed,
-                "mismatched": self.mismatched, "first_mismatch": self.first}
+    def state(self) -> Fidelity:
+        return Fidelity(docs=self.docs, exact=self.exact, dummy_prefix=self.prefixed, mismatched=self.mismatched,
+                        first_mismatch=self.first)
 
 
 _PACKED: "weakref.WeakKeyDictionary[Any, tuple[np.ndarray, np.ndarray]]" = weakref.WeakKeyDictionary()

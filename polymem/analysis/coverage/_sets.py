@@ -1,5 +1,6 @@
-"""numba kernels for coverage: per-document open-addressing sets over 64-bit n-gram keys,
-a partitioned set for the corpus-wide reference n-grams, and the byte-fidelity comparison.
+"""numba kernels for coverage: the per-document scan (:func:`doc_scan_ids`: open-addressing sets over 64-bit
+n-gram keys) and the per-document tally. The bucketed key sets of the corpus-wide occurrence pass are in
+:mod:`._buckets`, the byte-fidelity comparisons in :mod:`._fidelity`.
 
 Tables are power-of-two arrays of uint64 keys with linear probing; key 0 means "empty", so a real key of 0
 is stored as ``ZERO_KEY`` (a byte hash is 0 with probability 2^-64; the substitution is applied the same way
@@ -13,10 +14,10 @@ np.uint64 constants (mixing uint64 and int64 in numba gives float64). The kernel
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from polymem.hash._numba import _GOLDEN, _U0, _U1, _fmix64  # one fmix64 for the whole package
 
@@ -107,26 +108,75 @@ def _extend(pos, i, m, carry):  # pragma: no cover - compiled
     return h, carry
 
 
+class ScanTables(NamedTuple):
+    """What :func:`doc_scan_ids` reads of the tokenizers: their token hashes (C, P, special per token id: the
+    target's for its n-grams and for the reference's ids read as target ids, the reference's for its n-grams)
+    and the XOR multipliers, uint64 [N] (N = max_n, the orders counted)."""
+
+    tC: np.ndarray
+    tP: np.ndarray
+    tspecial: np.ndarray
+    rC: np.ndarray
+    rP: np.ndarray
+    rspecial: np.ndarray
+    mults: np.ndarray
+
+
+class ScanScratch(NamedTuple):
+    """:func:`doc_scan_ids`' scratch, reused across documents (Tt, Tr: the document's target and reference
+    tokens)."""
+
+    rt: np.ndarray  # uint64 [>= pow2(1.5*Tr*N)]: the reference set (its first pow2(1.5*Tr*N) entries), entries
+    #                 (key & ~31) | (smallest order - 1)
+    tk: np.ndarray  # uint64 [>= pow2(1.5*Tt)]: one target order's set: keys...
+    tv: np.ndarray  # ... count << 16 | XOR hit...
+    tf: np.ndarray  # ... the XOR key of the first id n-gram with these bytes
+    tlist: np.ndarray  # int64 [same]: slots of the distinct target entries, in insertion order
+    vt: np.ndarray  # uint64 [same, 2]: XOR keys of further id n-grams with the same bytes (rare), hit flag
+    pos: np.ndarray  # uint64 [>= max(Tt, Tr), 4]: per position, the current order's byte hash and XOR
+    #                  accumulator, and the token's C and P (what a position's update reads is one cache line)
+    run_t: np.ndarray  # int64 [>= Tt]: non-special tokens ending at each position
+    run_r: np.ndarray  # int64 [>= Tr]
+    surv: np.ndarray  # int64 [>= Tr]: the XOR lookups of the reference: the positions still alive (a list),
+    racc: np.ndarray  # uint64 [>= Tr] ... their XOR key,
+    rh: np.ndarray  # ... their target byte hash,
+    rm: np.ndarray  # ... its base power
+    seen: np.ndarray  # int64 [target vocabulary]: stamps (the document's stamp is above every stamp in them)
+    xseen: np.ndarray
+
+
+class ScanCounts(NamedTuple):
+    """:func:`doc_scan_ids`' counts, added to (+=): int64 [N], [N, N], [N], [N], [N], [N]."""
+
+    uniq: np.ndarray  # distinct target n-grams per order
+    hits: np.ndarray  # ... found in the reference, by (target order, smallest reference order)
+    positions: np.ndarray  # valid target n-gram positions
+    pos_hits: np.ndarray  # ... whose n-gram the document's own reference has
+    xuniq: np.ndarray  # the XOR baseline: distinct target id n-grams
+    xhits: np.ndarray  # ... found among the reference's
+
+
+class ScanKeys(NamedTuple):
+    """Where :func:`doc_scan_ids` writes the document's keys for the corpus-wide occurrence pass (``record``)."""
+
+    ref_out: np.ndarray  # uint64 [>= Tr*N]: distinct reference keys
+    pend_h: np.ndarray  # uint64 [>= Tt*N]: target keys not found in the document's reference...
+    pend_n: np.ndarray  # int8: ... their order - 1
+    pend_c: np.ndarray  # int64: ... their number of positions
+
+
+# The groups go to the kernel as plain tuples (``tuple(group)``): numba types a named tuple argument in Python on
+# every call (~35 µs more per document), a plain one in C. The scratch tuple is built once per size of the
+# scratch, not per document: the scan sizes its tables itself.
 @njit(cache=True, nogil=True)
 def doc_scan_ids(
     tids, rids,  # the document's ids: target int64 [Tt], reference int64 [Tr] (in range of their vocabularies)
-    tC, tP, tspecial,  # the target's token hashes (its n-grams; and the reference's ids read as target ids)
-    rC, rP, rspecial,  # the reference's token hashes
-    mults,  # uint64 [N]: the XOR multipliers; N = max_n, the orders counted
-    rt,  # scratch uint64 [pow2 >= 1.5*Tr*N]: the reference set, entries (key & ~31) | (smallest order - 1)
-    tk, tv, tf,  # scratch uint64 [>= pow2(1.5*Tt)]: one target order's set: keys; count << 16 | XOR hit; the
-    #              XOR key of the first id n-gram with these bytes
-    tlist,  # scratch int64 [same]: slots of the distinct target entries, in insertion order
-    vt,  # scratch uint64 [same, 2]: XOR keys of further id n-grams with the same bytes (rare), hit flag
-    pos,  # scratch uint64 [>= max(Tt, Tr), 4]: per position, the current order's byte hash and XOR accumulator,
-    #       and the token's C and P (one row per position: what a position's update reads is one cache line)
-    run_t, run_r,  # scratch int64 [>= Tt], [>= Tr]: non-special tokens ending at each position
-    surv, racc, rh, rm,  # scratch int64 / uint64 [>= Tr]: the XOR lookups of the reference: the positions
-    #                      still alive (a list), their target byte hash, its base power, their XOR key
-    seen, xseen, stamp,  # scratch int64 [target vocabulary], and this document's stamp (> every stamp in them)
+    tables,  # ScanTables, as a plain tuple
+    scratch,  # ScanScratch, as a plain tuple
+    stamp,  # this document's stamp in scratch.seen / xseen
     record,  # True: emit distinct reference keys and the not-found target (key, order, count) for the corpus pass
-    uniq, hits, positions, pos_hits, xuniq, xhits,  # out (+=): int64 [N], [N, N], [N], [N], [N], [N]
-    ref_out, pend_h, pend_n, pend_c,  # out buffers: uint64 [>= Tr*N]; uint64/int8/int64 [>= Tt*N]
+    counts,  # ScanCounts (out, +=), as a plain tuple
+    keys,  # ScanKeys (out buffers), as a plain tuple
 ):  # pragma: no cover - compiled
     """One document: unique-set hits per (target order n, smallest matching reference order m), positions,
     the XOR baseline's unique-set counts (Engram's token-id mix, :func:`polymem.hash.xor.xor_mixes`, with the
@@ -157,10 +207,15 @@ def doc_scan_ids(
     table rows of the XOR baseline.
 
     Returns (number of distinct reference keys written to ref_out, number of pending entries written)."""
+    tC, tP, tspecial, rC, rP, rspecial, mults = tables
+    rt, tk, tv, tf, tlist, vt, pos, run_t, run_r, surv, racc, rh, rm, seen, xseen = scratch
+    uniq, hits, positions, pos_hits, xuniq, xhits = counts
+    ref_out, pend_h, pend_n, pend_c = keys
     N = mults.shape[0]
     Tr = rids.shape[0]
     Tt = tids.shape[0]
     # ---- the reference set, order by order
+    rt = rt[:_pow2(3 * Tr * N // 2 + 1)]  # load <= 2/3
     rt[:] = 0
     rmask = np.uint64(rt.shape[0] - 1)
     rshift = np.uint64(64 - _log2(rt.shape[0]))
@@ -313,172 +368,6 @@ def _pow2(n):  # pragma: no cover - compiled
     return p
 
 
-# ------------------------------------------------------------------- bucketed key sets (the occurrence pass)
-# The corpus-wide occurrence metric needs set membership over a partition's (and then the corpus's) distinct
-# reference keys. Keys are grouped by **bucket** (the top ``bits`` bits of the stored key, a counting sort), and
-# each bucket is deduplicated / looked up in its own small open-addressing table (slot = fmix64(key)), which
-# stays cache-sized: one sequential pass to group, then probes that hit L1/L2 instead of missing all over one
-# table of hundreds of MiB.
-
-
-@njit(cache=True, nogil=True)
-def _bucket_counts(keys, n, bits):  # pragma: no cover - compiled
-    """Offsets int64 [2^bits + 1] of the stored keys _key(keys[:n]) grouped by their top ``bits`` bits."""
-    shift = np.uint64(64 - bits)
-    off = np.zeros((1 << bits) + 1, dtype=np.int64)
-    for i in range(n):
-        off[np.int64(_key(keys[i]) >> shift) + 1] += 1
-    for b in range(1 << bits):
-        off[b + 1] += off[b]
-    return off
-
-
-@njit(cache=True, nogil=True)
-def _table_for(off):  # pragma: no cover - compiled
-    """A zeroed scratch table big enough for the largest bucket at load <= 1/2."""
-    big = 0
-    for b in range(off.shape[0] - 1):
-        big = max(big, off[b + 1] - off[b])
-    return np.zeros(_pow2(2 * big + 1), dtype=np.uint64)
-
-
-@njit(cache=True, inline="always")
-def _insert(table, s, mask, k):  # pragma: no cover - compiled
-    """Insert stored key k, probing linearly from slot s; True if it was new."""
-    while True:
-        t = table[s]
-        if t == _U0:
-            table[s] = k
-            return True
-        if t == k:
-            return False
-        s = (s + _U1) & mask
-
-
-@njit(cache=True, inline="always")
-def _member(table, s, mask, k):  # pragma: no cover - compiled
-    """True if stored key k is in the table, probing linearly from slot s."""
-    while True:
-        t = table[s]
-        if t == _U0:
-            return False
-        if t == k:
-            return True
-        s = (s + _U1) & mask
-
-
-@njit(cache=True, nogil=True)
-def _group_keys(keys, n, bits):  # pragma: no cover - compiled
-    """Counting sort of the stored keys of keys[:n] by bucket (top ``bits`` bits): (grouped keys, offsets)."""
-    grouped = np.empty(n, dtype=np.uint64)
-    return grouped, _group_keys_into(keys, n, bits, grouped)
-
-
-@njit(cache=True, nogil=True)
-def _group_keys_into(keys, n, bits, grouped):  # pragma: no cover - compiled
-    """:func:`_group_keys` into ``grouped`` (uint64 [>= n], reused scratch); returns the offsets."""
-    shift = np.uint64(64 - bits)
-    off = _bucket_counts(keys, n, bits)
-    fill = off[:-1].copy()
-    for i in range(n):
-        k = _key(keys[i])
-        b = np.int64(k >> shift)
-        grouped[fill[b]] = k
-        fill[b] += 1
-    return off
-
-
-@njit(cache=True, nogil=True)
-def bucket_unique(keys, n, bits):  # pragma: no cover - compiled
-    """The distinct stored keys of keys[:n] (raw hashes; 0 is stored as ZERO_KEY) grouped by bucket:
-    (keys uint64 [d], offsets int64 [2^bits + 1]); bucket b = keys[offsets[b]:offsets[b+1]]."""
-    nb = 1 << bits
-    grouped, off = _group_keys(keys, n, bits)
-    table = _table_for(off)
-    out_off = np.zeros(nb + 1, dtype=np.int64)
-    w = 0
-    for b in range(nb):
-        lo, hi = off[b], off[b + 1]
-        if hi > lo:
-            cap = _pow2(2 * (hi - lo) + 1)
-            mask = np.uint64(cap - 1)
-            table[:cap] = 0
-            for j in range(lo, hi):
-                k = grouped[j]
-                if _insert(table, _fmix64(k) & mask, mask, k):
-                    grouped[w] = k  # w <= j: compaction in place
-                    w += 1
-        out_off[b + 1] = w
-    return grouped[:w].copy(), out_off
-
-
-@njit(cache=True, nogil=True)
-def _group_into(ph, pn, pc, n, bits, gh, gn, gc):  # pragma: no cover - compiled
-    """Counting sort of (stored key, order, count) entries by bucket into gh, gn, gc (scratch, >= n each);
-    returns the offsets."""
-    shift = np.uint64(64 - bits)
-    off = _bucket_counts(ph, n, bits)
-    fill = off[:-1].copy()
-    for i in range(n):
-        k = _key(ph[i])
-        b = np.int64(k >> shift)
-        j = fill[b]
-        gh[j], gn[j], gc[j] = k, pn[i], pc[i]
-        fill[b] = j + 1
-    return off
-
-
-@njit(cache=True, nogil=True)
-def bucket_group_into(keys, n, ph, pn, pc, n_pend, bits, grouped, gh, gn, gc):  # pragma: no cover - compiled
-    """The map side of the occurrence pass: the stored keys of keys[:n] and the pending target entries (stored
-    keys ph, order-1 pn, counts pc; first n_pend) grouped by bucket (counting sorts) into scratch reused across
-    partitions (grouped uint64 [>= n]; gh, gn, gc [>= n_pend]). Nothing is deduplicated or looked up here: the
-    reduce's per-bucket table does both, once (a map-side table removed only ~20 % of the keys of a 4 MB
-    partition and cost as much as the grouping). Returns (offsets of the keys, offsets of the entries), int64
-    [2^bits + 1] each."""
-    off = _group_keys_into(keys, n, bits, grouped)
-    poff = _group_into(ph, pn, pc, n_pend, bits, gh, gn, gc)
-    return off, poff
-
-
-@njit(cache=True, nogil=True)
-def resolve_range(ref, ref_off, ph, pn, pc, pend_off, bits, hits):  # pragma: no cover - compiled
-    """The reduce of the occurrence pass over B buckets and P partitions: ref / ph, pn, pc are the partitions'
-    slices concatenated, ref_off / pend_off int64 [P, B + 1] their absolute offsets per bucket (buckets of the
-    top ``bits`` bits). For each bucket, the union of every partition's reference keys goes into a small table,
-    then every partition's pending entries of that bucket are looked up: hits[pn] += pc for those found."""
-    P = ref_off.shape[0]
-    B = ref_off.shape[1] - 1
-    big = 0
-    for b in range(B):
-        tot = 0
-        for p in range(P):
-            tot += ref_off[p, b + 1] - ref_off[p, b]
-        big = max(big, tot)
-    table = np.zeros(_pow2(2 * big + 1), dtype=np.uint64)
-    lshift = np.uint64(bits)
-    for b in range(B):
-        tot = 0
-        for p in range(P):
-            tot += ref_off[p, b + 1] - ref_off[p, b]
-        if tot == 0:
-            continue
-        cap = _pow2(2 * tot + 1)  # load <= 1/2, less where documents share keys (2/3 was measured slower)
-        mask = np.uint64(cap - 1)
-        rshift = np.uint64(64 - _log2(cap))
-        table[:cap] = 0
-        for p in range(P):
-            for j in range(ref_off[p, b], ref_off[p, b + 1]):
-                k = ref[j]
-                _insert(table, (k << lshift) >> rshift, mask, k)  # slot: the bits below the bucket's
-        for p in range(P):
-            for j in range(pend_off[p, b], pend_off[p, b + 1]):
-                k = ph[j]
-                if _member(table, (k << lshift) >> rshift, mask, k):
-                    hits[pn[j]] += pc[j]
-    return 0
-
-
 @njit(cache=True, nogil=True)
 def ids_in_range(ids, vocab):  # pragma: no cover - compiled
     """True if every id of the 1-D int64 ``ids`` is in [0, vocab)."""
@@ -512,167 +401,3 @@ def tally_doc(uniq, hits, xuniq, xhits, t_uniq, t_hits, t_docs_with, p_share, p_
             t_xdocs_with[n] += 1
             p_xshare[n] += np.int64(np.rint(xhits[n] / np.float64(xuniq[n]) * one))
     return 0
-
-
-@njit(cache=True, nogil=True)
-def compare_token_bytes(ids, buf, offsets, text):  # pragma: no cover - compiled
-    """Compare the concatenated token bytes of ``ids`` (token t = buf[offsets[t]:offsets[t+1]]) with ``text``.
-
-    Returns (status, offset): status 0 exact, 1 equal to b" " + text (a dummy prefix), 2 mismatch at
-    byte ``offset`` of the token stream (compared against the text, or against b" " + text when the stream
-    is one byte longer than the text; the offset is the length of the shorter one when one is a prefix of the
-    other).
-
-    The lengths are summed first: when they agree (the usual case) every token's bytes lie inside the text, and
-    each token is compared in one tight loop without bounds checks; otherwise :func:`_compare_unequal`."""
-    L = text.shape[0]
-    n = ids.shape[0]
-    total = 0
-    for k in range(n):
-        t = ids[k]
-        total += offsets[t + 1] - offsets[t]
-    shift = 1 if total == L + 1 else 0
-    if total != L + shift:
-        return _compare_unequal(ids, buf, offsets, text)
-    k = 0
-    q = 0  # bytes of the text compared so far
-    if shift:  # the stream's first byte must be the dummy prefix's space
-        while k < n:
-            t = ids[k]
-            a, b = offsets[t], offsets[t + 1]
-            k += 1
-            if b > a:
-                if buf[a] != 32:
-                    return 2, 0
-                for j in range(a + 1, b):
-                    if buf[j] != text[q]:
-                        return 2, q + 1
-                    q += 1
-                break
-    for kk in range(k, n):
-        t = ids[kk]
-        a, b = offsets[t], offsets[t + 1]
-        d = q - a
-        for j in range(a, b):
-            if buf[j] != text[j + d]:
-                return 2, j + d + shift
-        q += b - a
-    return shift, 0
-
-
-@njit(cache=True, nogil=True)
-def _compare_unequal(ids, buf, offsets, text):  # pragma: no cover - compiled
-    """:func:`compare_token_bytes` when the stream is neither as long as the text nor one byte longer: always a
-    mismatch, at the first differing byte or at the end of the shorter one."""
-    L = text.shape[0]
-    pos = 0
-    for t in ids:
-        for j in range(offsets[t], offsets[t + 1]):
-            if pos >= L or buf[j] != text[pos]:
-                return 2, pos
-            pos += 1
-    return 2, pos
-
-
-PAD = 8  # bytes of zeros after the text and after the token buffer for :func:`compare_token_words`
-
-
-@intrinsic
-def _load8(typingctx, arr, idx):  # pragma: no cover - compiled
-    """The 8 bytes arr[idx:idx+8] of a uint8 array as one native-endian uint64 (an unaligned load; the caller
-    guarantees idx + 8 <= len(arr))."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.uint8 and isinstance(idx, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        i = context.cast(builder, args[1], sig.args[1], types.intp)
-        ptr = builder.bitcast(builder.gep(ary.data, [i]), ir.IntType(64).as_pointer())
-        return builder.load(ptr, align=1)
-
-    return types.uint64(arr, idx), codegen
-
-
-@njit(cache=True, nogil=True)
-def compare_token_words(ids, buf, offsets, text, L, shift):  # pragma: no cover - compiled
-    """:func:`compare_token_bytes` of ``text[:L]`` (the same result), 8 bytes at a time. ``buf`` and ``text``
-    each end with at least :data:`PAD` bytes beyond their data (any values), so a token's bytes and the text
-    under them are compared as masked 8-byte words, one per token of up to 8 bytes, with no inner byte loop
-    (whose exit, a different trip count per token, mispredicts about once a token). ``shift`` is a guess of the
-    status (1 for a tokenizer with a dummy prefix, else 0): the stream is compared against the text shifted by
-    it, and only a complete match, with the stream ending where the text does, is answered here (it proves
-    the stream's length is L + shift, so the status is shift); anything else goes to
-    :func:`compare_token_bytes`. Little-endian machines only (the mask keeps the low bytes); the caller checks."""
-    n = ids.shape[0]
-    ones = ~_U0
-    q = -shift  # the text byte under the token's first byte
-    for k in range(n):
-        t = ids[k]
-        a, b = offsets[t], offsets[t + 1]
-        c = a
-        if q < 0:  # the dummy prefix: the stream's first byte (q = -1) must be a space
-            if b == a:
-                continue
-            if buf[a] != 32:
-                return compare_token_bytes(ids, buf, offsets, text[:L])
-            c = a + 1
-        if q + (b - a) > L:
-            return compare_token_bytes(ids, buf, offsets, text[:L])
-        while c < b:
-            w = _load8(buf, c) ^ _load8(text, q + (c - a))
-            m = b - c
-            if m < 8:
-                w &= ~(ones << np.uint64(8 * m))
-            if w != _U0:
-                return compare_token_bytes(ids, buf, offsets, text[:L])  # a mismatch: the byte loop finds where
-            c += 8
-        q += b - a
-    if q != L:
-        return compare_token_bytes(ids, buf, offsets, text[:L])
-    return shift, 0
-
-
-@njit(cache=True, inline="always")
-def _stream_status(ids, C, P, h_text, h_space_text, p_len, p_len1):  # pragma: no cover - compiled
-    """0 if the token stream's bytes hash and measure as the text, 1 as b" " + text, else -1 (see
-    :func:`stream_fidelity`)."""
-    h = _U0
-    pp = _U1
-    for k in range(ids.shape[0]):
-        t = ids[k]
-        h = h * P[t] + C[t]
-        pp *= P[t]
-    if pp == p_len and h == h_text:
-        return 0
-    if pp == p_len1 and h == h_space_text:
-        return 1
-    return -1
-
-
-@njit(cache=True, nogil=True)
-def stream_fidelity(ti, tC, tP, ri, rC, rP, text, table, base):  # pragma: no cover - compiled
-    """Byte fidelity of both tokenizers' ids for one document, by hash: (status of ti, status of ri), each 0
-    when the token stream is the text, 1 when it is b" " + text, -1 otherwise (then :func:`compare_token_bytes`
-    says where they differ). A stream's hash and length come from the token hashes the counting has just used
-    (Hash(A‖B) = Hash(A)·base^|B| + Hash(B): the fold h·P[t] + C[t], and the product of P[t] = base^len(t),
-    equal to base^L iff the lengths are equal: base's multiplicative order is >= 2^56), the text's from its
-    bytes with the spec's byte ``table`` (uint64 [256]); the hashes must be of a spec without a normalizer.
-    Compared with the bytes themselves this reads no token bytes (a random read per token of a vocabulary-sized
-    buffer the tokenizers have just evicted from the cache); a stream answered 0 or 1 differs from the text only
-    if two different byte strings of the same length collide in 64 bits."""
-    L = text.shape[0]
-    h = _U0
-    for i in range(L):
-        h = (h + table[text[i]]) * base
-    p_len = _U1  # base^L by squaring
-    b = base
-    e = L
-    while e > 0:
-        if e & 1:
-            p_len *= b
-        b *= b
-        e >>= 1
-    p_len1 = p_len * base
-    h_space = (table[32] * base) * p_len + h  # Hash(b" " + text) = Hash(b" ")·base^L + Hash(text)
-    return (_stream_status(ti, tC, tP, h, h_space, p_len, p_len1),
-            _stream_status(ri, rC, rP, h, h_space, p_len, p_len1))

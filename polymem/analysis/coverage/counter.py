@@ -28,6 +28,7 @@ import numpy as np
 
 from polymem.errors import PolymemError
 from polymem.hash.token_hashes import TokenHashes
+from polymem.analysis.coverage import _buckets
 from polymem.analysis.coverage import _sets as _kernels
 from polymem.hash.reference import ngram_bytes
 from polymem.hash.xor import xor_multipliers
@@ -131,7 +132,7 @@ class Tally:
 
 _COMPACT_KEYS = 1 << 23  # buffered reference keys (64 MiB) before they are deduplicated in place
 _RESERVE = 1 << 23  # entries the occurrence buffers start with (address space: 64 MiB of keys)
-BUCKET_BITS = 10  # key buckets of the occurrence pass (the top bits of a stored key; see _sets.bucket_unique)
+BUCKET_BITS = 10  # key buckets of the occurrence pass (the top bits of a stored key; see _buckets.bucket_unique)
 
 
 @dataclass
@@ -162,7 +163,7 @@ class HashCounter:
 
     For the occurrence-weighted metric each document's distinct reference keys and unresolved target entries
     are appended to flat buffers (no per-document copies or set inserts); :meth:`occurrence_output` groups them
-    by key bucket for the reduce (:func:`_sets.resolve_range`), which deduplicates the keys and looks the
+    by key bucket for the reduce (:func:`_buckets.resolve_range`), which deduplicates the keys and looks the
     entries up, bucket by bucket in small tables. The buffers hold at most the counter's documents' n-grams (a partition's, on the partitioned
     path); beyond ``compact_keys`` buffered reference keys they are deduplicated in place."""
 
@@ -172,7 +173,10 @@ class HashCounter:
         self.tally = Tally(max_n)
         self._mults = xor_multipliers(max_n)
         self._mults_u64 = np.asarray(self._mults, dtype=np.uint64)
+        self._tables = tuple(_kernels.ScanTables(tC=target.C, tP=target.P, tspecial=target.special, rC=reference.C,
+                                                 rP=reference.P, rspecial=reference.special, mults=self._mults_u64))
         self._posbuf: Any = None
+        self._scan: tuple[np.ndarray, ...] | None = None  # the scan's scratch as the kernel takes it
         self._seen: Any = None  # the fused kernel's stamps per target id, and the stamp of the last document
         self._xseen: Any = None
         self._stamp = 0
@@ -183,7 +187,16 @@ class HashCounter:
         self._ref, self._ph, self._pn, self._pc = _take_buffers() if occurrence else _NO_BUFFERS
         self._nref = self._npend = 0
 
-    def _scratch(self, cap_r: int, cap_t: int, Tr: int) -> None:
+    def _scratch(self, cap_r: int, cap_t: int, Tr: int, T: int) -> tuple[np.ndarray, ...]:
+        """The scan's scratch (:class:`_sets.ScanScratch`, as a plain tuple) for a document of Tr reference and
+        at most T tokens (reference set of cap_r entries, target sets of cap_t): grown when too small, else the
+        tuple of the previous document."""
+        if self._scan is not None and cap_r <= self._cap_r and cap_t <= self._cap_t and \
+                Tr <= self._surv.shape[0] and T <= self._posbuf[0].shape[0]:
+            return self._scan
+        if self._seen is None:
+            V = self.target.C.shape[0]
+            self._seen, self._xseen = np.zeros(V, np.int64), np.zeros(V, np.int64)
         if cap_r > self._cap_r:
             self._cap_r = cap_r
             self._rt = np.zeros(cap_r, dtype=np.uint64)
@@ -196,6 +209,12 @@ class HashCounter:
             self._tk, self._tv, self._tf = (np.zeros(cap_t, dtype=np.uint64) for _ in range(3))  # the target set
             self._vt = np.zeros((cap_t, 2), dtype=np.uint64)
             self._tlist = np.zeros(cap_t, dtype=np.int64)
+        pos, run_t, run_r = self._pos(T)
+        self._scan = tuple(_kernels.ScanScratch(
+            rt=self._rt, tk=self._tk, tv=self._tv, tf=self._tf, tlist=self._tlist, vt=self._vt, pos=pos, run_t=run_t,
+            run_r=run_r, surv=self._surv, racc=self._racc, rh=self._rh, rm=self._rm, seen=self._seen,
+            xseen=self._xseen))
+        return self._scan
 
     def _room(self, n_ref: int, n_pend: int) -> None:
         """Make the occurrence buffers hold n_ref more reference keys and n_pend more pending entries."""
@@ -220,7 +239,7 @@ class HashCounter:
 
     def _compact_ref(self) -> None:
         """Deduplicate the buffered reference keys in place (they stay a prefix of the buffer)."""
-        keys, _ = _kernels.bucket_unique(self._ref, self._nref, BUCKET_BITS)
+        keys, _ = _buckets.bucket_unique(self._ref, self._nref, BUCKET_BITS)
         self._ref[:keys.shape[0]] = keys
         self._nref = keys.shape[0]
         # still more than half full after deduplicating: let the buffer grow instead of compacting again soon
@@ -250,11 +269,7 @@ class HashCounter:
         t.tokens_target += Tt
         t.tokens_reference += Tr
         cr, ct = _pow2(3 * Tr * N // 2 + 1), _pow2(3 * Tt // 2 + 1)  # load ≤ 2/3; target: one order at a time
-        self._scratch(cr, ct, Tr)
-        pos, run_t, run_r = self._pos(max(Tt, Tr))
-        if self._seen is None:
-            V = self.target.C.shape[0]
-            self._seen, self._xseen = np.zeros(V, np.int64), np.zeros(V, np.int64)
+        scratch = self._scratch(cr, ct, Tr, max(Tt, Tr))
         self._stamp += 1
         uniq, xuniq, xhits = (np.zeros(N, dtype=np.int64) for _ in range(3))
         hits = np.zeros((N, N), dtype=np.int64)
@@ -265,13 +280,11 @@ class HashCounter:
             ref_out, pend_h, pend_n, pend_c = self._ref[nr:], self._ph[npd:], self._pn[npd:], self._pc[npd:]
         else:
             ref_out, pend_h, pend_n, pend_c = _EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64
-        tc, rc = self.target, self.reference
-        n_ref, n_pend = _kernels.doc_scan_ids(
-            target_ids, reference_ids, tc.C, tc.P, tc.special, rc.C, rc.P, rc.special, self._mults_u64,
-            self._rt[:cr], self._tk[:ct], self._tv[:ct], self._tf[:ct], self._tlist[:ct], self._vt[:ct], pos,
-            run_t, run_r, self._surv, self._racc, self._rh, self._rm, self._seen, self._xseen, self._stamp, occ,
-            uniq, hits, t.positions, t.pos_hits, xuniq, xhits, ref_out, pend_h, pend_n, pend_c,
-        )
+        counts = _kernels.ScanCounts(uniq, hits, t.positions, t.pos_hits, xuniq, xhits)
+        keys = _kernels.ScanKeys(ref_out, pend_h, pend_n, pend_c)
+        # plain tuples: see _sets.doc_scan_ids
+        n_ref, n_pend = _kernels.doc_scan_ids(target_ids, reference_ids, self._tables, scratch, self._stamp, occ,
+                                              tuple(counts), tuple(keys))
         self._nref += n_ref
         self._npend += n_pend
         t.add_doc(uniq, hits, xuniq, xhits)
@@ -288,7 +301,7 @@ class HashCounter:
         The grouping runs in scratch reused across partitions in this process. views: hand back views of that
         scratch (call ``release()`` on the output when done with it) instead of copies."""
         g = _take_group_scratch(self._nref, self._npend)
-        ref_off, pend_off = _kernels.bucket_group_into(
+        ref_off, pend_off = _buckets.bucket_group_into(
             self._ref, self._nref, self._ph, self._pn, self._pc, self._npend, BUCKET_BITS, *g)
         w, wp = self._nref, self._npend
         grouped, gh, gn, gc = g
@@ -310,7 +323,7 @@ class HashCounter:
         reference keys (the whole corpus, when one counter saw it all)."""
         if self.occurrence:
             occ = self.occurrence_output(views=True)
-            _kernels.resolve_range(occ.ref, occ.ref_off[None, :], occ.pend_h, occ.pend_n, occ.pend_c,
+            _buckets.resolve_range(occ.ref, occ.ref_off[None, :], occ.pend_h, occ.pend_n, occ.pend_c,
                                    occ.pend_off[None, :], BUCKET_BITS, self.tally.pos_hits)
             occ.release()
         return self.tally
@@ -338,7 +351,7 @@ def _own_ids(ids: Any, cache: TokenHashes) -> bool:
 _EMPTY_U64 = np.empty(0, dtype=np.uint64)
 _EMPTY_I8 = np.empty(0, dtype=np.int8)
 _EMPTY_I64 = np.empty(0, dtype=np.int64)
-_NO_BUFFERS = (_EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64)
+_NO_BUFFERS: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (_EMPTY_U64, _EMPTY_U64, _EMPTY_I8, _EMPTY_I64)
 # occurrence buffers finished counters left for the next ones in this process (a partition's each; at most
 # SPARES[0]: 2, or as many as map tasks have run at once here, a worker's threads)
 _SPARE: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []

@@ -8,14 +8,14 @@ occurrence-weighted metric by key bucket (shuffle + reduce). Runs in this proces
   reference n-gram keys, and the target n-grams that their own document's reference did not contain (key,
   order, count), are appended to flat buffers; at the end of the partition both are grouped by **key bucket**
   (the top ``BUCKET_BITS`` bits of the 64-bit byte hash; a counting sort,
-  :func:`~polymem.analysis.coverage._sets.bucket_group_into`) and written to the scratch directory (``.npy``
+  :func:`~polymem.analysis.coverage._buckets.bucket_group_into`) and written to the scratch directory (``.npy``
   files, fsspec URL); each bucket's offsets go back in the task's summary. Nothing is deduplicated across
   documents here: the reduce's table does that once. A task holds one partition's keys, never the corpus's.
 * **reduce** (:func:`resolve_buckets`, one task per contiguous range of buckets): reads its buckets' slices of
   every partition's files (range reads, located by the bucket offsets each map task returned in its summary);
   then, bucket by bucket, puts the reference keys of every partition
   in one small table and looks up the unresolved target entries of the same bucket, summing the counts found
-  per order (:func:`~polymem.analysis.coverage._sets.resolve_range`). A key lives in exactly one bucket,
+  per order (:func:`~polymem.analysis.coverage._buckets.resolve_range`). A key lives in exactly one bucket,
   so the union over tasks is exact: a position is a hit iff its n-gram is anywhere in the corpus's reference
   stream, as in the single-set computation. Each task holds ~1/R of the per-document reference keys.
 
@@ -35,13 +35,14 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from polymem.analysis.coverage import _sets as _kernels
+from polymem.analysis.coverage import _buckets
+from polymem.analysis.coverage._results import PartitionResult
 from polymem.analysis.coverage.counter import BUCKET_BITS, OccurrenceOutput, Tally
 from polymem.corpus import Document, Skipped
 from polymem.hash.spec import HashSpec
@@ -213,11 +214,11 @@ class Budget:
 
 
 def count_partition(plan: Plan, index: int, part: Any, on_doc: Any = None,
-                    keep: float | Budget = 0.0) -> dict[str, Any]:
+                    keep: float | Budget = 0.0) -> PartitionResult:
     """Count one corpus partition (see the module docstring); returns its small summary.
     ``on_doc(nbytes)`` is called after each document (in-process progress). keep: MB of memory the occurrence
     output may take in this process, or a :class:`Budget` shared by the tasks on its threads: if it fits, hand
-    it back in the summary (``"occ"``, a copy) instead of writing it to the scratch directory (the in-process
+    it back in the summary (``occ``, a copy) instead of writing it to the scratch directory (the in-process
     executors, within their budget); else it is written straight from the grouping scratch (no copy)."""
     from polymem.analysis.coverage import counter
 
@@ -237,7 +238,7 @@ _ACTIVE = [0]  # map tasks running in this process now
 _ACTIVE_LOCK = threading.Lock()
 
 
-def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: float | Budget) -> dict[str, Any]:
+def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: float | Budget) -> PartitionResult:
     from polymem.analysis.coverage._job import BATCH_MB, _Job
 
     tok_t, tok_r, tcache, rcache, info = _tools(plan)
@@ -268,18 +269,16 @@ def _count_partition(plan: Plan, index: int, part: Any, on_doc: Any, keep: float
         occ = job.counter.occurrence_output(views=not keep)
     else:
         occ = None
-    out: dict[str, Any] = {"index": index, "tally": job.counter.tally, "fid_t": job.fid_t.state(),
-                           "fid_r": job.fid_r.state(), "skipped": skipped + job.skipped, "bytes": job.nbytes,
-                           "replaced": part.replaced, "encode_s": job.encode_s, "count_s": job.count_s,
-                           "read_s": t_read, "ref_keys": 0, "pending": 0, "pid": os.getpid(),
-                           "info": info}
+    out = PartitionResult(index=index, tally=job.counter.tally, fid_t=job.fid_t.state(), fid_r=job.fid_r.state(),
+                          skipped=skipped + job.skipped, bytes=job.nbytes, replaced=part.replaced,
+                          encode_s=job.encode_s, count_s=job.count_s, read_s=t_read, pid=os.getpid(), info=info)
     if occ is not None:
-        out["ref_keys"], out["pending"] = int(occ.ref.shape[0]), int(occ.pend_h.shape[0])
+        out.ref_keys, out.pending = int(occ.ref.shape[0]), int(occ.pend_h.shape[0])
         if keep:
-            out["occ"] = occ
+            out.occ = occ
         else:
             write_buckets(plan, index, occ)
-            out["off"] = np.stack([occ.ref_off, occ.pend_off])  # the bucket offsets (16 KiB): range_offsets
+            out.off = np.stack([occ.ref_off, occ.pend_off])  # the bucket offsets (16 KiB): range_offsets
             occ.release()
     return out
 
@@ -314,7 +313,7 @@ def _save(fs: Any, path: str, arr: np.ndarray) -> None:
     with fs.open(tmp, "wb") as f:
         np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(arr))
         if arr.size:
-            f.write(memoryview(arr.reshape(-1)).cast("B"))
+            f.write(arr.reshape(-1).data.cast("B"))
     fs.mv(tmp, path)
 
 
@@ -338,7 +337,7 @@ def _read_slice_into(fs: Any, path: str, lo: int, out: np.ndarray) -> None:
         return
     with fs.open(path, "rb") as f:
         f.seek(_check_header(path, f, lo, out) + lo * out.dtype.itemsize)
-        buf = memoryview(out).cast("B")
+        buf = out.data.cast("B")
         got = 0
         while got < len(buf):
             n = f.readinto(buf[got:])
@@ -373,9 +372,9 @@ def resolve_buckets(plan: Plan, parts: list[int], lo: int, hi: int,
         return _resolve_buckets(plan, parts, lo, hi, held, offsets or {})
 
 
-def range_offsets(results: Any, lo: int, hi: int) -> dict[int, np.ndarray]:
+def range_offsets(results: Iterable[PartitionResult], lo: int, hi: int) -> dict[int, np.ndarray]:
     """The bucket offsets lo..hi of every partition whose map summary carries them (see count_partition)."""
-    return {r["index"]: r["off"][:, lo:hi + 1] for r in results if "off" in r}
+    return {r.index: r.off[:, lo:hi + 1] for r in results if r.off is not None}
 
 
 def _missing(plan: Plan, p: int, name: str) -> FileNotFoundError:
@@ -438,7 +437,7 @@ def _fill_and_resolve(plan: Plan, fs: Any, root: str, srcs: list[Any], nr: int, 
                     _read_slice_into(fs, f"{root}/p{p:07d}.{name}.npy", lo_at, out)
                 except FileNotFoundError:
                     raise _missing(plan, p, name) from None
-    _kernels.resolve_range(ref, np.stack(ref_off), ph, pn, pc, np.stack(pend_off), BUCKET_BITS, hits)
+    _buckets.resolve_range(ref, np.stack(ref_off), ph, pn, pc, np.stack(pend_off), BUCKET_BITS, hits)
 
 
 _REDUCE_SPARE: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
@@ -478,11 +477,11 @@ def bucket_ranges(total_keys: int, minimum: int = 1) -> list[tuple[int, int]]:
     return [(i, i + step) for i in range(0, nb, step)]
 
 
-def merge_tallies(results: list[dict[str, Any]], max_n: int) -> Tally:
+def merge_tallies(results: list[PartitionResult], max_n: int) -> Tally:
     total = Tally(max_n)
     for r in results:
-        if r["tally"] is not None:
-            total += r["tally"]
+        if r.tally is not None:
+            total += r.tally
     return total
 
 

@@ -24,6 +24,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,8 +33,9 @@ from polymem.hash.token_hashes import TokenHashes
 from polymem.corpus import Corpus, Document, as_documents
 from polymem.analysis.coverage import dist
 from polymem.analysis.coverage._job import _info, _Job
-from polymem.analysis.coverage.counter import ExactCounter
-from polymem.analysis.coverage.report import CoverageReport
+from polymem.analysis.coverage._results import Fidelity, PartitionResult
+from polymem.analysis.coverage.counter import ExactCounter, Tally
+from polymem.analysis.coverage.report import CoverageReport, TokenizerInfo
 from polymem.errors import PolymemError, WorkerError
 from polymem.hash.spec import HashSpec
 from polymem.hash.spec import check_max_n as _check_max_n
@@ -65,18 +67,6 @@ def _hashes(tok: Any, spec: HashSpec) -> TokenHashes:
     if got is None:
         got = per_spec[spec.spec_id] = TokenHashes.build(tok, spec)
     return got
-
-
-def _merge_fidelity(states: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"docs": 0, "exact": 0, "dummy_prefix": 0, "mismatched": 0, "first_mismatch": None}
-    for s in states:
-        if s is None:
-            continue
-        for k in ("docs", "exact", "dummy_prefix", "mismatched"):
-            out[k] += s[k]
-        out["first_mismatch"] = out["first_mismatch"] or s["first_mismatch"]
-    out["faithful"] = out["mismatched"] == 0
-    return out
 
 
 def coverage(
@@ -115,10 +105,31 @@ def coverage(
     progress: ``callback(docs_done, bytes_done)``, per document in one process, per partition with workers or
     on Dask (called from the thread that called coverage()).
     """
-    from polymem.tokenizers import load_tokenizer
-
     t_start = time.perf_counter()
     max_n = check_max_n(max_n)
+    partition_mb = _check_options(texts, workers, processes, client, partition_mb, exact_bytes)
+    spec = spec or HashSpec()
+    remote = client is not None or (workers > 1 and processes)  # the tasks run in other processes
+    tok_t, tok_r, infos = _load_tools(target, reference, remote)
+    if exact_bytes:
+        exact, tally = _run_exact(tok_t, tok_r, max_n, occurrence, texts, progress)
+        results, nproc = [exact], 1
+    else:
+        # on a cluster, send what the caller named (workers load it themselves) rather than loaded objects
+        plan = dist.Plan(target=_portable(target) if remote else tok_t,
+                         reference=_portable(reference) if remote else tok_r, max_n=max_n, occurrence=occurrence,
+                         spec=spec, scratch=str(scratch) if scratch is not None else "",
+                         storage_options=dict(storage_options or {}))
+        run = _Run(plan, texts, partition_mb, progress, workers, processes, client, own_scratch=scratch is None)
+        results, tally, nproc = _count_hashed(run, None if remote else (tok_t, tok_r))
+    return _report(tally, results, texts, infos, occurrence=occurrence, exact_bytes=exact_bytes, spec=spec,
+                   workers=nproc, elapsed_s=time.perf_counter() - t_start)
+
+
+def _check_options(texts: Any, workers: Any, processes: Any, client: Any, partition_mb: Any,
+                   exact_bytes: bool) -> float:
+    """Refuse what coverage() cannot run, naming the value and the fix; returns partition_mb (its default filled
+    in)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise PolymemError(f"workers={workers!r} must be an integer ≥ 1 (threads of this process, or "
                            "worker processes with processes=True; 1 = one after the other in this process)")
@@ -142,49 +153,78 @@ def coverage(
     if exact_bytes and (client is not None or workers > 1):
         raise PolymemError("exact_bytes runs in one process (it is the slow reference path that checks the hash "
                            "path); drop workers/client (--workers/--dask), or drop exact_bytes")
-    spec = spec or HashSpec()
-    remote = client is not None or (workers > 1 and processes)  # the tasks run in other processes
-    if remote and _known_spec(target) and _known_spec(reference):
-        # the workers load them (and report what they loaded): the driver need not spend the time
-        tok_t = tok_r = None
-        info_t = info_r = None
-    else:
-        tok_t, tok_r = load_tokenizer(target), load_tokenizer(reference)
-        info_t, info_r = _info(tok_t), _info(tok_r)
-    if exact_bytes:
-        results, nproc = [_run_exact(tok_t, tok_r, max_n, occurrence, texts, progress)], 1
-        tally = ExactCounter.finish([results[0].pop("partial")])
-    else:
-        own_scratch = scratch is None
-        scratch_dir = (tempfile.mkdtemp(prefix="polymem-coverage-", dir=_scratch_parent(texts, occurrence))
-                       if own_scratch else str(scratch))
-        # on a cluster, send what the caller named (workers load it themselves) rather than loaded objects
-        plan = dist.Plan(target=_portable(target) if remote else tok_t,
-                         reference=_portable(reference) if remote else tok_r, max_n=max_n, occurrence=occurrence,
-                         spec=spec, scratch=scratch_dir, storage_options=dict(storage_options or {}))
-        try:
-            if not remote:  # the tasks run in this process (in line, or on its threads): its tools serve them
-                dist.preload(plan, (tok_t, tok_r, _hashes(tok_t, spec), _hashes(tok_r, spec)))
-            if client is not None:
-                results, extra, nproc = _run_dask(client, plan, texts, partition_mb, progress)
-            elif processes:
-                with _local_cluster(workers) as local:
-                    results, extra, nproc = _run_dask(local, plan, texts, partition_mb, progress)
-            elif workers > 1:
-                results, extra, nproc = _run_threads(plan, texts, partition_mb, progress, workers,
-                                                     keep_mb=None if own_scratch else 0.0)
-            else:
-                # a scratch the caller named gets the key files; the default one only what KEEP_MB does not hold
-                results, extra, nproc = _run_inline(plan, texts, partition_mb, progress,
-                                                    keep_mb=None if own_scratch else 0.0)
-        finally:
-            dist.release(plan)
-            if own_scratch:
-                shutil.rmtree(scratch_dir, ignore_errors=True)
-        tally = dist.merge_tallies(results, max_n)
-        tally.pos_hits += extra
+    return partition_mb
 
-    skipped = [s for r in results for s in r["skipped"]]
+
+def _load_tools(target: Any, reference: Any, remote: bool) -> tuple[Any, Any, tuple[TokenizerInfo, TokenizerInfo] | None]:
+    """(target, reference, their TokenizerInfo pair) loaded here; (None, None, None) when the tasks run in other
+    processes and both specs are known good without loading them (the workers load them, and report what they
+    loaded: the driver need not spend the time)."""
+    from polymem.tokenizers import load_tokenizer
+
+    if remote and _known_spec(target) and _known_spec(reference):
+        return None, None, None
+    tok_t, tok_r = load_tokenizer(target), load_tokenizer(reference)
+    return tok_t, tok_r, (_info(tok_t), _info(tok_r))
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One hashed coverage run: what to count, in partitions of about ``partition_mb`` MB, and where."""
+
+    plan: dist.Plan  # its scratch: "" for a temporary directory of the run's own (own_scratch)
+    texts: Any
+    partition_mb: float
+    progress: ProgressFn | None
+    workers: int
+    processes: bool
+    client: Any
+    own_scratch: bool
+
+
+def _count_hashed(run: _Run, tools: tuple[Any, Any] | None) -> tuple[list[PartitionResult], Tally, int]:
+    """The hash path: the partitions counted by the runner the options choose (:func:`_dispatch`), with a
+    scratch directory of the run's own unless the caller named one. ``tools``: the tokenizers loaded here (the
+    tasks run in this process), else None. Returns (results, the merged tally, the number of workers)."""
+    plan = run.plan
+    if run.own_scratch:
+        plan = replace(plan, scratch=tempfile.mkdtemp(prefix="polymem-coverage-",
+                                                      dir=_scratch_parent(run.texts, plan.occurrence)))
+    try:
+        if tools is not None:  # the tasks run in this process (in line, or on its threads): its tools serve them
+            spec = plan.spec
+            dist.preload(plan, (*tools, _hashes(tools[0], spec), _hashes(tools[1], spec)))
+        results, extra, nproc = _dispatch(replace(run, plan=plan))
+    finally:
+        dist.release(plan)
+        if run.own_scratch:
+            shutil.rmtree(plan.scratch, ignore_errors=True)
+    tally = dist.merge_tallies(results, plan.max_n)
+    tally.pos_hits += extra
+    return results, tally, nproc
+
+
+def _dispatch(run: _Run) -> tuple[list[PartitionResult], np.ndarray, int]:
+    """The runner for the options: a Dask client's cluster, a local cluster of worker processes, threads of this
+    process, or one after the other in this process. A scratch directory the caller named gets every key file;
+    the run's own one only what KEEP_MB does not hold in memory."""
+    args = (run.plan, run.texts, run.partition_mb, run.progress)
+    if run.client is not None:
+        return _run_dask(run.client, *args)
+    if run.processes:
+        with _local_cluster(run.workers) as local:
+            return _run_dask(local, *args)
+    keep_mb = None if run.own_scratch else 0.0
+    if run.workers > 1:
+        return _run_threads(*args, run.workers, keep_mb=keep_mb)
+    return _run_inline(*args, keep_mb=keep_mb)
+
+
+def _report(tally: Tally, results: list[PartitionResult], texts: Any,
+            infos: tuple[TokenizerInfo, TokenizerInfo] | None, *, occurrence: bool, exact_bytes: bool,
+            spec: HashSpec, workers: int, elapsed_s: float) -> CoverageReport:
+    """The results added up into the report (an empty corpus is an error naming what was skipped)."""
+    skipped = [s for r in results for s in r.skipped]
     if isinstance(texts, Corpus):
         skipped = list(texts.skipped) + skipped
     if tally.docs == 0:
@@ -193,21 +233,20 @@ def coverage(
             f"empty corpus: no documents to measure ({len(skipped)} skipped: {reasons}). Pass text files, "
             "directories of .txt/.md/.jsonl(.gz) files, or JSONL with a text field (--text-field)"
         )
-    if info_t is None:
-        info_t, info_r = next(r["info"] for r in results if r.get("info"))
-    replaced = sum(r.get("replaced", 0) for r in results) + (texts.replaced if isinstance(texts, Corpus) else 0)
+    info_t, info_r = infos if infos is not None else next(r.info for r in results if r.info)
+    replaced = sum(r.replaced for r in results) + (texts.replaced if isinstance(texts, Corpus) else 0)
     return CoverageReport.from_tally(
         tally, occurrence=occurrence,
         target=info_t, reference=info_r,
         method="exact-bytes" if exact_bytes else "hash",
-        bytes=sum(r["bytes"] for r in results),
-        fidelity={"target": _merge_fidelity([r["fid_t"] for r in results]),
-                  "reference": _merge_fidelity([r["fid_r"] for r in results])},
+        bytes=sum(r.bytes for r in results),
+        fidelity={"target": Fidelity.merge(r.fid_t for r in results).as_dict(),
+                  "reference": Fidelity.merge(r.fid_r for r in results).as_dict()},
         skipped=[{"source": s.source, "reason": s.reason} for s in skipped],
         replaced_utf8=replaced,
-        elapsed_s=time.perf_counter() - t_start, workers=nproc,
-        timing={"encode_s": sum(r["encode_s"] for r in results), "count_s": sum(r["count_s"] for r in results),
-                "read_s": sum(r["read_s"] for r in results)},
+        elapsed_s=elapsed_s, workers=workers,
+        timing={"encode_s": sum(r.encode_s for r in results), "count_s": sum(r.count_s for r in results),
+                "read_s": sum(r.read_s for r in results)},
         hash_spec="" if exact_bytes else spec.spec_id,
     )
 
@@ -240,7 +279,8 @@ def _scratch_parent(texts: Any, occurrence: bool) -> str | None:
 def _known_spec(spec: Any) -> bool:
     """A tokenizer spec that a worker can load and that is known good without loading it here: a builtin name or
     an existing file (a bad one still fails, on the worker, with the same error)."""
-    from polymem.tokenizers.registry import MISTRAL_FILES, TIKTOKEN_ENCODINGS
+    from polymem.tokenizers.registry import MISTRAL_FILES
+    from polymem.tokenizers.tiktoken_adapter import TIKTOKEN_ENCODINGS
 
     if isinstance(spec, str) and (spec in TIKTOKEN_ENCODINGS or spec in MISTRAL_FILES or spec == "bytes"):
         return True
@@ -316,7 +356,7 @@ class _Progress:
 
 
 def _run_inline(plan: dist.Plan, texts: Any, partition_mb: float, progress: ProgressFn | None,
-                keep_mb: float | None = None) -> tuple[list[dict[str, Any]], np.ndarray, int]:
+                keep_mb: float | None = None) -> tuple[list[PartitionResult], np.ndarray, int]:
     """The same tasks as on Dask, one after the other in this process. The partitions' occurrence outputs stay
     in memory while they add up to at most ``keep_mb`` MB; the partitions after that write theirs to the
     scratch directory, as on Dask (so memory stays bounded, and a small corpus pays no file writes and reads)."""
@@ -330,22 +370,22 @@ def _run_inline(plan: dist.Plan, texts: Any, partition_mb: float, progress: Prog
         # an output that fits what is left of the budget stays here; the others are written by the task itself
         r = dist.count_partition(plan, i, part, on_doc=lambda nbytes: prog.add(1, nbytes),
                                  keep=max(0.0, keep_mb - held_mb))
-        occ = r.pop("occ", None)
+        occ = r.take_occ()
         if occ is not None:
             held[i] = occ
             held_mb += dist.held_bytes(occ) / 1e6
         results.append(r)
-    results[0:0] = [_empty_result(read_s[0])] if results else []
+    results[0:0] = [PartitionResult.driver(read_s[0])] if results else []
     extra = np.zeros(plan.max_n, dtype=np.int64)
     if plan.occurrence and results:
-        parts = [r["index"] for r in results if "index" in r]
-        for lo, hi in dist.bucket_ranges(sum(r["ref_keys"] for r in results)):
+        parts = [r.index for r in results if r.index >= 0]
+        for lo, hi in dist.bucket_ranges(sum(r.ref_keys for r in results)):
             extra += dist.resolve_buckets(plan, parts, lo, hi, held, dist.range_offsets(results, lo, hi))
     return results, extra, 1
 
 
 def _run_threads(plan: dist.Plan, texts: Any, partition_mb: float, progress: ProgressFn | None, workers: int,
-                 keep_mb: float | None = None) -> tuple[list[dict[str, Any]], np.ndarray, int]:
+                 keep_mb: float | None = None) -> tuple[list[PartitionResult], np.ndarray, int]:
     """The same tasks as on Dask, on ``workers`` threads of this process: at most 2 partitions per thread in
     flight (as on Dask), then the reduce tasks side by side. As in line, the partitions' occurrence outputs stay
     in memory while they add up to at most ``keep_mb`` MB (each task claims its output's size from the shared
@@ -355,7 +395,7 @@ def _run_threads(plan: dist.Plan, texts: Any, partition_mb: float, progress: Pro
 
     prog = _Progress(progress)
     read_s = [0.0]
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, PartitionResult] = {}
     held: dict[int, Any] = {}  # partition -> occurrence output kept in memory
     budget = dist.Budget(KEEP_MB if keep_mb is None else keep_mb)
     inflight: set[Any] = set()
@@ -363,11 +403,11 @@ def _run_threads(plan: dist.Plan, texts: Any, partition_mb: float, progress: Pro
     def collect(fut: Any) -> None:
         inflight.discard(fut)
         r = fut.result()
-        occ = r.pop("occ", None)
+        occ = r.take_occ()
         if occ is not None:
-            held[r["index"]] = occ
-        results[r["index"]] = r
-        prog.add(r["tally"].docs, r["bytes"])
+            held[r.index] = occ
+        results[r.index] = r
+        prog.add(r.tally.docs, r.bytes)
 
     pool = ThreadPoolExecutor(workers, thread_name_prefix="polymem-coverage")
     try:
@@ -381,24 +421,18 @@ def _run_threads(plan: dist.Plan, texts: Any, partition_mb: float, progress: Pro
         extra = np.zeros(plan.max_n, dtype=np.int64)
         if plan.occurrence and results:
             parts = sorted(results)
-            ranges = dist.bucket_ranges(sum(r["ref_keys"] for r in results.values()), minimum=workers)
+            ranges = dist.bucket_ranges(sum(r.ref_keys for r in results.values()), minimum=workers)
             futs = [pool.submit(dist.resolve_buckets, plan, parts, lo, hi, held,
                                 dist.range_offsets(results.values(), lo, hi)) for lo, hi in ranges]
             for fut in futs:
                 extra += fut.result()
     finally:  # on an error (a task's, or Ctrl-C here): the tasks not started are dropped, the running ones end
         pool.shutdown(wait=True, cancel_futures=True)
-    return [_empty_result(read_s[0])] + [results[i] for i in sorted(results)], extra, workers
-
-
-def _empty_result(read_s: float) -> dict[str, Any]:
-    """Driver-side time (reading documents into partitions), as a result with nothing counted."""
-    return {"tally": None, "fid_t": None, "fid_r": None, "skipped": [], "bytes": 0, "encode_s": 0.0,
-            "count_s": 0.0, "read_s": read_s, "ref_keys": 0, "pending": 0}
+    return [PartitionResult.driver(read_s[0])] + [results[i] for i in sorted(results)], extra, workers
 
 
 def _run_dask(client: Any, plan: dist.Plan, texts: Any, partition_mb: float,
-              progress: ProgressFn | None) -> tuple[list[dict[str, Any]], np.ndarray, int]:
+              progress: ProgressFn | None) -> tuple[list[PartitionResult], np.ndarray, int]:
     """Partitions as Dask tasks (at most 2 per worker in flight, so the driver never holds more), then one
     reduce task per bucket range. A task lost with a worker is rerun by Dask."""
     from distributed import as_completed
@@ -406,15 +440,15 @@ def _run_dask(client: Any, plan: dist.Plan, texts: Any, partition_mb: float,
     nworkers = max(1, sum(client.nthreads().values()))  # task slots: threads, over all workers
     prog = _Progress(progress)
     read_s = [0.0]
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, PartitionResult] = {}
     pending = as_completed()
     inflight = 0
 
     def collect(fut: Any) -> None:
         r = _task_result(fut, "partition {} of the corpus".format(fut.key.rsplit("-", 1)[-1]))
         fut.release()
-        results[r["index"]] = r
-        prog.add(r["tally"].docs, r["bytes"])
+        results[r.index] = r
+        prog.add(r.tally.docs, r.bytes)
 
     for i, part in enumerate(_timed(_worker_partitions(texts, partition_mb, nworkers), read_s)):
         pending.add(client.submit(dist.count_partition, plan, i, part, key=f"polymem-count-{plan.token}-{i}",
@@ -425,11 +459,11 @@ def _run_dask(client: Any, plan: dist.Plan, texts: Any, partition_mb: float,
             inflight -= 1
     for fut in pending:
         collect(fut)
-    ordered = [_empty_result(read_s[0])] + [results[i] for i in sorted(results)]
+    ordered = [PartitionResult.driver(read_s[0])] + [results[i] for i in sorted(results)]
     extra = np.zeros(plan.max_n, dtype=np.int64)
     if plan.occurrence and results:
         parts = sorted(results)
-        ranges = dist.bucket_ranges(sum(r["ref_keys"] for r in results.values()), minimum=nworkers)
+        ranges = dist.bucket_ranges(sum(r.ref_keys for r in results.values()), minimum=nworkers)
         futs = [client.submit(dist.resolve_buckets, plan, parts, lo, hi, None,
                               dist.range_offsets(results.values(), lo, hi), key=f"polymem-resolve-{plan.token}-{lo}",
                               pure=False) for lo, hi in ranges]
@@ -485,13 +519,14 @@ QUIET_CLUSTER = {"distributed.worker.profile.enabled": False, "distributed.admin
 
 
 def _run_exact(tok_t: Any, tok_r: Any, max_n: int, occurrence: bool, texts: Any,
-               progress: ProgressFn | None) -> dict[str, Any]:
-    """The exact-bytes reference path: one process, Python sets of byte strings."""
+               progress: ProgressFn | None) -> tuple[PartitionResult, Tally]:
+    """The exact-bytes reference path: one process, Python sets of byte strings. Returns (its result, its
+    tally)."""
     job = _Job(tok_t, tok_r, None, None, max_n, True, occurrence)  # type: ignore[arg-type]
     prog = _Progress(progress)
     read_s = [0.0]
     for doc in _timed(_docs(texts), read_s):
         prog.add(1, job.run(doc))
-    return {"partial": job.counter, "fid_t": job.fid_t.state(), "fid_r": job.fid_r.state(),
-            "skipped": job.skipped, "bytes": job.nbytes, "encode_s": job.encode_s, "count_s": job.count_s,
-            "read_s": read_s[0]}
+    tally = ExactCounter.finish([job.counter])
+    return PartitionResult(tally=tally, fid_t=job.fid_t.state(), fid_r=job.fid_r.state(), skipped=job.skipped,
+                           bytes=job.nbytes, encode_s=job.encode_s, count_s=job.count_s, read_s=read_s[0]), tally

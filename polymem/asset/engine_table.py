@@ -8,7 +8,8 @@ and ``row_base``, so the asset says which token-id sequence reads which row with
     {"format": "polymem.engine-table", "version": 1, "addressing": {...}, "row_base": [0, 384006180]}
 
 Such an asset is tokenizer-bound (rows are addressed by the engine's token ids): byte-hash readers refuse it
-as they refuse ``--hash xor`` tables. No I/O here; import and export are :mod:`polymem.engines.io`.
+as they refuse ``--hash xor`` tables. No I/O here; import and export are :mod:`polymem.engines.io`. It is part of the format (the header's
+``hash_spec``), so the asset validates it without importing ``engines/``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polymem.engines.addressing import EngineAddressing
+from polymem.hash.engine_addressing import EngineAddressing
 from polymem.errors import FormatError
 
 TABLE_FORMAT = "polymem.engine-table"

@@ -101,7 +101,7 @@ def end_of_schedule_saving(target_bpb: Sequence[float], budget: float,
     if any(len(b) != n for _, b in runs):
         raise PolymemError(f"every scratch run needs one final bpb per seed ({n}); got {[len(b) for _, b in runs]}")
     tokens = [t for t, _ in runs]
-    per_seed = []
+    per_seed: list[dict[str, Any]] = []
     for i, target in enumerate(target_bpb):
         need, status = tokens_to_reach(tokens, [b[i] for _, b in runs], float(target))
         per_seed.append({"target_bpb": float(target), "ref_tokens_needed": need, "status": status,

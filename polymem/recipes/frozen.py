@@ -19,7 +19,8 @@ of training (:func:`restricted_head`). Every target is in that set; what changes
 out ids the corpus never uses. On Gemma 3 (262,144 ids, ~30k of them in pydocs) the full output layer is two
 thirds of a training step on a CPU. ``softmax="full"`` trains on the exact loss. Scoring is always exact.
 
-Not here: scoring (:mod:`.evaluate`), arms and controls (:mod:`.transfer`), the CLI (``polymem train --model``).
+Not here: loading the model (:mod:`polymem.models.registry`), scoring (:mod:`polymem.models.evaluate`), arms and
+controls (:mod:`polymem.recipes.pretrained`), the CLI (``polymem train --model``).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class FrozenTrainConfig:
         return Layout.for_params(self.params, heads=self.heads, slots=self.slots, head_dim=self.head_dim)
 
     def lr_factor(self, step: int) -> float:
-        from polymem.torch.train import wsd_factor
+        from polymem.recipes.train import wsd_factor
 
         return wsd_factor(step, self.steps, self.warmup_frac, self.decay_frac)
 
@@ -98,7 +99,7 @@ class Stream:
 def corpus_stream(lm: Any, corpus: Sequence[str | Path] | None = None, *, texts: Sequence[str] | None = None,
                   heldout_every: int = 10, max_heldout_docs: int | None = None) -> Stream:
     """Split a corpus (files, or ``texts``) and tokenize its training part with ``lm``'s tokenizer."""
-    from polymem.torch.train import read_documents, split_documents
+    from polymem.recipes.data import read_documents, split_documents
 
     docs = list(texts) if texts is not None else read_documents(corpus or [])
     train, held = split_documents(docs, heldout_every)
@@ -188,7 +189,7 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
 
     ``on_eval(steps_done, tokens_seen)`` runs after each step in ``eval_at`` (not counted in tokens_per_s)."""
     from polymem.models.evaluate import token_nats
-    from polymem.torch.train import apply_step
+    from polymem.recipes.train import apply_step
 
     if any(p.requires_grad for p in lm.model.parameters()):
         raise PolymemError("the model has trainable weights; train_site trains only the memory (load the model "

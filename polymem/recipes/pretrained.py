@@ -18,7 +18,8 @@ everything that determines them; a re-run with the same settings skips what is t
 resumes, and several processes may share the seeds of one run (each writes only its own files; the summary a
 run writes covers the seeds it was given, so a last run with every seed — which trains nothing — gathers them).
 
-Not here: the training step (:mod:`.tabletrain`), scoring (:mod:`.evaluate`), the CLI (``polymem transfer --model``).
+Not here: the training step (:mod:`polymem.recipes.frozen`), scoring (:mod:`polymem.models.evaluate`), the CLI
+(``polymem transfer --model``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 
 from polymem.errors import PolymemError
-from polymem.models.tabletrain import FrozenTrainConfig
+from polymem.recipes.frozen import FrozenTrainConfig
 
 ARMS = ("none", "random", "null", "donor", "donor_finetune", "in_place")
 # the fields of FrozenTrainConfig a transfer run uses (the table geometry and layers come from the donor)
@@ -85,9 +86,9 @@ class Experiment:
                  texts: Sequence[str] | None = None, eval_texts: dict[str, Sequence[str]] | None = None) -> None:
         from polymem.hash.token_hashes import TokenHashes
         from polymem.models.evaluate import Scorer
-        from polymem.models.tabletrain import _bounded_texts, corpus_stream
+        from polymem.recipes.frozen import _bounded_texts, corpus_stream
         from polymem.torch.tablefile import open_table
-        from polymem.torch.train import read_documents, split_documents
+        from polymem.recipes.data import read_documents, split_documents
 
         self.lm, self.cfg, self.window = lm, cfg, int(window)
         self.asset = a = open_table(donor) if not hasattr(donor, "to_numpy") else donor
@@ -181,7 +182,7 @@ class Experiment:
 def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
             on_event: Callable[..., None] | None = None) -> dict[str, Any]:
     """Train one arm for one seed; its curve on the in-domain set and its final scores on every set."""
-    from polymem.models.tabletrain import train_site
+    from polymem.recipes.frozen import train_site
     from polymem.torch.attach import attach
 
     ev = on_event or (lambda *a, **k: None)

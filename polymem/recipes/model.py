@@ -6,13 +6,14 @@ that compact vocabulary only (the speed trick: cl100k_base has 100k ids, a 2 MB 
 Blocks live in ``model.transformer.h`` (GPT-2's names), so ``attach(..., layers=[1])`` puts a memory site
 before block 1 exactly as on a Hugging Face GPT-2.
 
-Not here: memory sites (:mod:`polymem.torch.site`), training loops (:mod:`polymem.torch.train`).
+Not here: memory sites (:mod:`polymem.torch.site`), training loops (:mod:`polymem.recipes.train`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -56,6 +57,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    remap: torch.Tensor  # buffers: tokenizer id -> compact id, and the compact vocabulary's tokenizer ids
+    used_ids: torch.Tensor
+
     def __init__(self, cfg: GPTConfig, used_ids: torch.Tensor) -> None:
         """``used_ids``: long [n_used], the sorted tokenizer ids of the compact vocabulary."""
         super().__init__()
@@ -88,10 +92,11 @@ class GPT(nn.Module):
         [B, T]) -> per-token cross-entropy [B, T] in nats (fp32)."""
         B, T = input_ids.size()
         pos = torch.arange(T, device=input_ids.device)
-        x = self.transformer.wte(self.remap[input_ids]) + self.transformer.wpe(pos)  # [B, T, C]
-        for block in self.transformer.h:
+        tr = self.transformer
+        x = tr["wte"](self.remap[input_ids]) + tr["wpe"](pos)  # [B, T, C]
+        for block in cast(nn.ModuleList, tr["h"]):
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, n_used]
+        logits = self.lm_head(tr["ln_f"](x))  # [B, T, n_used]
         if targets is None:
             return logits
         return F.cross_entropy(

@@ -8,7 +8,8 @@ A row of 256 values is 256 ``float8_e4m3fn`` bytes (``…engram.embed.weight``) 
 * E8M0: an unsigned exponent byte, ``2^(b − 127)``; ``0xff`` is NaN. Every ``2^(b−127)`` is a float32, so a
   decoded value is one correctly rounded float32 product (what torch computes).
 
-Pure numpy; no torch. Not here: the asset row layouts that use these (``polymem/asset/_codec.py``).
+Pure numpy; no torch. Not here: the asset row layouts that use these (``polymem/asset/_codec.py``); the
+engines' import and export (``polymem/engines/io.py``) use them from here.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def decode_rows(weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
                          f"got {w.shape} and {s.shape}")
     values = decode_e4m3(w).reshape(w.shape[0], -1, BLOCK)  # [R, D/32, 32]
     with np.errstate(over="ignore"):  # a scale near 2^127 overflows to ±inf, as torch's float32 product does
-        return (values * decode_e8m0(s)[:, :, None]).reshape(w.shape)
+        out: np.ndarray = (values * decode_e8m0(s)[:, :, None]).reshape(w.shape)
+        return out
 
 
 def encode_e4m3(x: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ relative path (an empty, ``.`` or ``..`` segment, a leading ``/``) is refused be
 (:func:`_fs.check_key`). The staging directory ``.DIR.pull-*`` holds a lock while its pull runs; one whose
 pull was killed (its lock is free) is removed by the next pull or ``polymem verify --repair DIR``. DIR is
 committed like every asset (:func:`_commit.install`: never over one that appeared meanwhile unless
-overwriting). Not here: serving remote assets without staging them (:mod:`polymem.asset.pages` reads URLs
+overwriting). Not here: serving remote assets without staging them (:mod:`polymem.serve` reads URLs
 directly).
 """
 
@@ -20,13 +20,17 @@ import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from polymem._paths import is_url
 from polymem.asset import _commit, _fs
 from polymem.asset._commit import remove_stale_staging
 from polymem.asset._format import WRITING_MARKER
 from polymem.asset._validate import Raw, validate
 from polymem.errors import FormatError, MissingError, PolymemError
+
+if TYPE_CHECKING:  # imported where used: polymem.asset.core calls these operations
+    from polymem.asset.core import MemoryAsset
 
 _STEP = 1 << 22
 
@@ -66,7 +70,7 @@ def _copy(raw: Raw, key: str, dest: Path) -> str:
 def pull(
     url: str | os.PathLike[str], dest: str | os.PathLike[str], *, overwrite: bool = False, workers: int = 4,
     progress: Callable[[str, int], Any] | None = None,
-) -> Any:
+) -> MemoryAsset:
     """Copy the asset at ``url`` to the local directory ``dest`` with every checksum verified; returns it opened.
 
     progress(key, nbytes) is called after each file."""
@@ -76,7 +80,7 @@ def pull(
     raw = Raw(location)
     header = validate(raw, location)  # a broken source is refused before anything is copied
     out = Path(os.fspath(dest))
-    if "://" in str(dest):
+    if is_url(os.fspath(dest)):
         raise PolymemError(f"pull writes a local directory; {str(dest)!r} is a URL — give a path such as ./table.pmem")
     if out.exists() and not overwrite:
         raise PolymemError(f"{str(out)!r} already exists; pass overwrite=True (CLI: --overwrite) or pick another directory")

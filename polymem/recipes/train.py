@@ -1,7 +1,7 @@
 """Training small causal LMs with memory sites: data preparation, the training loop, bits-per-byte evaluation,
 and ``train_donor`` (train a table from scratch and write it as an asset with provenance).
 
-Recipe (the PageGram report's): nanoGPT-style model (:mod:`polymem.torch.model`), one memory site before block 1,
+Recipe (the PageGram report's): nanoGPT-style model (:mod:`polymem.recipes.model`), one memory site before block 1,
 rows start at zero, fp32 table updated sparsely by a row-wise RMS rule at ``table_lr_mult`` × the dense learning
 rate, AdamW for dense weights (β = 0.9, 0.95; weight decay 0.1 on matrices), warmup-stable-decay schedule
 (5 % warmup, linear decay over the last 20 %), gradient clipping 1.0 on dense weights, bf16 autocast where the
@@ -11,7 +11,8 @@ Held-out split: every ``heldout_every``-th document (index i with i % heldout_ev
 held out, never trained on. Bits per byte = Σ cross-entropy (nats) / ln 2 / Σ bytes of the predicted tokens,
 over held-out tokens with bytes (document separators are not scored).
 
-Not here: the transfer arms (:mod:`polymem.torch.transfer`), the CLI (:mod:`polymem.cli.cmd_train`).
+Not here: reading and splitting documents (:mod:`polymem.recipes.data`), the transfer arms
+(:mod:`polymem.recipes.transfer`), the CLI (:mod:`polymem.cli.cmd_train`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from polymem.errors import PolymemError
 from polymem.hash.spec import HashSpec
 from polymem.hash.layout import Layout
+from polymem.recipes.data import read_documents, split_documents
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -104,27 +106,6 @@ class MemoryConfig:
 
 
 # ------------------------------------------------------------------------------------------------ data
-def read_documents(paths: Sequence[str | Path], text_field: str = "text") -> list[str]:
-    """All document texts of ``paths`` (files, directories, .jsonl[.gz]) in order."""
-    from polymem.corpus import Corpus
-
-    texts = [d.text for d in Corpus([str(p) for p in paths], text_field=text_field)]
-    if not texts:
-        raise PolymemError(f"no documents found in {[str(p) for p in paths]}; pass .txt/.md/.jsonl(.gz) files or folders")
-    return texts
-
-
-def split_documents(texts: Sequence[str], heldout_every: int = 10) -> tuple[list[str], list[str]]:
-    """(train, held-out): document i is held out when i % heldout_every == heldout_every - 1."""
-    if heldout_every < 2:
-        raise PolymemError(f"heldout_every={heldout_every} must be >= 2 (every k-th document is held out)")
-    if len(texts) < heldout_every:
-        raise PolymemError(f"{len(texts)} documents: need at least {heldout_every} to hold one out (lower heldout_every)")
-    train = [t for i, t in enumerate(texts) if i % heldout_every != heldout_every - 1]
-    held = [t for i, t in enumerate(texts) if i % heldout_every == heldout_every - 1]
-    return train, held
-
-
 @dataclass
 class TokenData:
     """A corpus tokenized with one tokenizer: train and held-out streams joined by a separator id."""
@@ -189,7 +170,7 @@ def get_batch(stream: np.ndarray, starts: np.ndarray, block_size: int, device: t
 # ------------------------------------------------------------------------------------------------ model
 def build_model(data: TokenData, cfg: TrainConfig, *, seed: int | None = None):
     """The nanoGPT-style backbone for ``data``'s tokenizer, initialised from ``seed`` (default cfg.seed)."""
-    from polymem.torch.model import GPT, GPTConfig
+    from polymem.recipes.model import GPT, GPTConfig
 
     torch.manual_seed(cfg.seed if seed is None else seed)
     gcfg = GPTConfig(vocab_size=data.cache.vocab_size, n_used=int(data.used_ids.size), block_size=cfg.block_size,

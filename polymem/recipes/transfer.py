@@ -12,11 +12,11 @@ scratch with the recipient's tokenizer in arms:
 * ``scratch`` — a table of the donor's layout trained from zero with the recipient's tokenizer;
 
 then scored in held-out bits per byte, at the end or every ``eval_every`` steps (learning curves, read by
-:mod:`polymem.torch.curves`); the donor arm is also scored with its memory switched off
+:mod:`polymem.recipes.curves`); the donor arm is also scored with its memory switched off
 (``donor_memory_off``). Only the donor-minus-random gap is transfer: a random table plus a trained projection is
 already an n-gram feature. Coverage of the recipient's held-out n-grams by the donor is reported with it.
 
-Not here: training the donor (:func:`polymem.torch.train.train_donor`), rendering (:mod:`polymem.cli.cmd_transfer`).
+Not here: training the donor (:func:`polymem.recipes.train.train_donor`), rendering (:mod:`polymem.cli.cmd_transfer`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 from polymem.errors import PolymemError
-from polymem.torch.train import (TokenData, TrainConfig, batch_starts, build_model, evaluate_bpb, read_documents,
-                           split_documents, train_loop)
+from polymem.recipes.data import read_documents, split_documents
+from polymem.recipes.train import TokenData, TrainConfig, batch_starts, build_model, evaluate_bpb, train_loop
+
 
 def trained_hash_coverage(donor: TokenData, recipient: TokenData, *, donor_max_n: int, max_n: int,
                           donor_train: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -261,9 +262,9 @@ def run_transfer(
         raise PolymemError(f"eval_every={eval_every} must be >= 1 (steps between held-out scores)")
     seeds = [int(s) for s in seeds]
     t0 = time.perf_counter()
-    kw = dict(max_eval_tokens=max_eval_tokens, eval_every=eval_every, value_init=value_init,
+    kw: dict[str, Any] = dict(max_eval_tokens=max_eval_tokens, eval_every=eval_every, value_init=value_init,
               finetune_table_lr_mult=finetune_table_lr_mult)
-    ctx_kw = dict(eval_corpus=[str(p) for p in eval_corpus] if eval_corpus else None, heldout_every=heldout_every,
+    ctx_kw: dict[str, Any] = dict(eval_corpus=[str(p) for p in eval_corpus] if eval_corpus else None, heldout_every=heldout_every,
                   max_n=max_n, layers=layers, gate=gate)
     precision, why = cfg.precision_choice()
     ev("precision", precision=precision, reason=why)
@@ -376,7 +377,7 @@ def summarize(ctx: _Context, cfg: TrainConfig, seeds: Sequence[int], arms: Seque
                           "none_minus_donor": [n - d for n, d in zip(res["none"], res["donor"])]}
         out["target_met"] = bool(all(g > 0 for g in out["margins"]["random_minus_donor"])
                                  and all(g > 0 for g in out["margins"]["none_minus_donor"]))
-    from polymem.torch.curves import analyze
+    from polymem.recipes.curves import analyze
 
     out["analysis"] = analyze(out)
     return out

@@ -1,0 +1,33 @@
+"""Documents for the recipes: read a corpus into texts and split it into training and held-out documents.
+
+Every recipe holds out the same documents: index i is held out when i % heldout_every == heldout_every - 1, so
+a donor, its recipients (scratch or pretrained) and ``polymem eval`` never score a document a table trained on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from polymem.errors import PolymemError
+
+
+def read_documents(paths: Sequence[str | Path], text_field: str = "text") -> list[str]:
+    """All document texts of ``paths`` (files, directories, .jsonl[.gz]) in order."""
+    from polymem.corpus import Corpus
+
+    texts = [d.text for d in Corpus([str(p) for p in paths], text_field=text_field)]
+    if not texts:
+        raise PolymemError(f"no documents found in {[str(p) for p in paths]}; pass .txt/.md/.jsonl(.gz) files or folders")
+    return texts
+
+
+def split_documents(texts: Sequence[str], heldout_every: int = 10) -> tuple[list[str], list[str]]:
+    """(train, held-out): document i is held out when i % heldout_every == heldout_every - 1."""
+    if heldout_every < 2:
+        raise PolymemError(f"heldout_every={heldout_every} must be >= 2 (every k-th document is held out)")
+    if len(texts) < heldout_every:
+        raise PolymemError(f"{len(texts)} documents: need at least {heldout_every} to hold one out (lower heldout_every)")
+    train = [t for i, t in enumerate(texts) if i % heldout_every != heldout_every - 1]
+    held = [t for i, t in enumerate(texts) if i % heldout_every == heldout_every - 1]
+    return train, held
