@@ -44,6 +44,7 @@ class OutputError(PolymemError, OSError):
 
     @classmethod
     def for_path(cls, path: object, message: str, *, errno: int | None = None) -> "OutputError":
+        """The error for output ``path``: ``message`` as its text, ``errno`` and ``filename`` set as an OSError's."""
         err = cls(message)  # one argument: str(err) is the message (OSError's (errno, text) form would show a tuple)
         err.errno, err.filename = errno, str(path)
         return err

@@ -29,6 +29,7 @@ def test_spec_and_layout_stay_light_and_the_cli_starts_without_torch_numba_zarr(
     assert loaded_after("import polymem.cli.app") == []
 
 
+@pytest.mark.slow
 def test_the_probe_sees_what_a_feature_loads() -> None:
     """The check above can fail: using the numba kernels or a torch site does load them."""
     got = loaded_after("import numpy as np, polymem; polymem.Layout(pages=4).rows(np.zeros(3, dtype=np.uint64))")

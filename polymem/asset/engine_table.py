@@ -52,6 +52,7 @@ class EngineTableSpec:
         return self.addressing.rows(ids) + np.asarray(self.row_base, dtype=np.int64)[:, None]
 
     def to_dict(self) -> dict[str, Any]:
+        """The header section as JSON-ready data: format, version, the addressing's JSON and each layer's first row."""
         return {"format": TABLE_FORMAT, "version": TABLE_VERSION, "addressing": self.addressing.to_json(),
                 "row_base": list(self.row_base)}
 

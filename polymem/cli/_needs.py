@@ -13,7 +13,7 @@
 
 A missing package is a :class:`~polymem._optional.MissingExtraError` naming the option and the extra; an
 unwritable output an :class:`~polymem._io.OutputError`; the CLI prints either as one line and exits 2.
-tests/test_first_hour.py holds every command to failing this way before it counts, trains or reads anything.
+tests/cli/test_needs_and_output.py holds every command to failing this way before it counts, trains or reads anything.
 
 What this module does not do: import the packages (it looks them up, which costs nothing), or check what only
 the work itself can tell (a tokenizer file's contents, a corpus's records, an asset's checksums).
@@ -114,7 +114,7 @@ PLOT, MODEL, DASK, TOKENIZER, SOURCE, FILE, DIRECTORY, TABLE = (_plot, _model, _
                                                                 _directory, _table)
 Needs = tuple[tuple[str, str, Callable[[Any, str], None]], ...]  # (flag or "" for an argument, parameter, need)
 
-#: command -> what a value given to each of its parameters needs; every command is listed (tests/test_first_hour.py)
+#: command -> what a value given to each of its parameters needs; every command is listed (tests/cli/test_needs_and_output.py)
 NEEDS: dict[str, Needs] = {
     "build-cache": (("--tokenizer", "tokenizer", TOKENIZER), ("--output", "output", FILE)),
     "convert": (("", "src", SOURCE), ("--tokenizer", "tokenizer", TOKENIZER), ("--corpus", "corpus", SOURCE),

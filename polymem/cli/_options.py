@@ -3,7 +3,7 @@ parsers of counts and order lists. A command declares ``heads: Heads = 8``; the 
 from here, so ``init``, ``iosim``, ``train`` and ``transfer`` cannot drift apart.
 
 Choices whose home is a module that loads heavy dependencies (torch for gates, numba for asset dtypes) are
-spelled out here and checked against that home by tests/test_cli_foundation.py; the CLI must start fast.
+spelled out here and checked against that home by tests/cli/test_commands.py; the CLI must start fast.
 """
 
 from __future__ import annotations

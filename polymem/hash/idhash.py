@@ -157,6 +157,8 @@ class IdHashSpec:
         return k * (len(self.orders) * self.stride) + i * self.stride
 
     def check_layout(self, layout: Layout) -> None:
+        """FormatError unless ``layout`` is this spec's own (:meth:`layout` at its head width): a table's rows
+        must be where the spec puts them."""
         want = self.layout(layout.head_dim)
         if layout != want:
             raise FormatError(
@@ -204,6 +206,7 @@ class IdHashSpec:
 
     # ---- JSON
     def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON-ready data (what a ``--hash xor`` asset records); :meth:`from_dict` reads it back."""
         return {
             "format": ID_HASH_FORMAT, "version": 1, "kind": "xor-mod-prime", "tokenizer_bound": True,
             "origin": self.origin, "tokenizer": dict(self.tokenizer), "vocab_size": self.vocab_size,
@@ -214,6 +217,7 @@ class IdHashSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "IdHashSpec":
+        """The spec :meth:`to_dict` wrote; FormatError naming the field for anything else."""
         if not isinstance(d, Mapping) or d.get("format") != ID_HASH_FORMAT:
             raise FormatError(f"id-hash spec format is {d.get('format') if isinstance(d, Mapping) else d!r}, expected {ID_HASH_FORMAT!r}")
         if d.get("version") != 1 or d.get("kind") != "xor-mod-prime":

@@ -113,10 +113,13 @@ class Layout:
         return _KIND_CODE[self.kind]
 
     def to_dict(self) -> dict[str, Any]:
+        """The layout as JSON-ready data (kind, heads, slots, pages, head_dim); :meth:`from_dict` reads it
+        back."""
         return {"kind": self.kind, "heads": self.heads, "slots": self.slots, "pages": self.pages, "head_dim": self.head_dim}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Layout":
+        """The layout :meth:`to_dict` wrote; FormatError naming the field for anything else."""
         try:
             return cls(
                 kind=str(d["kind"]), heads=int(d["heads"]), slots=int(d["slots"]),

@@ -268,6 +268,8 @@ class HashSpec:
 
     # ---- serialisation
     def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON-ready data (what an asset's header and a token cache record); :meth:`from_dict` reads
+        it back."""
         return {
             "format": HASH_SPEC_FORMAT,
             "version": self.version,
@@ -281,6 +283,7 @@ class HashSpec:
         }
 
     def to_json(self) -> str:
+        """The spec as canonical JSON (sorted keys, no spaces): the bytes :attr:`spec_id` hashes."""
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     @property
@@ -290,6 +293,7 @@ class HashSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "HashSpec":
+        """The spec :meth:`to_dict` wrote; FormatError naming the field for anything else."""
         if not isinstance(d, Mapping):
             raise FormatError(f"hash spec must be a JSON object, got {type(d).__name__}")
         fmt = d.get("format")
@@ -329,6 +333,7 @@ class HashSpec:
 
     @classmethod
     def from_json(cls, text: str) -> "HashSpec":
+        """The spec :meth:`to_json` wrote; FormatError for text that is not such JSON."""
         try:
             return cls.from_dict(json.loads(text))
         except json.JSONDecodeError as e:

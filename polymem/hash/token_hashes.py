@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.lib import format as npformat
 
+from polymem import _npy
 from polymem._paths import cache_root
 from polymem.hash import _numba as _kernels
 from polymem.errors import FormatError, PolymemError, SpecMismatchError
@@ -158,6 +158,7 @@ class TokenHashes:
 
     # ------------------------------------------------------------------------------------------ storage
     def header(self) -> dict[str, Any]:
+        """The cache file's JSON header: format, tokenizer name and fingerprint, hash spec and sizes."""
         return {
             "format": CACHE_FORMAT,
             "version": 1,
@@ -245,13 +246,10 @@ def _member_size(zf: zipfile.ZipFile, key: str, where: str) -> int:
     except KeyError:
         raise FormatError(f"{where} lacks array {key!r}; rebuild it") from None
     with zf.open(info) as f:
-        version = npformat.read_magic(f)
-        if version == (1, 0):
-            shape, _, dtype = npformat.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, _, dtype = npformat.read_array_header_2_0(f)
-        else:
-            raise FormatError(f"{where}: array {key!r} is .npy format {version}; expected 1.0 or 2.0. Rebuild it")
+        try:
+            shape, _, dtype = _npy.read_header(f)
+        except ValueError as e:
+            raise FormatError(f"{where}: array {key!r}: {e}. Rebuild it") from None
     want = np.dtype(_DTYPES[key])
     bound = _MAX_HEADER_BYTES if key == "header" else MAX_VOCAB_SIZE
     if (dtype.kind, dtype.itemsize) != (want.kind, want.itemsize) or len(shape) != 1 or shape[0] > bound:
@@ -263,8 +261,7 @@ def _member_size(zf: zipfile.ZipFile, key: str, where: str) -> int:
 
 def _read_member(zf: zipfile.ZipFile, key: str) -> np.ndarray:
     with zf.open(f"{key}.npy") as f:
-        arr: np.ndarray = npformat.read_array(f, allow_pickle=False)
-    return arr
+        return _npy.read_array(f)
 
 
 def _parse_header(raw: np.ndarray, where: str) -> dict[str, Any]:

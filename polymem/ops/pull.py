@@ -29,7 +29,7 @@ from polymem.asset._format import WRITING_MARKER
 from polymem.asset._validate import Raw, validate
 from polymem.errors import FormatError, MissingError, PolymemError
 
-if TYPE_CHECKING:  # imported where used: polymem.asset.core calls these operations
+if TYPE_CHECKING:  # annotations only; the functions import it when they run
     from polymem.asset.core import MemoryAsset
 
 _STEP = 1 << 22

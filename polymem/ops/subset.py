@@ -16,7 +16,7 @@ import numpy as np
 from polymem.errors import PolymemError
 from polymem.ops._opbase import AssetLike, Progress, _check_out, _documents, _noop, _now
 
-if TYPE_CHECKING:  # imported where used: polymem.asset.core calls these operations
+if TYPE_CHECKING:  # annotations only; the functions import it when they run
     from polymem.asset.core import MemoryAsset
 
 

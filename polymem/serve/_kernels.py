@@ -2,7 +2,7 @@
 reads and row decoding in one compiled call each), and the host loops of :mod:`polymem.torch.pages` (planning a
 forward's rows, decoding NF4 rows on the CPU). One call each instead of a dozen small numpy/torch calls, which
 cost tens of µs apiece inside a model's forward (cold caches). Results equal the vectorised numpy/torch paths
-bit for bit (tests/test_serving.py runs both). The slots of the state arrays they update are named in
+bit for bit (tests/serve/test_page_service.py runs both). The slots of the state arrays they update are named in
 :mod:`._state`; load this module through :func:`._state.kernels`."""
 
 from __future__ import annotations

@@ -106,6 +106,7 @@ class PageService(ChunkCache, LaneMixin):
 
     # ---- lifecycle
     def acquire(self) -> None:
+        """Count one more consumer of the service (:func:`service_for` calls it; :meth:`release` undoes it)."""
         with self._lock:
             self._users += 1
 
@@ -136,6 +137,7 @@ class PageService(ChunkCache, LaneMixin):
         self.reader.close()
 
     def idle(self) -> bool:
+        """Whether no consumer holds the service (it may then be resized or closed)."""
         with self._lock:
             return self._users == 0
 

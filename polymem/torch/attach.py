@@ -248,6 +248,7 @@ class AttachHandle:
             self.enabled = prev
 
     def to(self, device) -> "AttachHandle":
+        """Move the sites, the token hashes and an in-memory table to ``device``; returns the handle."""
         self.cache = self.cache.to(device)
         self.sites.to(device)
         if isinstance(self.table, TrainableTable):
@@ -255,6 +256,7 @@ class AttachHandle:
         return self
 
     def trainable_parameters(self) -> list[nn.Parameter]:
+        """What trains under ``train=``: the sites' parameters, the table's rows (``table``/``all``) and, unless the model is frozen, the model's own."""
         ps = [p for p in self.sites.parameters() if p.requires_grad]
         if self.train in ("table", "all") and self.table.trainable:
             ps.append(self.table.weight)
@@ -263,6 +265,7 @@ class AttachHandle:
         return ps
 
     def table_parameters(self) -> list[nn.Parameter]:
+        """The table's rows as a parameter list (for a row-wise optimizer such as SparseRowRMS); empty when frozen."""
         return [self.table.weight] if self.table.trainable else []
 
     def stats(self) -> dict[str, Any]:

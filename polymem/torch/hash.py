@@ -113,6 +113,7 @@ class TorchTokenHashes:
 
     @classmethod
     def from_cache(cls, cache, device: torch.device | str | None = None) -> "TorchTokenHashes":
+        """The per-token C, P and special flags of a :class:`polymem.TokenHashes` as tensors on ``device``."""
         return cls(
             C=torch.from_numpy(cache.C.view(np.int64).copy()).to(device),
             P=torch.from_numpy(cache.P.view(np.int64).copy()).to(device),
@@ -120,11 +121,14 @@ class TorchTokenHashes:
         )
 
     def to(self, device: torch.device | str) -> "TorchTokenHashes":
+        """The same tables on ``device``."""
         return TorchTokenHashes(C=self.C.to(device), P=self.P.to(device), special=self.special.to(device))
 
     def ngram_hashes(self, ids: torch.Tensor, max_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids (int64 [..., T]) -> (hashes int64 [..., T, max_n], valid bool [..., T, max_n]), bit-identical to the numpy path."""
         return ngram_hashes_torch(self.C, self.P, self.special, ids, max_n)
 
     def ngram_rows(self, ids: torch.Tensor, layout: Layout, max_n: int) -> torch.Tensor:
+        """ids -> the table rows of every n-gram ending at each position (int64 [..., T, max_n, K], -1 invalid)."""
         h, v = self.ngram_hashes(ids, max_n)
         return rows_torch(layout, h, v)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,13 +21,17 @@ from polymem.errors import FormatError, PolymemError
 from polymem.hash.spec import HashSpec
 from polymem.hash.layout import Layout
 
+if TYPE_CHECKING:
+    from polymem.hash.idhash import IdHashSpec
+
 TABLE_FILE_FORMAT = "polymem.table-file"
 
 
 class TableFile:
     """A table stored as one safetensors file; duck-types the read side of :class:`polymem.MemoryAsset`."""
 
-    def __init__(self, path: Path, table: np.ndarray, spec: HashSpec, layout: Layout, orders, provenance) -> None:
+    def __init__(self, path: Path, table: np.ndarray, spec: HashSpec | IdHashSpec, layout: Layout, orders,
+                 provenance) -> None:
         self.path, self._table, self.spec, self.layout = path, table, spec, layout
         self.orders, self.provenance, self.dtype = tuple(orders), dict(provenance or {}), "float32"
 
@@ -52,11 +56,11 @@ class TableFile:
         return t[ids.astype(np.int64, copy=False)]
 
 
-def _hash_spec_from_dict(d: dict[str, Any]) -> HashSpec:
+def _hash_spec_from_dict(d: dict[str, Any]) -> HashSpec | IdHashSpec:
     from polymem.hash.idhash import IdHashSpec, is_id_hash_dict
 
     if is_id_hash_dict(d):
-        return IdHashSpec.from_dict(d)  # type: ignore[return-value]
+        return IdHashSpec.from_dict(d)
     from_dict = getattr(HashSpec, "from_dict", None)
     if from_dict is not None:
         return from_dict(d)
@@ -64,7 +68,7 @@ def _hash_spec_from_dict(d: dict[str, Any]) -> HashSpec:
                     version=int(d["version"]))
 
 
-def _table_header(meta: dict[str, str], p: Path) -> tuple[dict[str, Any], HashSpec, Layout]:
+def _table_header(meta: dict[str, str], p: Path) -> tuple[dict[str, Any], HashSpec | IdHashSpec, Layout]:
     """The polymem header of a table file's metadata: (header, hash spec, layout); FormatError in one line."""
     if "polymem" not in meta:
         raise FormatError(f"{str(p)!r} is a safetensors file without a polymem header; it is not a table file")

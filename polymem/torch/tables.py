@@ -69,12 +69,15 @@ class MemoryTable(nn.Module):
         raise NotImplementedError
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:  # rows long [...] -> fp32 [..., r]
+        """Rows ``rows`` (int64 [...], -1 = no row) -> float32 [..., r] on the rows' device; 0 where a row is -1."""
         raise NotImplementedError
 
     def fingerprint(self) -> str:
+        """A short content id of the table (its rows, hash spec and layout): what a saved site names its table by."""
         raise NotImplementedError
 
     def to_numpy(self) -> np.ndarray:
+        """The whole table as float32 [num_rows, r] in host memory (a copy)."""
         raise NotImplementedError
 
 
@@ -103,6 +106,7 @@ class TrainableTable(MemoryTable):
         return self.weight.requires_grad
 
     def set_trainable(self, flag: bool) -> None:
+        """Let the rows train (``True``: a parameter with sparse gradients) or freeze them."""
         self.weight.requires_grad_(flag)
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:

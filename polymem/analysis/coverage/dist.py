@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from polymem import _npy
 from polymem.analysis.coverage import _buckets
 from polymem.analysis.coverage._results import PartitionResult
 from polymem.analysis.coverage.counter import BUCKET_BITS, OccurrenceOutput, Tally
@@ -349,10 +350,7 @@ def _read_slice_into(fs: Any, path: str, lo: int, out: np.ndarray) -> None:
 def _check_header(path: str, f: Any, lo: int, out: np.ndarray) -> int:
     """Read a .npy header from ``f`` and check that it holds rows lo:lo+len(out) of out's dtype; returns where the
     data starts."""
-    version = np.lib.format.read_magic(f)
-    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                   else np.lib.format.read_array_header_2_0)
-    shape, _, dtype = read_header(f)
+    shape, _, dtype = _npy.read_header(f)
     if dtype != out.dtype or lo + out.shape[0] > shape[0]:
         raise ValueError(f"coverage scratch file {path!r} holds {shape[0]} {dtype} values, expected at least "
                          f"{lo + out.shape[0]} {out.dtype}: it was overwritten or truncated; rerun")

@@ -176,7 +176,7 @@ def test_an_in_place_rewrite_never_drops_a_write_committed_meanwhile(tmp_path: P
     root = tmp_path / "a.pmem"
     _asset(root)
     if rewrite == "upgrade":  # an asset that upgrade rewrites: one written before shard ids
-        from test_hostile_assets import _strip_shard_ids
+        from assetedit import _strip_shard_ids
 
         _strip_shard_ids(root)
     a = MemoryAsset.open(root)

@@ -264,6 +264,7 @@ def test_cli_workers_runs_threads_and_equals_one_process(tmp_path: Path, docs: l
     assert outs[0] == outs[1]
 
 
+@pytest.mark.slow
 def test_worker_threads_need_no_dask(tmp_path: Path) -> None:
     """workers=N runs where `distributed` cannot be imported (polymem without its dask extra); processes=True
     then says which extra to install."""
@@ -280,7 +281,7 @@ def test_worker_threads_need_no_dask(tmp_path: Path) -> None:
         print(json.dumps({"workers": r.workers, "docs": r.docs, "err": err}))
     """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["workers"] == 2 and got["docs"] == 100

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import generated_text, sample_text
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_scaleout.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_scaleout.py"
 
 
 def _bench() -> Any:
@@ -27,6 +27,7 @@ def _bench() -> Any:
     return mod
 
 
+@pytest.mark.slow
 def test_paired_mode_runs_on_coverage_steps_as_they_are(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from polymem.analysis.coverage import run as R
 

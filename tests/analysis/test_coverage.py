@@ -26,7 +26,7 @@ from polymem.tokenizers import Tokenizer, load_tokenizer
 
 from conftest import generated_text, sample_text
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 METRICS = ("per_doc_mean", "pooled", "occurrence_weighted", "xor_baseline", "xor_pooled")
 
 
@@ -593,6 +593,7 @@ def test_cli_errors(corpus_dir: Path, args: list[str], message: str) -> None:
     assert isinstance(res.exception, PolymemError) and message in str(res.exception)
 
 
+@pytest.mark.slow
 def test_cli_error_exit_code_and_message(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("", encoding="utf-8")
     cmd = [sys.executable, "-c", "from polymem.cli.app import main; main()", "coverage", "-t", "bytes", "-r", "bytes"]

@@ -23,7 +23,7 @@ from polymem.cli._needs import NEEDS
 from polymem.cli.app import app
 from polymem.errors import PolymemError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
@@ -224,7 +224,7 @@ def test_the_wheel_ships_the_samples() -> None:
 # ------------------------------------------------------------------------------------------------ --jobs
 def test_jobs_runs_the_arms_of_one_seed_side_by_side() -> None:
     """`--jobs 2 --seeds 1` takes two processes for five arms (one seed was one process); never more processes
-    than tasks. (tests/test_train.py runs `--jobs 2` end to end and reads what ran from the JSON.)"""
+    than tasks. (tests/recipes/test_train.py runs `--jobs 2` end to end and reads what ran from the JSON.)"""
     from polymem.recipes.transfer import worker_processes
 
     arms = ["none", "random", "donor", "donor_finetune", "scratch"]

@@ -132,7 +132,7 @@ def test_tokenizer_bound_asset_header_and_refusals(tmp_path, tok):
 
 def test_tokenizer_bound_header_matches_schema(tmp_path, tok):
     jsonschema = pytest.importorskip("jsonschema")
-    text = (Path(__file__).parents[1] / "docs" / "asset-format.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "asset-format.md").read_text()
     start = text.index("```json", text.index("## 8. JSON schema")) + len("```json")
     schema = json.loads(text[start : text.index("```", start)])
     spec = _xor_spec(tok)

@@ -49,6 +49,7 @@ def test_train_donor_writes_asset_with_provenance(corpus, tmp_path):
     assert tuple(a.orders) == (1, 2, 3) and np.isfinite(p["heldout_bpb"]) and np.isfinite(p["heldout_bpb_memory_off"])
 
 
+@pytest.mark.slow
 def test_train_and_transfer_cli(corpus, tmp_path):
     runner = CliRunner()
     donor = tmp_path / "donor.safetensors"

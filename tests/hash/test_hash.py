@@ -26,7 +26,7 @@ from polymem.hash.spec import (
 )
 from polymem.torch.hash import TorchTokenHashes
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "hash_golden_v1.json").read_text())
+GOLDEN = json.loads((Path(__file__).parents[1] / "data" / "hash_golden_v1.json").read_text())
 SPEC = HashSpec()
 HYP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

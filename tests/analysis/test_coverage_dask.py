@@ -28,6 +28,7 @@ import test_coverage  # noqa: E402 - the toy tokenizers; pickled by value so the
 
 cloudpickle.register_pickle_by_value(test_coverage)
 TA, TB, Greedy = test_coverage.TA, test_coverage.TB, test_coverage.Greedy
+pytestmark = pytest.mark.slow  # local Dask clusters: seconds each (the quick tier keeps the thread-pool runner)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from polymem.engines import _gguf
 from polymem.engines.addressing import EngineAddressing
 from polymem.engines.io import DS4_ENCODING, export_table, import_table
 from polymem.errors import FormatError
-from test_engine_tables import (D_DS, big_deepseek_addressing, fp8_tensors, raw_tensors, small_deepseek,
+from test_import_export import (D_DS, big_deepseek_addressing, fp8_tensors, raw_tensors, small_deepseek,
                                 small_qwen)
 
 V = gguf.GGUFValueType

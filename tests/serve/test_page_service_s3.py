@@ -10,7 +10,7 @@ import torch
 from polymem import HashSpec, Layout, MemoryAsset, TokenHashes
 from polymem.torch import attach
 
-from test_s3 import BUCKET, endpoint, s3fs  # noqa: F401  (the local S3 server fixture)
+from s3server import BUCKET, endpoint, s3fs  # noqa: F401  (the local S3 server fixture)
 
 LAYOUT = Layout(pages=256, heads=4, slots=4, head_dim=8)
 

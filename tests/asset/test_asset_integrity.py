@@ -212,6 +212,7 @@ _TRUNCATE_UNDER_READER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reader", ["map", "pread"])
 @pytest.mark.parametrize("mode", ["truncate", "rewrite"])
 def test_shard_changed_under_an_open_reader_is_an_error_not_a_signal(tmp_path, mode, reader):
@@ -262,6 +263,7 @@ _WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pages_a, pages_b", [("0,1", "40,41"), ("0,1", "1,2")])
 def test_two_writer_processes_never_lose_a_write(tmp_path, pages_a, pages_b):
     """Concurrent writers used to leave checksums that did not match shards, and lose writes."""

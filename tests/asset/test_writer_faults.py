@@ -70,7 +70,7 @@ def _writers(tmp: Path) -> dict[str, tuple[Callable[[], Path], Callable[[Path], 
         d = tmp / "case"
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir()
-        shutil.copytree(Path(__file__).resolve().parent / "data" / "asset-v1-float32", d / "a")
+        shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "asset-v1-float32", d / "a")
         return d / "a"
 
     def xor_source() -> Path:  # a tokenizer-bound (--hash xor) table over the bytes tokenizer, and a corpus
@@ -103,7 +103,8 @@ def _writers(tmp: Path) -> dict[str, tuple[Callable[[], Path], Callable[[Path], 
     }
 
 
-CASES = list(_writers(Path("/unused")))
+CASES = [pytest.param(c, marks=pytest.mark.slow) if c.startswith("convert") else c  # convert replays a corpus: seconds
+         for c in _writers(Path("/unused"))]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -22,13 +22,14 @@ import pytest
 
 from polymem import FormatError, HashSpec, Layout, MemoryAsset, PolymemError
 from polymem.asset import _zarr
-from polymem.asset._format import canonical_json, geometry, sha256_hex
+from polymem.asset._format import geometry
 from polymem.asset._shards import crc32c
 from polymem.ops.subset import subset
 
+from assetedit import _edit_header, _strip_shard_ids
+
 SPEC = HashSpec()
 LAYOUT = Layout(pages=11, heads=4, slots=2, head_dim=8)  # 8 rows of r=8 a page; nf4: 48 B pages, one block
-TAG = b"polymem shard id"
 
 
 def _table(layout: Layout = LAYOUT, seed: int = 0) -> np.ndarray:
@@ -41,15 +42,6 @@ def _backends() -> list[str]:
     except ImportError:
         return ["fast", "zarr"]
     return ["fast", "zarr", "tensorstore"]
-
-
-def _edit_header(root: Path, fn) -> None:
-    """Apply ``fn`` to attributes.polymem and recompute the attributes checksum (as an attacker would)."""
-    doc = json.loads((root / "zarr.json").read_text())
-    h = doc["attributes"]["polymem"]
-    fn(h)
-    h["checksums"]["attributes"] = sha256_hex(canonical_json({k: v for k, v in h.items() if k != "checksums"}))
-    (root / "zarr.json").write_text(json.dumps(doc))
 
 
 def _recompute_checksums(root: Path, g) -> None:
@@ -183,24 +175,6 @@ def test_a_shard_of_another_sparse_subset_is_refused_at_open(tmp_path):
     shutil.copy(tmp_path / "y-sub" / key, tmp_path / "x-sub" / key)
     with pytest.raises(FormatError, match=rf"shard '{key}' is from another write of the asset"):
         MemoryAsset.open(tmp_path / "x-sub")
-
-
-def _strip_shard_ids(root: Path) -> None:
-    """Make the asset what polymem wrote before shard ids: no footers, no storage.shard_id, no checksums.shard_ids."""
-    g = MemoryAsset.open(root).geometry
-    sums = {}
-    for s in range(g.num_shards):
-        key, n = g.shard_key(s), g.chunks_in_shard(s) * g.stride
-        data = (root / key).read_bytes()
-        assert data[n : n + 16] == TAG
-        (root / key).write_bytes(data[:n] + data[n + 32 :])
-        sums[key] = hashlib.sha256(data[:n] + data[n + 32 :]).hexdigest()
-
-    def fn(h):
-        del h["storage"]["shard_id"], h["checksums"]["shard_ids"]
-        h["checksums"]["shards"] = sums
-
-    _edit_header(root, fn)
 
 
 def test_assets_without_shard_ids_keep_working_are_flagged_and_upgrade(tmp_path):
@@ -379,7 +353,7 @@ def test_verify_names_an_asset_without_generation_binding(tmp_path: Path) -> Non
     from polymem.cli.app import app
 
     old = tmp_path / "v1"
-    shutil.copytree(Path(__file__).resolve().parent / "data" / "asset-v1-float32", old)
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "asset-v1-float32", old)
     r = CliRunner().invoke(app, ["verify", str(old)])
     assert r.exit_code == 0 and "no generation binding" in r.output and "polymem upgrade" in r.output, r.output
     assert CliRunner().invoke(app, ["upgrade", str(old)]).exit_code == 0

@@ -129,7 +129,7 @@ def test_every_command_has_working_help() -> None:
 
 
 def test_tiny_real_invocation_of_the_cheap_commands(tmp_path: Path) -> None:
-    """One real run of each command that takes seconds (train and transfer run in tests/test_train.py)."""
+    """One real run of each command that takes seconds (train and transfer run in tests/recipes/test_train.py)."""
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat. " * 40)
     a, q = tmp_path / "a.pmem", tmp_path / "q.pmem"
@@ -152,6 +152,6 @@ def test_tiny_real_invocation_of_the_cheap_commands(tmp_path: Path) -> None:
 
     assert json.loads((tmp_path / "c.json").read_text())["per_doc_mean"][0] == 1.0  # a tokenizer covers itself
     # every other command is run for real by some test (a command line starting with its name)
-    tests = "\n".join(f.read_text() for f in Path(__file__).parent.glob("test_*.py"))
+    tests = "\n".join(f.read_text() for f in Path(__file__).parents[1].rglob("test_*.py"))
     for name in {p[0] for p in command_tree() if len(p) == 1} - set(runs):
         assert re.search(rf'\[\s*"{re.escape(name)}"\s*,', tests), f"no test runs `polymem {name}`"

@@ -189,7 +189,7 @@ GOLDEN_V1 = {
                 "index_crcs": ("6aa37dd5", "5e1cba3a")},
     "nf4": {"attributes": "af200aaa0b2f1cf13dedf37a1e076583700b9bb759ecdca78c5440ce126211a3", "index_crcs": ("4c602bde",)},
 }
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "nf4"])
@@ -212,7 +212,7 @@ def test_golden_bytes(tmp_path, dtype):
 
 
 def test_golden_bytes_are_in_the_spec():
-    doc = Path(__file__).resolve().parents[1] / "docs" / "asset-format.md"
+    doc = Path(__file__).resolve().parents[2] / "docs" / "asset-format.md"
     if not doc.exists():
         pytest.skip("docs/ not shipped with this install")
     text = doc.read_text().replace(" ", "").replace("\n", "")
@@ -420,7 +420,7 @@ def test_writing_marker_refuses_open(asset):
 
 
 def test_no_pickle_anywhere(asset):
-    root = Path(__file__).resolve().parents[1] / "polymem"
+    root = Path(__file__).resolve().parents[2] / "polymem"
     for p in [*root.joinpath("asset").glob("*.py"), root / "nf4.py", root / "iosim.py"]:
         if p.exists():
             assert "pickle" not in p.read_text().replace("allow_pickle=False", ""), p
@@ -460,7 +460,7 @@ def test_overwrite_replaces_atomically(tmp_path, asset):
     assert [p.name for p in asset.parent.iterdir() if p.name.startswith(".")] == []
 
 
-# Killed writers: tests/test_asset_faults.py kills (or fails) every writer at every file-system operation, in
+# Killed writers: tests/asset/test_writer_faults.py kills (or fails) every writer at every file-system operation, in
 # this process and, with a real SIGKILL at a chosen operation, in a child process; the former sleep-then-kill
 # tests here passed whether or not the kill landed mid-write, so they are gone.
 
@@ -515,7 +515,7 @@ def test_stale_new_files_are_cleaned(tmp_path, asset):
 
 
 def _doc_schema():
-    doc = Path(__file__).resolve().parents[1] / "docs" / "asset-format.md"
+    doc = Path(__file__).resolve().parents[2] / "docs" / "asset-format.md"
     if not doc.exists():
         pytest.skip("docs/ not shipped with this install")
     jsonschema = pytest.importorskip("jsonschema")

@@ -359,7 +359,7 @@ def test_import_of_a_2gb_table_stays_under_400mb(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["../outside/victim.txt", "/abs/victim.txt", "sub/victim.txt"])
 def test_export_refuses_file_names_that_leave_the_output(tmp_path: Path, name: str) -> None:
     """A crafted header (checksums recomputed) naming a file outside the output: refused, nothing written."""
-    from test_hostile_assets import _edit_header
+    from assetedit import _edit_header
 
     a = small_qwen()
     write_qwen(tmp_path / "qw", a)

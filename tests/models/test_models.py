@@ -433,7 +433,7 @@ def test_real_smollm2_scores_like_a_pretrained_model():
     from polymem.models.evaluate import evaluate
 
     torch.set_num_threads(2)
-    text = (Path(__file__).parent / "data" / "english_prose.txt").read_text(encoding="utf-8")
+    text = (Path(__file__).parents[1] / "data" / "english_prose.txt").read_text(encoding="utf-8")
     lm = load_model("smollm2-135m")
     assert type(lm.model).__name__ == "LlamaForCausalLM" and lm.tokenizer.vocab_size == 49152
     res = evaluate(lm, [text], window=512)

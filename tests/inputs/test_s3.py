@@ -6,8 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,48 +15,11 @@ import polymem
 from polymem.corpus import Corpus
 
 from conftest import generated_text, sample_text
+from s3server import BUCKET, endpoint, s3fs  # noqa: F401  (the local S3 server fixture)
 
-s3fs = pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
 zstandard = pytest.importorskip("zstandard")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
-
-BUCKET = "polymem-test"
-_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    old = {k: os.environ.get(k) for k in (*_ENV, "AWS_ENDPOINT_URL")}
-    os.environ.update(_ENV)
-    os.environ.pop("AWS_ENDPOINT_URL", None)
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        fs = s3fs.S3FileSystem(endpoint_url=url)
-        try:
-            fs.mkdir(BUCKET)
-        except FileExistsError:  # moto keeps one in-process state: another module's server already made it
-            pass
-        yield url
-    finally:
-        server.stop()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
 
 @pytest.fixture(scope="module")
 def fs(endpoint: str) -> Any:
@@ -121,6 +82,7 @@ def test_coverage_over_s3_shards_equals_local(endpoint: str, shards: Path) -> No
     assert local.docs > 50
 
 
+@pytest.mark.slow
 def test_aws_endpoint_url_is_honoured_and_scratch_can_be_s3(endpoint: str, shards: Path,
                                                             monkeypatch: pytest.MonkeyPatch, fs: Any) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
@@ -174,6 +136,7 @@ def _asset_kw() -> dict[str, Any]:
     return dict(spec=HashSpec(), orders=(1, 2), dtype="float16", chunks_per_shard=4)
 
 
+@pytest.mark.slow
 def test_an_asset_written_to_s3_verifies_and_reads_back_the_same_bytes(endpoint: str, fs: Any,
                                                                        tmp_path: Path) -> None:
     import numpy as np

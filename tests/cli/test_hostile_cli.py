@@ -175,6 +175,7 @@ def s3_endpoint() -> Iterator[str]:
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
+@pytest.mark.slow
 def test_init_on_a_url_writes_the_bucket_not_a_local_s3_directory(s3_endpoint: str, tmp_path: Path,
                                                                    monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
@@ -196,6 +197,7 @@ def test_init_on_a_url_writes_the_bucket_not_a_local_s3_directory(s3_endpoint: s
     assert r.exit_code == 0 and re.search(r"touched [1-9]", r.output), r.output  # the S3 text was read
 
 
+@pytest.mark.slow
 def test_missing_object_store_credentials_are_one_line_exit_2(tmp_path: Path) -> None:
     """No credentials anywhere (no env, no config file, no instance metadata): one line, not botocore's traceback."""
     import subprocess
@@ -273,6 +275,7 @@ def _server(reply: bytes | None) -> tuple[str, socket.socket]:
     (b"HTTP/1.1 400 Bad Request\r\n\r\n", "not Dask's protocol"),
     (struct.pack("Q", 200), "no handshake within 2 s"),  # a plausible greeting, then silence
 ])
+@pytest.mark.slow
 def test_dask_address_that_is_not_a_scheduler_is_one_line_within_its_timeout(reply, why, tmp_path: Path, capsys,
                                                                              monkeypatch) -> None:
     pytest.importorskip("distributed")

@@ -84,6 +84,7 @@ def test_quantize_reports_error(tmp_path):
     assert 0.05 < err.rel_mean < err.rel_max < 0.2  # NF4 on Gaussian rows: ~10% relative RMS
 
 
+@pytest.mark.slow
 def test_library_errors_exit_2_with_one_line(tmp_path):
     import subprocess
     import sys
@@ -123,7 +124,7 @@ def test_verify_repair_and_upgrade_commands(tmp_path):
     r = runner.invoke(app, ["verify", "--repair", str(path)])
     assert r.exit_code == 0 and "nothing to repair" in r.output
     old = tmp_path / "v1"
-    shutil.copytree(Path(__file__).resolve().parent / "data" / "asset-v1-float32", old)
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "asset-v1-float32", old)
     r = runner.invoke(app, ["verify", str(old)])
     assert r.exit_code == 0 and "polymem upgrade" in " ".join(r.output.split())
     r = runner.invoke(app, ["upgrade", str(old)])
