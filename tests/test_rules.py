@@ -474,4 +474,5 @@ def _undocumented(module: str) -> list[str]:
 @pytest.mark.parametrize("module", _PUBLIC)
 def test_public_entry_points_are_documented(module: str) -> None:
     """Every public function, class and method says what it takes and returns (help() and the docs read it)."""
-    assert not _undocumented(module), f"public names without a docstring: {_undocumented(module)}"
+    bare = _undocumented(module)
+    assert not bare, f"public names without a docstring: {bare}"
