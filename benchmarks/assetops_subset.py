@@ -1,11 +1,13 @@
 """Experiment: how small is a subset of a trained table for one corpus?
 
-Train a byte-hash donor (cl100k_base) on a sample of every corpus in /work/shared/corpus, then `subset` it by
-slices of pydocs (1, 10, 100 documents, the whole training split) and report pages kept, bytes on disk and the
-share of lookups served on the slice and on pydocs held-out documents. Also the pages pydocs would touch in
-larger page-local layouts (computed from addresses only, no table written).
+Train a byte-hash donor (cl100k_base) on a sample of every corpus in a corpus folder (``--corpus-dir``, default
+``corpus/``: pydocs, kerneldocs, debref-en and debref-de ``.jsonl.gz``), or take a trained one (``--asset``), then
+`subset` it by slices of pydocs (1, 10, 100 documents, the whole training split) and report pages kept, bytes on
+disk and the share of lookups served on the slice and on pydocs held-out documents. Also the pages pydocs would
+touch in larger page-local layouts (computed from addresses only, no table written).
 
-    nice -n 10 python benchmarks/assetops_subset.py --out docs/results/assetops
+    nice -n 10 python benchmarks/assetops_subset.py --corpus-dir corpus --out docs/results/assetops
+    python benchmarks/assetops_subset.py --asset donor-all.asset --corpus-dir corpus --work subset-work --out subset-all
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from polymem._io import atomic_path, atomic_write_text
+
 
 def read_docs(path: str, limit: int | None = None) -> list[str]:
     """The first ``limit`` document texts of a corpus file (polymem's own corpus reader)."""
@@ -31,7 +35,7 @@ def read_docs(path: str, limit: int | None = None) -> list[str]:
 
 
 def write_docs(texts, path: Path) -> Path:
-    with gzip.open(path, "wt", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, gzip.open(tmp, "wt", encoding="utf-8") as f:
         for t in texts:
             f.write(json.dumps({"text": t}) + "\n")
     return path
@@ -39,7 +43,8 @@ def write_docs(texts, path: Path) -> Path:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--shared", default="/work/shared/corpus")
+    p.add_argument("--corpus-dir", "--shared", dest="corpus_dir", default="corpus",
+                   help="folder holding pydocs.jsonl.gz (and, without --asset, kerneldocs, debref-en, debref-de)")
     p.add_argument("--kernel-docs", type=int, default=400)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--params", type=int, default=12_000_000)
@@ -57,7 +62,12 @@ def main(argv=None) -> int:
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    sh = Path(a.shared)
+    sh = Path(a.corpus_dir)
+    needed = ["pydocs"] + ([] if a.asset else ["kerneldocs", "debref-en", "debref-de"])
+    missing = [f"{n}.jsonl.gz" for n in needed if not (sh / f"{n}.jsonl.gz").is_file()]
+    if missing:
+        raise SystemExit(f"error: --corpus-dir {str(sh)!r} has no {', '.join(missing)}: pass the folder that holds "
+                         f"{', '.join(n + '.jsonl.gz' for n in needed)}")
     py = read_docs(str(sh / "pydocs.jsonl.gz"), a.pydocs_docs)
     py_train, py_held = split_documents(py, 10)
     mix = [] if a.asset else py + read_docs(str(sh / "kerneldocs.jsonl.gz"), a.kernel_docs) + read_docs(str(sh / "debref-en.jsonl.gz")) \
@@ -113,7 +123,7 @@ def main(argv=None) -> int:
     res["command"] = "python benchmarks/assetops_subset.py " + " ".join(sys.argv[1:])
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "subset.json").write_text(json.dumps(res, indent=1) + "\n")
+    atomic_write_text(out / "subset.json", json.dumps(res, indent=1) + "\n")
     print("wrote", out / "subset.json")
     return 0
 

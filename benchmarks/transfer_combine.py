@@ -62,8 +62,9 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: --pair {pr!r}: arms are {sorted(arms)}")
         s = paired(arms[x]["bpb"], arms[y]["bpb"])
         out["paired"][pr] = s
+        std = "n/a (one seed)" if s["std"] is None else f"{s['std']:.4f}"
         print(f"| {x} − {y} | {', '.join(f'{d:+.4f}' for d in s['diff'])} | {s['mean']:+.4f} | "
-              f"{s['std']:.4f} | {s['a_better']}/{s['n']} |")
+              f"{std} | {s['a_better']}/{s['n']} |")
     out["command"] = "python benchmarks/transfer_combine.py " + " ".join(sys.argv[1:] if argv is None else argv)
     atomic_write_text(a.json, json.dumps(out, indent=1) + "\n")
     return 0

