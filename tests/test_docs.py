@@ -130,11 +130,6 @@ def _runnable_docs() -> list:
     return out
 
 
-# (commands of a run, its dir, outputs): a doc whose commands begin another run's, from an empty dir as both
-# start, is that run (README.md's block begins with docs/transfer.md's quick start, so they train once).
-_RUNS: list[tuple[list[str], Path, list[str]]] = []
-
-
 @pytest.mark.parametrize("doc", _runnable_docs())
 def test_doc_shell_blocks_run(doc: Path, tmp_path: Path) -> None:
     """Every runnable console/bash block of the doc runs in order in one fresh dir; the files its commands write
@@ -142,16 +137,7 @@ def test_doc_shell_blocks_run(doc: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     blocks = runnable(doc)
-    commands = [c for b in blocks for c in b.commands()]
-    plain = not any(b.small for b in blocks) and not any(i == "" and line < blocks[-1].line
-                                                         for line, i, _ in python_blocks(doc))
-    reused = next((r for r in _RUNS if r[0][: len(commands)] == commands), None) if plain else None
-    if reused is not None:
-        work, outputs = reused[1], reused[2][: len(commands)]
-    else:
-        outputs = run_doc(doc, work)
-        if plain:
-            _RUNS.append((commands, work, outputs))
+    outputs = run_doc(doc, work)
     printed = " ".join(" ".join(outputs).split())
     for b in blocks:
         for shown in b.shown_output():
