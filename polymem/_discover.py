@@ -1,18 +1,14 @@
-"""Which files a corpus input names, and opening them safely: local globs whose ``**`` does not descend into
-linked directories (so a link to an ancestor cannot repeat the tree), a file reached twice read once (by device
-and inode), and only regular files opened (a FIFO, socket or device is refused without being read, so a named
-pipe nobody writes to cannot block a run). Used by :mod:`polymem.corpus`; URLs are listed by
+"""Which files a corpus input names, and opening them safely (local ``**`` globs: :mod:`polymem._globs`): a file
+reached twice read once (by device and inode), and only regular files opened (a FIFO, socket or device is refused
+without being read, so a named pipe nobody writes to cannot block a run). Used by :mod:`polymem.corpus`; URLs are listed by
 :mod:`polymem.sources`.
 
-    >>> glob_no_links("data/**/*.jsonl")     # like glob.glob(..., recursive=True), minus linked directories
     >>> open_regular(Path("notes.txt"))      # an open binary file, or why not ("not a regular file: ...")
 """
 
 from __future__ import annotations
 
 import contextlib
-import fnmatch
-import glob as _glob
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -61,41 +57,6 @@ def open_regular(path: Path) -> BinaryIO | str:
         os.close(fd)
         return oserr(e)
     return open(fd, "rb")  # noqa: SIM115 - the caller closes it
-
-
-def glob_no_links(pattern: str) -> list[str]:
-    """``glob.glob(pattern, recursive=True)``, except that ``**`` does not descend into linked directories (glob
-    does, so a link to an ancestor repeats the tree until the path grows too long: 40 times over, and more with
-    two such links) and passes over hidden entries (as glob's wildcards and the directory walk do)."""
-    parts = pattern.split(os.sep)
-    if "**" not in parts:
-        return _glob.glob(pattern)
-    k = parts.index("**")
-    head = os.sep.join(parts[:k])
-    bases = _glob.glob(head) if _glob.has_magic(head) else [head]
-    return [m for base in bases if os.path.isdir(base or ".") for m in _walk_matches(base, parts[k:])]
-
-
-def _walk_matches(base: str, pats: list[str]) -> Iterator[str]:
-    """The paths under directory ``base`` (itself included) whose segments below it match ``pats``."""
-    top = base or "."
-    if base and _segments_match([], pats):
-        yield base
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        rel = [] if dirpath == top else os.path.relpath(dirpath, top).split(os.sep)
-        for name in [*dirnames, *(f for f in filenames if not f.startswith("."))]:
-            if _segments_match([*rel, name], pats):
-                yield os.path.join(base, *rel, name)
-
-
-def _segments_match(segs: list[str], pats: list[str]) -> bool:
-    """Whether path segments match glob segments, ``**`` standing for any number of segments (none included)."""
-    if not pats:
-        return not segs
-    if pats[0] == "**":
-        return any(_segments_match(segs[i:], pats[1:]) for i in range(len(segs) + 1))
-    return bool(segs) and fnmatch.fnmatchcase(segs[0], pats[0]) and _segments_match(segs[1:], pats[1:])
 
 
 def unseen(files: Iterable[FileInfo], seen: set[object]) -> Iterator[FileInfo]:

@@ -129,10 +129,12 @@ def _is_local(path: str) -> bool:
 def _local_matches(given: Any) -> list[str]:
     import glob
 
+    from polymem._globs import glob_no_links  # ``**`` never descends into a linked folder (a loop would not end)
+
     if given is None or not _is_local(os.fspath(given)):
         return []
     p = os.fspath(given).removeprefix("file://")
-    return [p] if os.path.exists(p) else glob.glob(p, recursive=True) if glob.has_magic(p) else []
+    return [p] if os.path.exists(p) else glob_no_links(p) if glob.has_magic(p) else []
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

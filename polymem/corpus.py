@@ -59,7 +59,8 @@ from pathlib import Path
 import glob as _glob
 from typing import Any, BinaryIO
 
-from polymem._discover import glob_no_links, local_info, open_regular, oserr, unseen
+from polymem._discover import local_info, open_regular, oserr, unseen
+from polymem._globs import glob_no_links
 from polymem._paths import is_url, kind_of
 from polymem.errors import PolymemError
 from polymem.sources import (MAX_DOCUMENT_BYTES, FileInfo, LineState, LongLine, OpenStreams, Piece, bounded_lines,

@@ -165,6 +165,30 @@ def text_mb(docs: list[str]) -> float:
     return sum(len(d) for d in docs) / 1e6
 
 
+_SESSION_CACHE: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One polymem cache dir per test session (unless POLYMEM_CACHE_DIR is set: a developer may point it at a
+    warm cache to skip the first model loads): nothing is written to the user's cache, and every test and doc
+    command that loads a builtin model shares one model cache (tests/docblocks.py links it into each doc's HOME)."""
+    import os
+    import tempfile
+
+    if not os.environ.get("POLYMEM_CACHE_DIR"):
+        root = tempfile.mkdtemp(prefix="polymem-test-cache-")
+        _SESSION_CACHE.append(root)
+        os.environ["POLYMEM_CACHE_DIR"] = root
+    os.environ.setdefault("POLYMEM_TEST_MODELS", str(Path(os.environ["POLYMEM_CACHE_DIR"]) / "models"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    for root in _SESSION_CACHE:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _close_object_store_sessions():
     """After the run, close the HTTP session of every s3fs instance the tests opened, while its event loop still

@@ -1,7 +1,7 @@
 """The docs' shell blocks: find them and run them the way a reader would, in a fresh directory.
 
-Used by tests/test_docs.py, and by hand to check one doc: ``python tests/docblocks.py docs/transfer.md [--keep DIR]``
-(prints every command with its exit code and time).
+Used by tests/test_docs.py, and by hand to check one doc: ``python tests/docblocks.py docs/transfer.md [--keep DIR]
+[--tier default|full]`` (prints every command with its exit code and time).
 
 A ```console block's commands are its ``$ `` lines (the other lines are output the doc shows); a ```bash / ```sh
 block's commands are its lines; ``\\`` continues a line, ``#`` starts a comment. A command is ``polymem …``,
@@ -211,12 +211,24 @@ def entry_point() -> list[str]:
     return [sys.executable, "-c", "import sys; sys.argv[0] = 'polymem'; from polymem.cli.app import main; main()"]
 
 
+# The test session's model cache (set by tests/conftest.py): a doc's commands share it, as a reader's commands
+# share theirs, so each builtin model is assembled, converted and de-quantised once per session, not per doc.
+SHARED_MODELS = "POLYMEM_TEST_MODELS"
+
+
 def command_env(home: Path, world: World | None = None) -> dict[str, str]:
-    """The environment a command runs in: HOME and every cache inside ``home``, offline, 200 columns."""
+    """The environment a command runs in: HOME and every cache inside ``home`` (the model cache linked to the
+    session's, where there is one), offline, 200 columns."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("POLYMEM_", "XDG_", "HF_", "TIKTOKEN_", "AWS_"))}
     env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), POLYMEM_CACHE_DIR=str(home / "polymem-cache"),
                MPLCONFIGDIR=str(home / ".mpl"), HF_HOME=str(home / ".hf"), POLYMEM_OFFLINE="1", COLUMNS="200",
                MPLBACKEND="Agg")
+    shared = os.environ.get(SHARED_MODELS)
+    models = home / "polymem-cache" / "models"
+    if shared and not models.exists():
+        Path(shared).mkdir(parents=True, exist_ok=True)
+        models.parent.mkdir(parents=True, exist_ok=True)
+        models.symlink_to(shared, target_is_directory=True)
     if world is not None:
         env.update(world.env)
     return env
@@ -322,15 +334,20 @@ def run_commands(steps: list[tuple[str, list[str]]], cwd: Path, *, small: bool =
     return outputs
 
 
-def runnable(doc: Path) -> list[ShellBlock]:
-    """The blocks of ``doc`` the tests run, in order."""
-    return [b for b in shell_blocks(doc) if b.kind in ("", "runs small")]
+TIERS = {"default": ("",), "full": ("", "runs small")}  # the block kinds each test tier runs
 
 
-def run_doc(doc: Path, work: Path, *, echo: bool = False) -> list[str]:
-    """Run ``doc``'s runnable blocks in order in ``work`` (the ```python blocks above each one first, as a reader
-    runs them, in the doc's snippet dir); return every command's output. Changes into ``work`` while it runs."""
-    blocks = runnable(doc)
+def runnable(doc: Path, tier: str = "full") -> list[ShellBlock]:
+    """The blocks of ``doc`` a test tier runs, in order: the default tier (the README's test command) runs the
+    unmarked blocks, the full tier every block but install lines (recipes marked `runs small` too)."""
+    return [b for b in shell_blocks(doc) if b.kind in TIERS[tier]]
+
+
+def run_doc(doc: Path, work: Path, *, echo: bool = False, tier: str = "full") -> list[str]:
+    """Run ``doc``'s blocks of ``tier`` in order in ``work`` (the ```python blocks above each one first, as a
+    reader runs them, in the doc's snippet dir); return every command's output. Changes into ``work`` while it
+    runs."""
+    blocks = runnable(doc, tier)
     snippets = [(line, code) for line, info, code in python_blocks(doc) if info == "" and line < blocks[-1].line]
     name = str(doc.relative_to(ROOT))
     home = work.parent / f"{work.name}-home"
@@ -382,6 +399,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="Run a doc's shell blocks as the tests do.")
     ap.add_argument("doc", type=Path)
     ap.add_argument("--keep", type=Path, help="work in this dir (made if missing) and keep it")
+    ap.add_argument("--tier", choices=sorted(TIERS), default="full",
+                    help="default: the unmarked blocks only (as the README's test command runs them); full: all")
     args = ap.parse_args()
     doc = args.doc.resolve()
     tmp = Path(tempfile.mkdtemp(prefix="docblocks-")) if args.keep is None else args.keep.resolve()
@@ -389,7 +408,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     try:
-        run_doc(doc, work, echo=True)
+        run_doc(doc, work, echo=True, tier=args.tier)
         print(f"ok: {doc.relative_to(ROOT)} in {time.monotonic() - start:.0f} s")
     finally:
         if args.keep is None:

@@ -118,31 +118,63 @@ def test_shell_blocks_need_no_sibling_checkout_and_fit_two_cores() -> None:
                 assert not m or int(m.group(1)) <= 2, (b.where, cmd)
 
 
-def _runnable_docs() -> list:
+def _runnable_docs(tier: str) -> list:
+    """The docs with blocks in ``tier`` (tests/docblocks.py TIERS): the default tier's are run by the README's test
+    command, the full tier's (which adds the recipes marked `runs small`) only by the full-tier command."""
     out = []
     for doc in DOCS:
-        if runnable(doc):
-            name = str(doc.relative_to(ROOT))
-            marks = [pytest.mark.slow] if name in SLOW_DOCS else []
-            for module, install in DOC_NEEDS.get(name, []):
-                marks.append(pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=install))
-            out.append(pytest.param(doc, id=name, marks=marks))
+        name = str(doc.relative_to(ROOT))
+        if not runnable(doc, tier) or (tier == "full" and runnable(doc, "full") == runnable(doc, "default")):
+            continue  # the full tier runs only the docs it adds blocks to
+        marks = [pytest.mark.slow] if name in SLOW_DOCS or tier == "full" else []
+        if tier == "full":
+            marks.append(pytest.mark.full)
+        for module, install in DOC_NEEDS.get(name, []):
+            marks.append(pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=install))
+        out.append(pytest.param(doc, id=name, marks=marks))
     return out
 
 
-@pytest.mark.parametrize("doc", _runnable_docs())
-def test_doc_shell_blocks_run(doc: Path, tmp_path: Path) -> None:
-    """Every runnable console/bash block of the doc runs in order in one fresh dir; the files its commands write
-    are there and the output lines it shows are printed."""
+def _run_and_check(doc: Path, tmp_path: Path, tier: str) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    blocks = runnable(doc)
-    outputs = run_doc(doc, work)
+    blocks = runnable(doc, tier)
+    outputs = run_doc(doc, work, tier=tier)
     printed = " ".join(" ".join(outputs).split())
     for b in blocks:
         for shown in b.shown_output():
             assert " ".join(shown.split()) in printed, f"{b.where}: the doc shows {shown!r}, the run did not print it"
     CHECKS.get(str(doc.relative_to(ROOT)), lambda work, printed: None)(work, printed)
+
+
+@pytest.mark.parametrize("doc", _runnable_docs("default"))
+def test_doc_shell_blocks_run(doc: Path, tmp_path: Path) -> None:
+    """Every unmarked console/bash block of the doc runs in order in one fresh dir; the files its commands write
+    are there and the output lines it shows are printed."""
+    _run_and_check(doc, tmp_path, "default")
+
+
+@pytest.mark.parametrize("doc", _runnable_docs("full"))
+def test_doc_recipes_run_small(doc: Path, tmp_path: Path) -> None:
+    """The full tier: every block of the doc, the full-size recipes (`runs small`) cut down, in order in one
+    fresh dir, with the same checks."""
+    _run_and_check(doc, tmp_path, "full")
+
+
+def test_every_shell_block_is_run_by_a_tier() -> None:
+    """No console block is left out: install lines are .ci/run's (test_install_blocks_are_what_ci_runs), unmarked
+    blocks the default tier's, `runs small` recipes the full tier's; and the README names both tiers' commands."""
+    tiers = {t: {p.values[0] for p in _runnable_docs(t)} for t in ("default", "full")}
+    for doc in DOCS:
+        for b in shell_blocks(doc):
+            if b.by_ci:
+                continue
+            assert b.kind in ("", "runs small"), f"{b.where}: a block no tier runs ({b.kind or 'not run'})"
+            tier = "default" if b.kind == "" else "full"
+            assert doc in tiers[tier] and b.line in [x.line for x in runnable(doc, tier)], b.where
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "python -m pytest -m full" in readme, "the README gives the full tier's command"
+    assert '"not full"' in (ROOT / "pyproject.toml").read_text(encoding="utf-8"), "a plain run leaves the full tier out"
 
 
 def _check_coverage(work: Path, printed: str) -> None:
@@ -197,9 +229,9 @@ def _check_real_models(work: Path, printed: str) -> None:
     assert m and abs(float(m.group(1)) - (float(with_table) - float(alone))) < 1.5e-4, "the --site eval's last line"
     ev = json.loads((work / "eval.json").read_text())
     assert ev["documents"] == 2 and ev["heldout_every"] == 9 and "with_table" not in ev
-    assert [d["doc"] for d in ev["alone"]["per_doc"]] == ["doc8", "doc17"] and ev["alone"]["bytes"] == 3045
+    assert [d["doc"] for d in ev["alone"]["per_doc"]] == ["faq/installed.rst.txt", "howto/index.rst.txt"] and ev["alone"]["bytes"] == 3045
     assert f"{ev['alone']['bpb']:.4f}" == alone  # the plain eval scores what the --site eval's `alone` column does
-    assert all(f"│ {d} │" in printed for d in ("doc8", "doc17"))  # --per-doc rows
+    assert all(f"│ {d} │" in printed for d in ("faq/installed.rst.txt", "howto/index.rst.txt"))  # --per-doc rows, named by id
     doc = " ".join((ROOT / "docs" / "real-models.md").read_text(encoding="utf-8").split())
     ex = re.search(rf"for example {bpb} → {bpb} \(−(\d\.\d\d) %\) on the first 1,024 held-out tokens", doc)
     assert ex and float(ex.group(2)) < float(ex.group(1)), "the doc's example: before → after (change)"

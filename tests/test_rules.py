@@ -69,6 +69,8 @@ def test_cli_choices_match_their_homes() -> None:
     from polymem.cli import _options
     from polymem.hash.layout import LAYOUT_KINDS
     from polymem.hash.spec import NORMALIZERS
+    from polymem.recipes.frozen import SOFTMAX
+    from polymem.recipes.train import HASHES
     from polymem.torch.site import GATES, VALUE_INITS
 
     values = lambda e: sorted(m.value for m in e)  # noqa: E731
@@ -77,6 +79,8 @@ def test_cli_choices_match_their_homes() -> None:
     assert values(_options.Normalizer) == sorted(NORMALIZERS)
     assert values(_options.Gate) == sorted(GATES)
     assert values(_options.ValueInit) == sorted(VALUE_INITS)
+    assert values(_options.HashKind) == sorted(HASHES)
+    assert values(_options.Softmax) == sorted(SOFTMAX)
 
 
 def test_shared_options_are_declared_once() -> None:
@@ -91,7 +95,7 @@ def test_shared_options_are_declared_once() -> None:
     def opts(name: str) -> dict:
         return {p.name: p for p in cmd.commands[name].params if p.param_type_name == "option"}
 
-    for a, b, shared in [("train", "transfer", ("steps", "batch_size", "block_size", "n_layer", "d_model", "n_head",
+    for a, b, shared in [("train", "transfer", ("batch_size", "block_size", "n_layer", "d_model", "n_head",
                                                 "lr", "table_lr_mult", "max_eval_tokens", "bf16", "threads",
                                                 "device", "json_out")),
                          ("init", "iosim", ("params", "heads", "slots", "head_dim", "dtype", "orders"))]:
@@ -394,7 +398,7 @@ def test_circle_rule_catches_what_it_names(tmp_path: Path) -> None:
 # The stages of the flow, lowest first (docs/architecture.md). A module may import from its own stage or a lower
 # one, never a higher one; the package root (`polymem/__init__.py`, lazy names for users) stands above them all.
 STAGES = [
-    ("base", ("polymem.errors", "polymem._paths", "polymem._io", "polymem._npy", "polymem._optional", "polymem.samples")),
+    ("base", ("polymem.errors", "polymem._paths", "polymem._globs", "polymem._io", "polymem._npy", "polymem._optional", "polymem.samples")),
     ("inputs", ("polymem.sources", "polymem._discover", "polymem.corpus", "polymem.tokenizers")),
     ("hash", ("polymem.hash",)),
     ("asset format", ("polymem.asset",)),

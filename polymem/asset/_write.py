@@ -8,6 +8,7 @@ write, commit back in order: :func:`write_remote`, :func:`write_pages_remote`). 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -58,6 +59,22 @@ def write_remote(cls: type[MemoryAsset], url: str, storage_options: Mapping[str,
     return cls.open(url, storage_options=opts)
 
 
+def check_disk_space(dest: Path, need: int) -> None:
+    """Refuse, before a byte is written, an asset of ``need`` bytes that the file system holding ``dest`` has no
+    room for (the new asset is built beside ``dest``, so an overwrite needs the room too)."""
+    where = dest.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return  # no answer: the write itself will say
+    if need > free:
+        gib = 2**30
+        raise PolymemError(f"{str(dest)!r} needs {need / gib:,.2f} GiB ({need:,} bytes) and {str(where)!r} has "
+                           f"{free / gib:,.2f} GiB free; free some space, pick another place, or a smaller --params")
+
+
 def write_new(
     cls: type[MemoryAsset], path: str | os.PathLike[str], spec: Any, layout: Layout, source: PageSource | None, *,
     dtype: str, orders: Any, provenance: Mapping[str, Any] | None, overwrite: bool,
@@ -98,6 +115,8 @@ def write_new(
         raise PolymemError(f"{str(dest)!r} already exists; pass overwrite=True (CLI: --overwrite) or pick another path")
     if dest.exists() and not dest.is_dir():
         raise PolymemError(f"{str(dest)!r} is a file, not an asset directory; remove it or pick another path")
+    if chunk_source is None:  # every shard is written whole (a chunk source may store fewer chunks)
+        check_disk_space(dest, geom.num_chunks * geom.stride + geom.num_shards * geom.tail_bytes)
     with _commit.building(dest) as tmp:
         from polymem.asset import _zarr
 

@@ -131,6 +131,8 @@ NEEDS: dict[str, Needs] = {
     "inspect": (("", "asset", SOURCE),),
     "iosim": (("", "paths", SOURCE), ("--tokenizer", "tokenizer", TOKENIZER), ("--asset", "asset", SOURCE),
               ("--json", "json_out", FILE), ("--plot", "plot_out", PLOT)),
+    "models": (),
+    "models clear": (),
     "merge": (("", "assets", SOURCE), ("--output", "output", DIRECTORY), ("--json", "json_out", FILE)),
     "pull": (("", "url", SOURCE), ("", "directory", DIRECTORY)),
     "quantize": (("", "asset", SOURCE), ("--output", "output", DIRECTORY)),

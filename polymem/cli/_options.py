@@ -41,11 +41,15 @@ if TYPE_CHECKING:  # members made from data are invisible to mypy: to it, each c
     Gate = Choice
     ValueInit = Choice
     Precision = Choice
+    HashKind = Choice
+    Softmax = Choice
 else:
     AssetDtype = _choices("AssetDtype", ("float32", "float16", "bfloat16", "nf4", "fp8-e4m3-e8m0", "fp8-e4m3"))  # = polymem.asset.DTYPES
     LayoutKind = _choices("LayoutKind", LAYOUT_KINDS)
     Normalizer = _choices("Normalizer", sorted(NORMALIZERS))
     Gate = _choices("Gate", ("scalar", "context"))  # = polymem.torch.site.GATES
+    HashKind = _choices("HashKind", ("bytes", "xor"))  # = polymem.recipes.train.HASHES
+    Softmax = _choices("Softmax", ("corpus", "full"))  # = polymem.recipes.frozen.SOFTMAX
     ValueInit = _choices("ValueInit", ("zero", "orthogonal"))  # = polymem.torch.site.VALUE_INITS
     Precision = _choices("Precision", ("auto", "fp32", "bf16"))  # = polymem.torch.precision.PRECISIONS
 
@@ -136,7 +140,8 @@ Dtype = Annotated[AssetDtype, typer.Option("--dtype", help="Storage type of the 
 Orders = Annotated[str, typer.Option("--orders", help="n-gram orders, comma-separated, e.g. 1,2,3.")]
 
 # ------------------------------------------------------------------------------ training (train, transfer)
-Steps = Annotated[Optional[int], typer.Option("--steps", min=1, help="Optimizer steps per model (default: train 620, transfer 400; with --model 80 and 40).")]
+TrainSteps = Annotated[Optional[int], typer.Option("--steps", min=1, help="Optimizer steps (default 620; 80 with --model).")]
+TransferSteps = Annotated[Optional[int], typer.Option("--steps", min=1, help="Optimizer steps per recipient arm and seed (default 400; 40 with --model).")]
 BatchSize = Annotated[Optional[int], typer.Option("--batch-size", min=1, help="Sequences per step (default 8; 4 with --model).")]
 BlockSize = Annotated[int, typer.Option("--block-size", min=8, help="Tokens per sequence.")]
 NLayer = Annotated[int, typer.Option("--n-layer", min=1, help="Transformer blocks.")]

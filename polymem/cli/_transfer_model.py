@@ -32,8 +32,10 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
                    seeds: int, seed_list: str | None, steps: int, batch_size: int, block_size: int,
                    eval_every: int | None, eval_tokens: int, site_lr: float, table_lr: float, softmax: str,
                    layers: str | None, max_n: int | None, out_dir: Path | None, threads: int | None,
-                   json_out: Path | None, plot: Path | None) -> None:
+                   json_out: Path | None, plot: Path | None, device: str = "auto") -> None:
     import torch
+
+    from polymem.torch.device import resolve_device
 
     from polymem._io import atomic_write_json, check_output_paths
     from polymem.cli.cmd_eval import progress_bar
@@ -50,6 +52,7 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
         from polymem._optional import pyplot
 
         pyplot("transfer --plot")  # a missing matplotlib is said now, not after the training
+    dev = resolve_device(device)  # a missing CUDA device is said before the model loads
     arm_list = check_arms((arms or ",".join(ARMS)).split(","))
     seed_ids = _seeds(seeds, seed_list)
     if threads:
@@ -61,7 +64,8 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
     every = eval_every or steps
     eval_at = sorted({s for s in range(every, steps + 1, every)} | {steps})
     console.print(f"loading {escape(model)} …", highlight=False)
-    lm = load_model(model)
+    lm = load_model(model, device=str(dev))
+    console.print(escape(lm.load_line()), highlight=False)
     console.print("preparing (donor table, corpus, scoring sets) …", highlight=False)
     exp = Experiment(lm, asset, corpus, cfg=cfg, eval_corpora=eval_corpus, eval_tokens=eval_tokens,
                      layers=_layers(layers) if layers else None, max_n=max_n)

@@ -7,6 +7,7 @@ import importlib
 import os
 import pkgutil
 import sys
+from typing import Annotated
 
 import typer
 
@@ -21,6 +22,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help text is plain: a docstring with [brackets] must not break `polymem --help`
 )
+
+def _print_version(value: bool) -> None:
+    if value:
+        from polymem import __version__
+
+        print(f"polymem {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="Print polymem's version and exit.")] = False) -> None:
+    """Tokenizer-agnostic hashed n-gram memory tables, addressed by the bytes of an n-gram."""
+
 
 LOG_COLUMNS = 160  # line width of tables and messages written to a file or a pipe (a terminal: its own)
 

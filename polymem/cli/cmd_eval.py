@@ -11,7 +11,7 @@ from rich.table import Table
 
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
-from polymem.cli._options import CorpusFiles, JsonOut, ModelOpt, Threads, local_path
+from polymem.cli._options import CorpusFiles, Device, JsonOut, ModelOpt, Threads, local_path
 
 console = Console()
 
@@ -34,6 +34,7 @@ def eval_cmd(
     batch: Annotated[int, typer.Option(min=1, help="Windows per forward.")] = 4,
     per_doc: Annotated[bool, typer.Option("--per-doc", help="Print one row per document.")] = False,
     threads: Threads = None,
+    device: Device = "auto",
     json_out: JsonOut = None,
 ) -> None:
     """Held-out bits per byte of a pretrained model on a corpus, per document and overall: the model alone and,
@@ -46,20 +47,24 @@ def eval_cmd(
     from polymem.errors import PolymemError
     from polymem.models import load_model
     from polymem.models.evaluate import evaluate
-    from polymem.recipes.data import read_documents
+    from polymem.recipes.data import read_named_documents
 
     check_outputs_not_inputs({"--json": json_out}, [("model", model), ("site", site), ("asset", table)]
                              + [("corpus", c) for c in corpus])
+    from polymem.torch.device import resolve_device
+
+    dev = resolve_device(device)  # a missing CUDA device is said before the model loads
     if threads:
         torch.set_num_threads(threads)
     site_header = _site_header(site) if site is not None else None
-    texts = read_documents(corpus)
-    idx = [i for i in range(len(texts)) if i % heldout_every == heldout_every - 1][:max_docs]
+    named = read_named_documents(corpus)
+    idx = [i for i in range(len(named)) if i % heldout_every == heldout_every - 1][:max_docs]
     if not idx:
-        raise PolymemError(f"--heldout-every {heldout_every} leaves no document of {len(texts)}; lower it")
-    docs, names = [texts[i] for i in idx], [f"doc{i}" for i in idx]
+        raise PolymemError(f"--heldout-every {heldout_every} leaves no document of {len(named)}; lower it")
+    docs, names = [named[i][1] for i in idx], [named[i][0] for i in idx]
     console.print(f"loading {escape(model)} …", highlight=False)
-    lm = load_model(model)
+    lm = load_model(model, device=str(dev))
+    console.print(escape(lm.load_line()), highlight=False)
     tpath = None
     if site_header is not None:  # (made when --site is given)
         tpath = table or site_header["table"].get("source", {}).get("path")
@@ -85,6 +90,7 @@ def eval_cmd(
     _print(res, per_doc)
     if json_out:
         atomic_write_json(json_out, res, indent=1)
+        console.print(f"wrote {escape(str(json_out))}", highlight=False)
 
 
 def _attacher(lm, site: Path, table):

@@ -14,8 +14,9 @@ from polymem._io import atomic_write_json
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
 from polymem.cli._options import (
-    BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HeadDim, Heads, JsonOut, Lr, MaxEvalTokens, MaxN,
-    NHead, NLayer, Precision, PrecisionOpt, Slots, Steps, TableLrMult, Threads, local_path, parse_count,
+    BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HashKind, HeadDim, Heads, JsonOut, Lr,
+    MaxEvalTokens, MaxN, NHead, NLayer, Precision, PrecisionOpt, Slots, Softmax, TableLrMult, Threads,
+    TrainSteps, local_path, parse_count,
     refuse_unused,
 )
 
@@ -33,7 +34,7 @@ def train(
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", help="Tokenizer of a small model trained from scratch: a name (cl100k_base, mistral-v1, bytes, …), hf:NAME, or a tokenizer file. Not with --model.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Train the table on this pretrained model instead, its backbone frozen: smollm2-135m, gemma3-270m, a .gguf file, a checkpoint folder or hf:ORG/NAME (needs polymem[models]; its own tokenizer).")] = None,
     site: Annotated[Optional[Path], typer.Option("--site", parser=local_path("a local folder"), help="With --model: where the trained site (projection, gate) goes (default: OUT.site).")] = None,
-    steps: Steps = None,
+    steps: TrainSteps = None,
     batch_size: BatchSize = None,
     block_size: BlockSize = 256,
     n_layer: NLayer = 4,
@@ -56,10 +57,10 @@ def train(
     bf16: Bf16 = None,
     threads: Threads = None,
     device: Device = "auto",
-    hash_kind: Annotated[str, typer.Option("--hash", help="bytes (tokenizer-agnostic byte hash) or xor (Engram's token-id XOR hash: a tokenizer-bound table, re-addressable with `polymem convert`).")] = "bytes",
+    hash_kind: Annotated[HashKind, typer.Option("--hash", help="bytes (tokenizer-agnostic byte hash) or xor (Engram's token-id XOR hash: a tokenizer-bound table, re-addressable with `polymem convert`).")] = HashKind("bytes"),
     table_lr: Annotated[float, typer.Option(min=0.0, help="With --model: table learning rate (row-wise RMS rule).")] = 0.14,
     site_lr: Annotated[float, typer.Option(min=0.0, help="With --model: AdamW learning rate of the site's projection and gate.")] = 1e-3,
-    softmax: Annotated[str, typer.Option(help="With --model: the training loss over the ids the corpus uses (corpus; fast on large vocabularies) or the whole vocabulary (full). Scores are always exact.")] = "corpus",
+    softmax: Annotated[Softmax, typer.Option(help="With --model: the training loss over the ids the corpus uses (corpus; fast on large vocabularies) or the whole vocabulary (full). Scores are always exact.")] = Softmax("corpus"),
     eval_tokens: Annotated[int, typer.Option(min=1, help="With --model: held-out tokens scored before and after training.")] = 16384,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
     json_out: JsonOut = None,
@@ -78,6 +79,9 @@ def train(
     default_site = out.with_name(out.name + ".site") if model is not None and site is None else None
     check_outputs_not_inputs({"--out": out, "--site": site or default_site, "--json": json_out},
                              [("corpus", c) for c in corpus] + [("tokenizer", tokenizer), ("model", model)])
+    for what, p in (("--out", out), ("--site", site or default_site)):
+        if p is not None and p.exists() and not overwrite:  # said now, not after the model loads and trains
+            raise PolymemError(f"{what} {str(p)!r} exists; pass --overwrite to replace it, or another {what}")
     if (tokenizer is None) == (model is None):
         raise PolymemError("pass --tokenizer (a small model trained from scratch) or --model (a pretrained model, "
                            "which brings its own tokenizer), not " + ("both" if model else "neither"))
@@ -87,7 +91,7 @@ def train(
         refuse_unused("with --model (a pretrained backbone, frozen, fp32)", {
             "conv": (conv, False), "lr": (lr, 2e-3), "table_lr_mult": (table_lr_mult, 70.0),
             "precision": (precision, "auto"), "bf16": (bf16, None), "max_eval_tokens": (max_eval_tokens, None),
-            "device": (device, "auto"), "n_layer": (n_layer, 4), "d_model": (d_model, 256), "n_head": (n_head, 4)})
+            "n_layer": (n_layer, 4), "d_model": (d_model, 256), "n_head": (n_head, 4)})
         if hash_kind != "bytes":
             raise PolymemError("--hash xor trains a tokenizer-bound table from scratch; with --model use --hash bytes")
         from polymem.recipes.frozen import FrozenTrainConfig
@@ -95,9 +99,9 @@ def train(
         fcfg = FrozenTrainConfig(steps=steps or 80, batch_size=batch_size or 4, block_size=block_size,
                                  layers=_layers(layers or "2"), max_n=max_n, params=parse_count(params or "20M"),
                                  heads=heads, slots=slots, head_dim=head_dim, gate=gate.value, table_lr=table_lr,
-                                 site_lr=site_lr, seed=seed, softmax=softmax)
+                                 site_lr=site_lr, seed=seed, softmax=softmax.value)
         _train_model(model, corpus, out, site, fcfg, heldout_every=heldout_every, eval_tokens=eval_tokens,
-                     overwrite=overwrite, json_out=json_out)
+                     overwrite=overwrite, json_out=json_out, device=device)
         return
     refuse_unused("without --model", {"site": (site, None), "table_lr": (table_lr, 0.14), "site_lr": (site_lr, 1e-3),
                                       "softmax": (softmax, "corpus"), "eval_tokens": (eval_tokens, 16384)})
@@ -105,15 +109,15 @@ def train(
     batch_size = batch_size or 8
     layers = layers or "1"
     params = params or "12M"
-    if hash_kind not in ("bytes", "xor"):
-        console.print(f"[red]--hash {escape(repr(hash_kind))} is unknown; accepted: bytes, xor[/]", highlight=False)
-        raise typer.Exit(2)
     layer_ids = _layers(layers)
     cfg = TrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
                       d_model=d_model, lr=lr, table_lr_mult=table_lr_mult, seed=seed,
                       precision=precision_option(precision.value, bf16), device=device)
     mem = MemoryConfig(layers=layer_ids, max_n=max_n, params=parse_count(params), heads=heads, slots=slots,
                        head_dim=head_dim, gate=gate.value, conv=conv)
+    from polymem.torch.tables import check_table_memory
+
+    check_table_memory(mem.layout(), trainable=True)  # before the corpus is read and the model built
     say_precision(cfg)
     with _progress() as prog:
         task = prog.add_task("train", total=steps, info="")
@@ -127,7 +131,7 @@ def train(
 
         summary = train_donor(tokenizer, corpus, out, cfg=cfg, mem=mem, heldout_every=heldout_every,
                               max_eval_tokens=max_eval_tokens, overwrite=overwrite, on_step=on_step,
-                              on_phase=lambda s: prog.update(task, description=escape(s), info=""), hash=hash_kind)
+                              on_phase=lambda s: prog.update(task, description=escape(s), info=""), hash=hash_kind.value)
     _print_summary(summary, cfg)
     if json_out:
         atomic_write_json(json_out, summary, indent=1)
@@ -171,13 +175,20 @@ def _layers(text: str) -> tuple[int, ...]:
 
 
 def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, cfg, *, heldout_every: int,
-                 eval_tokens: int, overwrite: bool, json_out: Path | None) -> None:
+                 eval_tokens: int, overwrite: bool, json_out: Path | None, device: str = "auto") -> None:
     from polymem.models import load_model
     from polymem.recipes.frozen import train_table
+    from polymem.torch.device import resolve_device
+
+    from polymem.torch.tables import check_table_memory
+
+    dev = resolve_device(device)  # a missing CUDA device is said before the model loads
+    check_table_memory(cfg.layout(), trainable=True)  # and a table that cannot fit
 
     console.print(f"loading {escape(model)} … (backbone frozen; table {cfg.params:,} scalars, site before block(s) "
                   f"{', '.join(map(str, cfg.layers))}, training softmax: {cfg.softmax})", highlight=False)
-    lm = load_model(model)
+    lm = load_model(model, device=str(dev))
+    console.print(escape(lm.load_line()), highlight=False)
     with _progress() as prog:
         task = prog.add_task("train", total=cfg.steps, info="")
         every = max(1, cfg.steps // 20)

@@ -14,7 +14,8 @@ from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
 from polymem.cli._options import (
     BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, JsonOut, Lr, MaxEvalTokens, NHead, NLayer, PlotOut,
-    PrecisionOpt, Precision, Steps, TableLrMult, Threads, ValueInit, corpus_source, local_path, refuse_unused,
+    PrecisionOpt, Precision, Softmax, TableLrMult, Threads, TransferSteps, ValueInit, corpus_source, local_path,
+    refuse_unused,
 )
 
 console = Console()
@@ -30,13 +31,13 @@ def transfer(
     eval_tokens: Annotated[int, typer.Option(min=64, help="With --model: held-out tokens per scoring set (the first held-out documents).")] = 4096,
     site_lr: Annotated[float, typer.Option(min=0.0, help="With --model: AdamW learning rate of the sites.")] = 1e-3,
     table_lr: Annotated[float, typer.Option(min=0.0, help="With --model: table learning rate (row-wise RMS rule) of the null, donor_finetune and in_place arms.")] = 0.14,
-    softmax: Annotated[str, typer.Option(help="With --model: training loss over the ids the corpus uses (corpus) or the whole vocabulary (full); scores are exact.")] = "corpus",
+    softmax: Annotated[Softmax, typer.Option(help="With --model: training loss over the ids the corpus uses (corpus) or the whole vocabulary (full); scores are exact.")] = Softmax("corpus"),
     layers: Annotated[Optional[str], typer.Option(help="With --model: blocks that get the site (default: the donor's).")] = None,
     eval_corpus: Annotated[Optional[list[Path]], typer.Option("--eval-corpus", parser=corpus_source, help="Score the held-out split of these documents instead of --corpus's (default: --corpus); with --model, in addition to it (one scoring set per file).")] = None,
     domain: Annotated[Optional[str], typer.Option(help="A name for the domain in the JSON (default: the eval corpus file name).")] = None,
     arms: Annotated[Optional[str], typer.Option(help="Comma-separated arms: none, random, donor (adds donor_memory_off), donor_finetune, scratch (default: all). With --model: none, random, null, donor, donor_finetune, in_place (default: all).")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Number of seeds (0..seeds-1); each seed fixes init and data order for all arms.")] = 3,
-    steps: Steps = None,
+    steps: TransferSteps = None,
     eval_every: Annotated[Optional[int], typer.Option(min=1, help="Score held-out bpb every this many steps (learning curves; default: only at the end).")] = None,
     batch_size: BatchSize = None,
     block_size: BlockSize = 256,
@@ -82,7 +83,7 @@ def transfer(
         refuse_unused("with --model (a pretrained recipient, frozen, fp32, in one process)", {
             "domain": (domain, None), "jobs": (jobs, 1), "value_init": (value_init, "zero"),
             "finetune_table_lr_mult": (finetune_table_lr_mult, None), "max_eval_tokens": (max_eval_tokens, None),
-            "device": (device, "auto"), "scratch": (scratch, False), "n_layer": (n_layer, 4),
+            "scratch": (scratch, False), "n_layer": (n_layer, 4),
             "d_model": (d_model, 256), "n_head": (n_head, 4), "lr": (lr, 2e-3),
             "table_lr_mult": (table_lr_mult, 70.0), "precision": (precision, "auto"), "bf16": (bf16, None)})
         from polymem.cli._transfer_model import transfer_model
@@ -90,8 +91,8 @@ def transfer(
         transfer_model(model=model, asset=asset, corpus=corpus, eval_corpus=eval_corpus or [], arms=arms,
                        seeds=seeds, seed_list=seed_list, steps=steps or 40, batch_size=batch_size or 4,
                        block_size=block_size, eval_every=eval_every, eval_tokens=eval_tokens, site_lr=site_lr,
-                       table_lr=table_lr, softmax=softmax, layers=layers, max_n=max_n, out_dir=out_dir,
-                       threads=threads, json_out=json_out, plot=plot)
+                       table_lr=table_lr, softmax=softmax.value, layers=layers, max_n=max_n, out_dir=out_dir,
+                       threads=threads, json_out=json_out, plot=plot, device=device)
         return
     refuse_unused("without --model", {
         "out_dir": (out_dir, None), "seed_list": (seed_list, None), "eval_tokens": (eval_tokens, 4096),

@@ -27,6 +27,19 @@ LAYOUT_KINDS = ("page-local", "flat", "independent-heads")
 _KIND_CODE = {"page-local": KIND_PAGE_LOCAL, "flat": KIND_FLAT, "independent-heads": KIND_INDEPENDENT}
 
 
+def bool_mask(valid: Any, name: str = "valid") -> np.ndarray:
+    """A validity mask as a numpy bool array. Only booleans are a mask: a float mask (0.5?) or an integer one (is 2
+    valid? an index?) is refused rather than cast, so a mask of the wrong kind cannot select rows silently."""
+    v = np.asarray(valid)
+    if v.dtype != np.bool_ and v.size == 0:  # an empty list has no dtype to judge
+        return v.astype(bool)
+    if v.dtype != np.bool_:
+        first = v.reshape(-1)[0].item()
+        raise PolymemError(f"{name} must be a boolean mask, got dtype {v.dtype} (first value {first!r}); pass "
+                           f"booleans, e.g. {name} > 0.5 or {name}.astype(bool) if that is what you mean")
+    return v
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """Table geometry and addressing. ``rows(h)`` maps hashes [...] to rows [..., K]."""
@@ -87,7 +100,7 @@ class Layout:
         ``backend="numpy"`` runs the vectorised numpy path (:func:`polymem.hash.ngram.rows_numpy`), same bits.
         """
         h = np.ascontiguousarray(hashes, dtype=np.uint64)
-        v = np.ones(h.shape, dtype=bool) if valid is None else np.ascontiguousarray(valid, dtype=bool)
+        v = np.ones(h.shape, dtype=bool) if valid is None else np.ascontiguousarray(bool_mask(valid))
         if v.shape != h.shape:
             raise PolymemError(f"valid has shape {v.shape}, hashes {h.shape}; they must match")
         if backend == "numpy":

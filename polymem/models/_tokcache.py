@@ -5,29 +5,28 @@ seconds for SmolLM2's 49,152 ids, far longer for Gemma 3's 262,144. The converte
 ``save_pretrained`` under ``<cache dir>/models/tokenizers/<key>/``, where the key names the GGUF's sha256 and the
 transformers and tokenizers versions (a new file or a new converter gets a new entry), and read back from there.
 
-Each entry holds a manifest, written last: the sha256 of every saved file, polymem's tokenizer fingerprint, the
-bos/eos ids and the ids of a probe text. A read is used only when all of them match; anything else (a truncated
-file, a missing manifest, a load error) counts as damaged: one line on stderr, and the entry is converted again.
-Entries are written to a hidden temporary folder and renamed into place, so a reader never sees half of one and
-two processes converting the same file at once both end up with a good tokenizer (the second rename loses and
-its copy is dropped).
+Each entry holds a manifest, written last (:mod:`polymem.models._entry`: temporary folder, rename): the size and
+crc32c of every saved file, polymem's tokenizer fingerprint, the bos/eos ids and the ids of a probe text (as
+polymem's tokenizer and transformers' give them). A read builds polymem's tokenizer from the entry's
+``tokenizer.json`` and is used only when its files, fingerprint and probe ids match (transformers' tokenizer is
+read from the entry on first use, and checked then); anything else (a truncated file, a missing manifest, a load
+error) counts as damaged: one line on stderr, and the entry is converted again. A cache that cannot take the entry (read-only,
+full) gets one line too, and the load goes on with the converted tokenizer.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import secrets
-import shutil
-import sys
+import functools
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from polymem._paths import cache_root
+from polymem.errors import PolymemError
+from polymem.models._entry import note, read_manifest, write_entry
 
 MANIFEST = "polymem-tokenizer-cache.json"
-_FORMAT = 1
+_FORMAT = 3  # files: {name: {"bytes", "crc32c"}}; polymem_probe_ids
 # Mixed scripts, whitespace runs, tabs, digits and special-token look-alikes: ids that differ on any of these
 # mean the cached tokenizer would not reproduce the converted one.
 PROBE = ("Hello world, naïve café — 日本語のテキスト, Ünïcödé\n\n  def f(x):\treturn x ** 2  # 12345 67.89\r\n"
@@ -47,67 +46,69 @@ def cache_dir(sha256: str) -> Path:
     return cache_root() / "models" / "tokenizers" / cache_key(sha256)
 
 
-def _file_hashes(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
-
-
 def _facts(hf_tok: Any, tok: Any) -> dict[str, Any]:
     """What a cached tokenizer must reproduce of the converted one."""
     return {"fingerprint": tok.fingerprint, "vocab_size": int(tok.vocab_size),
             "bos_id": getattr(hf_tok, "bos_token_id", None), "eos_id": getattr(hf_tok, "eos_token_id", None),
-            "probe_ids": [int(i) for i in hf_tok(PROBE)["input_ids"]], "class": type(hf_tok).__name__}
+            "probe_ids": [int(i) for i in hf_tok(PROBE)["input_ids"]], "class": type(hf_tok).__name__,
+            "polymem_probe_ids": [int(i) for i in tok.encode(PROBE)]}
 
 
-def _read(folder: Path, tf: Any) -> tuple[Any, Any]:
-    """The cached (transformers, polymem) tokenizers; ValueError saying what is wrong when the entry is damaged."""
+_POLYMEM_FACTS = ("fingerprint", "vocab_size", "polymem_probe_ids")
+
+
+@dataclass
+class GgufTokenizer:
+    """A GGUF's tokenizer: polymem's (``tok``), its BOS/EOS ids, and transformers' on demand (``hf()``: read
+    from the cache entry on first use, since a command that only scores needs polymem's alone)."""
+
+    tok: Any
+    bos_id: int | None
+    eos_id: int | None
+    hf: Callable[[], Any]
+
+
+def _read(folder: Path, tf: Any) -> GgufTokenizer:
+    """The cached tokenizer; ValueError saying what is wrong when the entry is damaged. polymem's tokenizer is
+    built from the entry's tokenizer.json and checked against the manifest now; transformers' is loaded (and
+    checked) when first asked for."""
     from polymem.tokenizers import load_tokenizer
 
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"no readable {MANIFEST} ({type(exc).__name__})") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
-        raise ValueError(f"{MANIFEST} is not format {_FORMAT}")
-    if _file_hashes(folder) != manifest.get("files"):
-        raise ValueError("its files differ from the ones its manifest lists")
-    hf_tok = tf.AutoTokenizer.from_pretrained(str(folder))
-    tok = load_tokenizer(hf_tok)
-    got = _facts(hf_tok, tok)
-    bad = [k for k, v in got.items() if manifest.get(k) != v]
+    manifest = read_manifest(folder, MANIFEST, _FORMAT)
+    tok = load_tokenizer(str(folder / "tokenizer.json"))
+    got = {"fingerprint": tok.fingerprint, "vocab_size": int(tok.vocab_size),
+           "polymem_probe_ids": [int(i) for i in tok.encode(PROBE)]}
+    bad = [k for k in _POLYMEM_FACTS if manifest.get(k) != got[k]]
     if bad:
         raise ValueError(f"it loads with a different {', '.join(bad)}")
-    return hf_tok, tok
+
+    def hf() -> Any:
+        hf_tok = tf.AutoTokenizer.from_pretrained(str(folder))
+        facts = _facts(hf_tok, tok)
+        wrong = [k for k, v in facts.items() if manifest.get(k) != v]
+        if wrong:
+            raise PolymemError(f"the cached tokenizer {str(folder)!r} loads into transformers with a different "
+                               f"{', '.join(wrong)}; remove it (polymem models clear {folder.name[:12]}) and load again")
+        return hf_tok
+
+    return GgufTokenizer(tok, manifest.get("bos_id"), manifest.get("eos_id"), functools.cache(hf))
 
 
-def _write(folder: Path, hf_tok: Any, tok: Any, sha256: str) -> None:
-    """Save the converted tokenizer as the entry ``folder`` (temporary folder, manifest last, rename)."""
+def _write(folder: Path, hf_tok: Any, tok: Any, sha256: str, source: str = "") -> str | None:
+    """Save the converted tokenizer as the entry ``folder``; None when written, else why not."""
     import transformers
 
-    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        tmp.mkdir(parents=True)
+    def fill(tmp: Path) -> dict[str, Any]:
         hf_tok.save_pretrained(str(tmp))
-        manifest = {"format": _FORMAT, "gguf_sha256": sha256, "transformers": transformers.__version__,
-                    "files": _file_hashes(tmp), **_facts(hf_tok, tok)}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        if folder.exists():  # a damaged entry: moved aside first (a rename onto a full folder fails)
-            old = folder.with_name(f".{folder.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
-            try:
-                os.rename(folder, old)
-            except OSError:
-                pass  # another process moved or replaced it
-            shutil.rmtree(old, ignore_errors=True)
-        os.rename(tmp, folder)
-    except OSError:
-        pass  # another process put its entry there first, or the cache is not writable: this load goes on
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return {"format": _FORMAT, "gguf_sha256": sha256, "source": source, "transformers": transformers.__version__,
+                **_facts(hf_tok, tok)}
+
+    return write_entry(folder, MANIFEST, fill)
 
 
-def gguf_tokenizer(tf: Any, where: str, gguf_file: str, sha256: str) -> tuple[Any, Any]:
-    """The (transformers, polymem) tokenizers of ``where/gguf_file`` (sha256 given): read from the cache when
-    an intact entry is there, else converted by transformers and cached. Conversion errors propagate."""
+def gguf_tokenizer(tf: Any, where: str, gguf_file: str, sha256: str) -> GgufTokenizer:
+    """The tokenizer of ``where/gguf_file`` (sha256 given): read from the cache when an intact entry is there,
+    else converted by transformers and cached. Conversion errors propagate."""
     from polymem.tokenizers import load_tokenizer
 
     folder = cache_dir(sha256)
@@ -115,9 +116,12 @@ def gguf_tokenizer(tf: Any, where: str, gguf_file: str, sha256: str) -> tuple[An
         try:
             return _read(folder, tf)
         except Exception as exc:  # any failure to read the entry back means: convert again
-            print(f"note: the cached tokenizer {str(folder)!r} is damaged ({str(exc)[:160]}); converting it "
-                  f"again from {gguf_file!r}", file=sys.stderr)
+            note(f"the cached tokenizer {str(folder)!r} is damaged ({str(exc)[:160]}); converting it again "
+                 f"from {gguf_file!r}")
     hf_tok = tf.AutoTokenizer.from_pretrained(where, gguf_file=gguf_file)
     tok = load_tokenizer(hf_tok)
-    _write(folder, hf_tok, tok, sha256)
-    return hf_tok, tok
+    why = _write(folder, hf_tok, tok, sha256, gguf_file)
+    if why is not None:
+        note(f"the converted tokenizer was not cached in {str(folder.parent)!r}: {why}")
+    return GgufTokenizer(tok, getattr(hf_tok, "bos_token_id", None), getattr(hf_tok, "eos_token_id", None),
+                         lambda: hf_tok)

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 from polymem._paths import cache_root
 from polymem.errors import PolymemError
 from polymem.models._tokcache import gguf_tokenizer
+from polymem.models._weightcache import cached_model
 
 
 @dataclass(frozen=True)
@@ -87,16 +88,29 @@ def _accepted() -> str:
 @dataclass
 class LoadedModel:
     """A pretrained causal LM with its own tokenizer. ``tokenizer`` is polymem's (hashing, byte lengths);
-    ``hf_tokenizer`` is transformers' (same ids). ``source`` says where it came from (for provenance)."""
+    ``hf_tokenizer`` is transformers' (same ids; for a cached GGUF tokenizer read on first use, since scoring
+    and training need polymem's alone). ``source`` says where it came from (for provenance)."""
 
     name: str
     spec: str
     model: Any  # transformers PreTrainedModel, eval mode, frozen
     tokenizer: Any  # polymem Tokenizer
-    hf_tokenizer: Any
+    hf_loader: Callable[[], Any]  # -> transformers' tokenizer (see hf_tokenizer)
     bos_id: int | None
     eos_id: int | None
     source: dict[str, Any] = field(default_factory=dict)
+    # how this load went (not provenance: it differs between the first load and the next): seconds, and where the
+    # weights came from ("cache", "gguf, cached", "gguf, not cached", "checkpoint", "hub")
+    load: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hf_tokenizer(self) -> Any:
+        """transformers' tokenizer of the model (loaded on first use, then kept)."""
+        return self.hf_loader()
+
+    def load_line(self) -> str:
+        """One line for a command to print once the model is in memory."""
+        return f"loaded {self.name} in {self.load.get('seconds', 0.0):.1f} s (weights: {self.load.get('weights', '?')})"
 
     @property
     def num_layers(self) -> int:
@@ -134,6 +148,30 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+_GGUF_MIN_TENSOR_INFO = 8 + 1 + 4 + 8 + 4 + 8  # name length, a 1-byte name, n_dims, one dim, type, offset
+_GGUF_MIN_KV = 8 + 1 + 4 + 1  # key length, a 1-byte key, value type, a 1-byte value
+
+
+def check_gguf_header(path: Path) -> None:
+    """The first 24 bytes of a GGUF file, checked before anything else reads it: the magic, a version transformers
+    reads (2 or 3), and tensor and metadata counts the file's size can hold (a header claiming 2^40 tensors is
+    refused here, not met as a struct.error deep in a parser, or after hashing a huge sparse file)."""
+    import struct
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if len(head) < 24 or head[:4] != b"GGUF":
+        raise PolymemError(f"{str(path)!r} is not a GGUF file (its first bytes are {head[:4]!r}, not b'GGUF'); "
+                           "pass a .gguf model file")
+    version, tensors, kvs = struct.unpack("<IQQ", head[4:24])
+    if version not in (2, 3):
+        raise PolymemError(f"{str(path)!r} is GGUF version {version}; polymem reads versions 2 and 3")
+    if tensors * _GGUF_MIN_TENSOR_INFO + kvs * _GGUF_MIN_KV > size:
+        raise PolymemError(f"{str(path)!r} claims {tensors:,} tensors and {kvs:,} metadata entries, more than its "
+                           f"{size:,} bytes can hold; the file is damaged or not a model")
 
 
 def resolve_builtin(name: str) -> Path:
@@ -205,12 +243,63 @@ def _gguf_loading(tf: Any) -> Iterator[None]:
             tf.utils.logging.enable_progress_bar()
 
 
-def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str = "cpu") -> LoadedModel:
-    """Resolve ``spec`` (see the module docstring), load the model (fp32 unless ``dtype``) and its tokenizer."""
+def _check_checkpoint(folder: Path) -> None:
+    """Refuse, before transformers sees it, a checkpoint folder that would run its own code or unpickle weights:
+    polymem loads model classes transformers ships, from safetensors (or GGUF) only."""
+    import json
+
+    cfg_file = folder / "config.json"
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PolymemError(f"{str(cfg_file)!r} is not a readable JSON config ({type(exc).__name__}: {str(exc)[:120]}); "
+                           "pass a transformers checkpoint folder") from None
+    if not isinstance(cfg, dict):
+        raise PolymemError(f"{str(cfg_file)!r} holds a JSON {type(cfg).__name__}, not an object; pass a transformers "
+                           "checkpoint folder")
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            meta = cfg if name == "config.json" else json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # a missing or bad tokenizer config is transformers' to report
+        if isinstance(meta, dict) and meta.get("auto_map"):
+            raise PolymemError(f"model folder {str(folder)!r} names its own code ({name}: auto_map "
+                               f"{str(meta['auto_map'])[:120]}); polymem never runs code from a model folder. Fix: use "
+                               "a checkpoint of a model class transformers ships (no auto_map)")
+    names = {q.name for q in folder.iterdir()}
+    if not any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names):
+        pickles = sorted(n for n in names if n.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl")))
+        what = f"only pickled weights ({', '.join(pickles[:3])})" if pickles else "no weights file"
+        raise PolymemError(f"model folder {str(folder)!r} holds {what}; polymem reads safetensors or GGUF only (never a "
+                           "pickle). Fix: convert it with transformers' save_pretrained(safe_serialization=True), or "
+                           "pass a .gguf")
+
+
+def _check_loading_info(spec: str, info: dict[str, Any]) -> None:
+    """Missing or unexpected weights are an error: a checkpoint whose file does not hold the model's weights would
+    otherwise run as a freshly initialised model."""
+    wrong = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    wrong = {k: v for k, v in wrong.items() if v}
+    if wrong:
+        what = "; ".join(f"{k.replace('_', ' ')}: {len(v)} ({', '.join(map(str, v[:3]))}{', …' if len(v) > 3 else ''})"
+                         for k, v in wrong.items())
+        raise PolymemError(f"model {spec!r}: its weights file does not match the model its config describes ({what}). "
+                           "Fix: pass the checkpoint's complete, matching weights")
+
+
+def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str = "cpu",
+               cache: bool = True) -> LoadedModel:
+    """Resolve ``spec`` (see the module docstring), load the model (fp32 unless ``dtype``) and its tokenizer.
+
+    A GGUF's de-quantised weights are cached on first load and memory-mapped by later ones
+    (:mod:`polymem.models._weightcache`; ``cache=False`` always de-quantises the GGUF and writes nothing)."""
+    import time
+
     import torch
 
     from polymem.tokenizers import load_tokenizer
 
+    start = time.perf_counter()
     s = os.fspath(spec)
     dtype = dtype or torch.float32
     kind, name = "", s
@@ -226,16 +315,19 @@ def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str =
         if not repo or repo.count("/") > 1:
             raise PolymemError(f"model {s!r}: 'hf:' needs a Hub repository after the colon, e.g. hf:HuggingFaceTB/SmolLM2-135M")
         kind, where, name = "hub", repo, repo.rsplit("/", 1)[-1]
+        kw = {"use_safetensors": True}
         if os.environ.get("POLYMEM_OFFLINE", "") in ("1", "true", "yes"):
-            kw = {"local_files_only": True}
+            kw["local_files_only"] = True
         source = {"kind": kind, "repo": repo}
     else:
         p = Path(s)
         if p.is_dir():
             ggufs = sorted(p.glob("*.gguf"))
             if (p / "config.json").is_file():
+                _check_checkpoint(p)
                 kind, where, name = "checkpoint", str(p), p.resolve().name
                 source = {"kind": kind, "path": str(p.resolve())}
+                kw = {"use_safetensors": True}
             elif len(ggufs) == 1:
                 p = ggufs[0]
             else:
@@ -244,10 +336,13 @@ def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str =
                                    "(config.json + weights + tokenizer files) or the .gguf file itself")
         if not kind and p.suffix == ".gguf":
             if not p.is_file():
-                raise PolymemError(f"model file {str(p)!r} does not exist; pass an existing .gguf file or {_accepted()}")
+                what = "is not a regular file" if p.exists() else "does not exist"
+                raise PolymemError(f"model file {str(p)!r} {what}; pass an existing .gguf file or {_accepted()}")
             _check_gguf_deps(f"the GGUF model {str(p)!r}")
-            kind, where, name, kw = "gguf", str(p.resolve().parent), p.stem, {"gguf_file": p.name}
-            source = {"kind": kind, "path": str(p.resolve()), "sha256": _sha256(p)}
+            real = p.resolve()  # a link is read as the file it names (its folder and its own name)
+            check_gguf_header(real)  # before the file is hashed whole
+            kind, where, name, kw = "gguf", str(real.parent), p.stem, {"gguf_file": real.name}
+            source = {"kind": kind, "path": str(real), "sha256": _sha256(real)}
         elif not kind:
             close = difflib.get_close_matches(s, list(BUILTIN_MODELS), n=2)
             hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
@@ -256,11 +351,26 @@ def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str =
     try:
         with _gguf_loading(tf):
             if "gguf_file" in kw:  # the conversion is slow: cached per GGUF sha256 (see polymem.models._tokcache)
-                hf_tok, tok = gguf_tokenizer(tf, where, kw["gguf_file"], source["sha256"])
+                got = gguf_tokenizer(tf, where, kw["gguf_file"], source["sha256"])
+                tok, bos, eos, hf_loader = got.tok, got.bos_id, got.eos_id, got.hf
             else:
-                hf_tok = tf.AutoTokenizer.from_pretrained(where, **kw)
+                tkw = {k: v for k, v in kw.items() if k != "use_safetensors"}
+                hf_tok = tf.AutoTokenizer.from_pretrained(where, trust_remote_code=False, **tkw)
                 tok = load_tokenizer(hf_tok)
-            model = tf.AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw)
+                bos, eos = getattr(hf_tok, "bos_token_id", None), getattr(hf_tok, "eos_token_id", None)
+                hf_loader = functools.partial(lambda t: t, hf_tok)
+            if "gguf_file" in kw and cache:
+                model, how = cached_model(tf, source["sha256"], dtype,
+                                          lambda: tf.AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw),
+                                          kw["gguf_file"])
+            elif "gguf_file" in kw:
+                model = tf.AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw)
+                how = "gguf, not cached"
+            else:  # never code from the folder (trust_remote_code=False), never a pickle (use_safetensors=True)
+                model, info = tf.AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=False,
+                                                                      output_loading_info=True, **kw)
+                _check_loading_info(s, info)
+                how = kind
     except PolymemError:  # polymem's own (a tokenizer it cannot read) already names the fix
         raise
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
@@ -271,14 +381,12 @@ def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str =
     model.eval()
     model.requires_grad_(False)
     tok.name = name
-    bos = getattr(hf_tok, "bos_token_id", None)
-    eos = getattr(hf_tok, "eos_token_id", None)
     if bos is None:
         bos = getattr(model.config, "bos_token_id", None)
     if eos is None:
         eos = getattr(model.config, "eos_token_id", None)
     if isinstance(eos, (list, tuple)):  # several end-of-text ids: the first
         eos = eos[0] if eos else None
-    return LoadedModel(name=name, spec=s, model=model, tokenizer=tok, hf_tokenizer=hf_tok,
+    return LoadedModel(name=name, spec=s, model=model, tokenizer=tok, hf_loader=hf_loader,
                        bos_id=None if bos is None else int(bos), eos_id=None if eos is None else int(eos),
-                       source=source)
+                       source=source, load={"seconds": round(time.perf_counter() - start, 2), "weights": how})

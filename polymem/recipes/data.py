@@ -14,12 +14,18 @@ from polymem.errors import PolymemError
 
 def read_documents(paths: Sequence[str | Path], text_field: str = "text") -> list[str]:
     """All document texts of ``paths`` (files, directories, .jsonl[.gz]) in order."""
+    return [text for _, text in read_named_documents(paths, text_field)]
+
+
+def read_named_documents(paths: Sequence[str | Path], text_field: str = "text") -> list[tuple[str, str]]:
+    """(id, text) of every document of ``paths`` in order: the id is the JSONL record's "id", else its file (and
+    line)."""
     from polymem.corpus import Corpus
 
-    texts = [d.text for d in Corpus([str(p) for p in paths], text_field=text_field)]
-    if not texts:
+    docs = [(d.id, d.text) for d in Corpus([str(p) for p in paths], text_field=text_field)]
+    if not docs:
         raise PolymemError(f"no documents found in {[str(p) for p in paths]}; pass .txt/.md/.jsonl(.gz) files or folders")
-    return texts
+    return docs
 
 
 def split_documents(texts: Sequence[str], heldout_every: int = 10) -> tuple[list[str], list[str]]:

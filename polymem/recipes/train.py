@@ -31,6 +31,7 @@ from polymem.hash.spec import HashSpec
 from polymem.hash.layout import Layout
 from polymem.recipes.data import read_documents, split_documents
 
+HASHES = ("bytes", "xor")  # the byte hash (tokenizer-agnostic) or Engram's token-id XOR hash (tokenizer-bound)
 
 # ------------------------------------------------------------------------------------------------ config
 def wsd_factor(step: int, steps: int, warmup_frac: float, decay_frac: float) -> float:
@@ -72,9 +73,9 @@ class TrainConfig:
             raise PolymemError(f"precision {self.precision!r} is unknown; accepted: {', '.join(PRECISIONS)} (e.g. --precision auto)")
 
     def torch_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        from polymem.torch.device import resolve_device
+
+        return resolve_device(self.device)
 
     def precision_choice(self) -> tuple[str, str]:
         """("bf16" | "fp32", why): see :mod:`polymem.torch.precision`. The table stays fp32 either way."""
@@ -297,7 +298,7 @@ def train_donor(
     ``hash="xor"``: an Engram-style tokenizer-bound table (token-id XOR hash, a prime modulus per (order, head),
     independent heads; :mod:`polymem.torch.idrows`) instead of the byte hash. ``return_model``: the summary
     also holds ``model``, ``handle`` and ``data`` (for experiments)."""
-    if hash not in ("bytes", "xor"):
+    if hash not in HASHES:
         raise PolymemError(f"hash {hash!r} is unknown; accepted: bytes (tokenizer-agnostic), xor (Engram, tokenizer-bound)")
     from polymem.torch.attach import attach
     from polymem.torch.tablefile import save_table

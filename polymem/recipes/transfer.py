@@ -436,8 +436,10 @@ def plot_curves(result: dict[str, Any], path: str | Path, *, title: str | None =
 
     fig, ax = plt.subplots(figsize=(7.0, 4.2))
     curves = result["curves"]
+    top = max([max(c["tokens"], default=0) for c in curves.values()] + [result.get("donor", {}).get("tokens_seen") or 0])
+    scale, unit = (1e6, "millions") if top >= 1e6 else (1e3, "thousands")
     for arm in [a for a in ALL_ARMS if a in curves]:
-        t = np.asarray(curves[arm]["tokens"], dtype=float) / 1e6
+        t = np.asarray(curves[arm]["tokens"], dtype=float) / scale
         y = np.asarray(curves[arm]["bpb"], dtype=float)  # [seeds, points]
         ax.plot(t, y.mean(0), marker="o", ms=3, lw=1.6, color=COLORS.get(arm), label=arm,
                 ls="--" if arm == "donor_memory_off" else "-")
@@ -445,9 +447,9 @@ def plot_curves(result: dict[str, Any], path: str | Path, *, title: str | None =
             ax.fill_between(t, y.min(0), y.max(0), color=COLORS.get(arm), alpha=0.18, lw=0)
     dt = result.get("donor", {}).get("tokens_seen")
     if dt:
-        ax.axvline(dt / 1e6, color="k", lw=0.8, ls=":")
-        ax.text(dt / 1e6, ax.get_ylim()[1], " donor's tokens", fontsize=7, va="top")
-    ax.set_xlabel("recipient training tokens (millions)")
+        ax.axvline(dt / scale, color="k", lw=0.8, ls=":")
+        ax.text(dt / scale, ax.get_ylim()[1], " donor's tokens", fontsize=7, va="top")
+    ax.set_xlabel(f"recipient training tokens ({unit})")
     ax.set_ylabel("held-out bits per byte (lower is better)")
     d, r = result["donor"], result["recipient"]
     ax.set_title(title or f"{d['tokenizer']} donor -> {r['tokenizer']} recipient, {result.get('domain', {}).get('name', '')}, "

@@ -1,6 +1,6 @@
 """Torch side of polymem: hashing on the model's device, memory tables, memory sites and ``attach``.
 
-    handle = polymem.attach(model, "donor.asset", "mistral-v1", layers=[1], train="projection")
+    handle = polymem.attach(model, "donor.pmem", "mistral-v1", layers=[1], train="projection")
     ...train handle.trainable_parameters()...; handle.save("site/"); handle.detach()
 
 Modules: ``hash`` (token hashes and rows as tensors), ``idrows`` (token-id rows of tokenizer-bound tables),

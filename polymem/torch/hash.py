@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from polymem.errors import PolymemError
+
 from polymem.hash.spec import FMIX_M1, FMIX_M2, GOLDEN, MASK64
 from polymem.hash.layout import Layout
 
@@ -99,6 +101,9 @@ def rows_torch(layout: Layout, h: torch.Tensor, valid: torch.Tensor | None = Non
         q = P * S
         rows = k * q + torch.stack([fastrange(finalize(h, 1 + j), q) for j in range(K)], dim=-1)
     if valid is not None:
+        if valid.dtype != torch.bool:
+            raise PolymemError(f"valid must be a boolean mask, got dtype {valid.dtype}; pass valid > 0.5 or "
+                               "valid.bool() if that is what you mean")
         rows = torch.where(valid.unsqueeze(-1), rows, torch.full_like(rows, -1))
     return rows
 

@@ -81,6 +81,35 @@ class MemoryTable(nn.Module):
         raise NotImplementedError
 
 
+def available_memory() -> int | None:
+    """Bytes of memory this machine can give a new allocation now (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_table_memory(layout: Layout, *, trainable: bool, copy: bool = False) -> None:
+    """Refuse, before allocating, a table that does not fit this machine's memory: its fp32 rows, a copy of the
+    given weights while they are taken over (``copy``), and, when it trains, the row-wise optimizer's state (a
+    float and a count per row). Names both numbers and the way out."""
+    rows = int(layout.num_rows)
+    table = rows * int(layout.head_dim) * 4
+    need = table * (2 if copy else 1) + (rows * 8 if trainable else 0)
+    avail = available_memory()
+    if avail is not None and need > avail:
+        gib = 2**30
+        raise PolymemError(
+            f"a table of {rows * int(layout.head_dim):,} scalars needs {need / gib:,.1f} GiB of memory "
+            f"({table / gib:,.1f} GiB of fp32 rows{', a copy while it is taken over' if copy else ''}"
+            f"{', optimizer state' if trainable else ''}) and {avail / gib:,.1f} GiB is available; pass a smaller "
+            "--params, or keep the table on disk (an asset read through the page service: attach(..., in_memory=False))")
+
+
 class TrainableTable(MemoryTable):
     """fp32 table in memory. ``trainable=True``: a parameter with sparse gradients; else a frozen parameter."""
 
@@ -89,9 +118,11 @@ class TrainableTable(MemoryTable):
         orders: tuple[int, ...] = (1, 2, 3), trainable: bool = True, source: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        check_table_memory(layout, trainable=trainable, copy=weight is not None)
         if weight is None:  # rows start at zero: step 0 equals the model without memory (PageGram)
-            weight = torch.zeros(layout.num_rows, layout.head_dim)
-        w = torch.as_tensor(weight).detach().float().clone()  # the table owns its weights
+            w = torch.zeros(layout.num_rows, layout.head_dim)
+        else:
+            w = torch.as_tensor(weight).detach().float().clone()  # the table owns its weights
         if tuple(w.shape) != (layout.num_rows, layout.head_dim):
             raise PolymemError(
                 f"table has shape {tuple(w.shape)}, layout {layout.to_dict()} needs "

@@ -327,6 +327,26 @@ def test_non_integer_row_indices_are_refused_not_truncated(tmp_path, rows):
         a.lookup(rows)
 
 
+@pytest.mark.parametrize("valid", [[0.5, 0.0], np.array([1.0, 0.0]), [1, 0], np.array([2, 0], np.int8)])
+def test_a_validity_mask_must_be_boolean_everywhere(tmp_path, valid):
+    """A float or integer mask is refused, not cast (0.5 would have read as valid): asset.lookup, Layout.rows and
+    the torch path rows_torch; a boolean mask still reads."""
+    import torch
+
+    from polymem.torch.hash import rows_torch
+
+    a = MemoryAsset.from_array(tmp_path / "a", _table(), SPEC, LAYOUT, orders=(1,))
+    h = np.array([11, 22], np.uint64)
+    with pytest.raises(PolymemError, match=r"valid must be a boolean mask, got dtype (float64|int64|int8)"):
+        a.lookup(h, valid=valid)
+    with pytest.raises(PolymemError, match=r"valid must be a boolean mask"):
+        LAYOUT.rows(h, valid)
+    with pytest.raises(PolymemError, match=r"valid must be a boolean mask"):
+        rows_torch(LAYOUT, torch.from_numpy(h.view(np.int64)), torch.as_tensor(np.asarray(valid)))
+    got = a.lookup(h, valid=[True, False])
+    assert np.array_equal(got[0], a.lookup(h[:1])[0]) and not got[1].any()
+
+
 def test_rows_out_of_range_are_refused_and_integers_still_read(tmp_path):
     t = _table()
     a = MemoryAsset.from_array(tmp_path / "a", t, SPEC, LAYOUT, orders=(1,))

@@ -310,3 +310,23 @@ def test_partition_mb_out_of_bounds_exits_2(tmp_path: Path, value: str, capsys, 
     assert code == 2 and err.startswith("error: partition")
     with pytest.raises(PolymemError, match="partition"):
         polymem.coverage("bytes", "bytes", Corpus([p]), max_n=2, partition_mb=float(value))
+
+
+def test_every_command_globs_a_folder_of_link_loops_in_time(tmp_path: Path) -> None:
+    """`c/**/*.jsonl` over c/loop -> ., c/sub/up -> .. and c/sub/cycle -> ../c, through the CLI: the corpus reader
+    and the outputs-against-inputs check (which every command runs first) both stop at linked folders. Before, the
+    check expanded the glob with glob.glob(recursive=True) and ran past 60 s."""
+    import subprocess
+    import sys
+
+    c = tmp_path / "c"
+    (c / "sub").mkdir(parents=True)
+    (c / "doc.jsonl").write_text(json.dumps({"text": "one real document " * 20}) + "\n", encoding="utf-8")
+    (c / "loop").symlink_to(".")
+    (c / "sub" / "up").symlink_to("..")
+    (c / "sub" / "cycle").symlink_to("../c")
+    run = subprocess.run([sys.executable, "-m", "polymem.cli.app", "coverage", "-t", "bytes", "-r", "bytes",
+                          "c/**/*.jsonl", "--max-n", "2", "--json", "cov.json"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads((tmp_path / "cov.json").read_text())["docs"] == 1

@@ -8,6 +8,7 @@ import gzip
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -123,9 +124,14 @@ def test_model_spec_errors(tmp_path, monkeypatch):
 def test_broken_gguf_is_a_clear_error(tmp_path):
     from polymem.models import load_model
 
+    import struct
+
     bad = tmp_path / "broken.gguf"
-    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    bad.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + b"\x00" * 64)  # a sound header, then nothing valid
     with pytest.raises(PolymemError, match="cannot load model"):
+        load_model(str(bad))
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)  # version 0: refused from the header
+    with pytest.raises(PolymemError, match="is GGUF version 0; polymem reads versions 2 and 3"):
         load_model(str(bad))
 
 
@@ -392,7 +398,9 @@ def test_cli_eval_train_transfer(ckpts, corpus_file, tmp_path, lms, texts):
     assert r.exit_code == 0, r.output
     got = json.loads(j.read_text())
     ref = evaluate(lms["llama"], [t for i, t in enumerate(texts) if i % 10 == 9], window=64)
-    assert got["alone"]["bpb"] == pytest.approx(ref["alone"]["bpb"], rel=1e-6) and "doc9" in r.output
+    assert got["alone"]["bpb"] == pytest.approx(ref["alone"]["bpb"], rel=1e-6)
+    assert [d["doc"] for d in got["alone"]["per_doc"]] == ["9", "19", "29", "39"]  # rows named by document id
+    assert re.search(r"│ 9 +│", r.output) and f"wrote {j}" in " ".join(r.output.split())
     out = tmp_path / "t.pmem"
     r = runner.invoke(app, ["train", "--model", str(ckpts["llama"]), "--corpus", str(corpus_file), "--out", str(out),
                             "--steps", "3", "--batch-size", "2", "--block-size", "16", "--layers", "1", "--params", "32K",

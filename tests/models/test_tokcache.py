@@ -65,11 +65,13 @@ def test_first_load_writes_the_entry_the_next_reads_it(tmp_path, monkeypatch, ca
     assert json.loads((entry / MANIFEST).read_text())["fingerprint"] == converted[1].fingerprint
     assert not [p.name for p in entry.parent.iterdir() if p.name.startswith(".")]  # no temporary left behind
 
-    cached, cached_tok = gguf_tokenizer(transformers, *gguf)
+    got = gguf_tokenizer(transformers, *gguf)
+    cached, cached_tok = got.hf(), got.tok
     assert Path(cached.name_or_path) == entry
     assert _ids(cached) == _ids(lm.hf_tokenizer) == _ids(converted[0])
     assert cached_tok.fingerprint == lm.tokenizer.fingerprint == converted[1].fingerprint
     assert (cached.bos_token_id, cached.eos_token_id) == (converted[0].bos_token_id, converted[0].eos_token_id)
+    assert (got.bos_id, got.eos_id) == (converted[0].bos_token_id, converted[0].eos_token_id)
     assert [cached_tok.encode(t).tolist() for t in TEXTS] == [converted[1].encode(t).tolist() for t in TEXTS]
     assert "damaged" not in capfd.readouterr().err
 
@@ -80,7 +82,8 @@ def test_damaged_entry_is_converted_again_with_a_notice(tmp_path, monkeypatch, c
     tokenizer with two ids swapped."""
     import transformers
 
-    from polymem.models._tokcache import MANIFEST, _file_hashes, _write, cache_dir, gguf_tokenizer
+    from polymem.models._entry import file_hashes
+    from polymem.models._tokcache import MANIFEST, _write, cache_dir, gguf_tokenizer
 
     monkeypatch.setenv("POLYMEM_CACHE_DIR", str(tmp_path))
     entry = cache_dir(gguf[2])
@@ -96,15 +99,16 @@ def test_damaged_entry_is_converted_again_with_a_notice(tmp_path, monkeypatch, c
         vocab["e"], vocab["t"] = vocab["t"], vocab["e"]
         (entry / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
         manifest = json.loads((entry / MANIFEST).read_text())
-        manifest["files"] = _file_hashes(entry)
+        manifest["files"] = file_hashes(entry, MANIFEST)
         (entry / MANIFEST).write_text(json.dumps(manifest))
     capfd.readouterr()
-    hf_tok, tok = gguf_tokenizer(transformers, *gguf)
+    got = gguf_tokenizer(transformers, *gguf)
+    hf_tok, tok = got.hf(), got.tok
     err = capfd.readouterr().err
     assert "damaged" in err and str(entry) in err and len(err.strip().splitlines()) == 1, err
     assert Path(hf_tok.name_or_path) != entry  # converted again
     assert _ids(hf_tok) == _ids(converted[0]) and tok.fingerprint == converted[1].fingerprint
-    again, _ = gguf_tokenizer(transformers, *gguf)  # rebuilt: read back with no notice
+    again = gguf_tokenizer(transformers, *gguf).hf()  # rebuilt: read back with no notice
     assert Path(again.name_or_path) == entry and "damaged" not in capfd.readouterr().err
     assert _ids(again) == _ids(converted[0])
 
@@ -130,6 +134,7 @@ def test_racing_writers_all_end_up_fine(tmp_path, monkeypatch, gguf, converted):
     for t in threads:
         t.join()
     assert not errors
-    hf_tok, tok = _read(entry, transformers)
+    got = _read(entry, transformers)
+    hf_tok, tok = got.hf(), got.tok
     assert _ids(hf_tok) == _ids(converted[0]) and tok.fingerprint == converted[1].fingerprint
     assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # no temporary or moved-aside folder left

@@ -100,7 +100,7 @@ def test_training_lowers_the_loss_and_writes_exactly_the_trained_rows(tmp_path):
     path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     losses: list[float] = []
     cfg = TrainConfig(steps=40, batch_size=4, block_size=32, n_layer=2, n_head=2, d_model=32, lr=1e-2, bf16=False)
-    s = train_donor("bytes", [path], tmp_path / "donor.asset", cfg=cfg, mem=TINY_MEM,
+    s = train_donor("bytes", [path], tmp_path / "donor.pmem", cfg=cfg, mem=TINY_MEM,
                     on_step=lambda i, loss: losses.append(loss))
     assert len(losses) == 40
     assert np.mean(losses[-5:]) < 0.5 * losses[0], losses  # from ~ln(vocab used) to a text it has memorised

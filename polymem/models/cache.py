@@ -1,0 +1,101 @@
+"""What polymem keeps on disk for pretrained models, listed and cleared (``polymem models``).
+
+One layout under ``<cache dir>/models/`` (the cache dir is ``$POLYMEM_CACHE_DIR``, else ``~/.cache/polymem``):
+
+* ``<name>.gguf`` — a builtin model's GGUF assembled from its packages (Gemma 3 270M), checked by the package;
+* ``tokenizers/<gguf sha256>-transformers-<v>-tokenizers-<v>/`` — the tokenizer transformers converts from a GGUF
+  (:mod:`polymem.models._tokcache`);
+* ``weights/<gguf sha256>-<dtype>-transformers-<v>/`` — a GGUF's de-quantised weights as safetensors
+  (:mod:`polymem.models._weightcache`).
+
+Each entry folder holds a manifest (``polymem-*-cache.json``) naming its source file and every file's size and
+crc32c; it is checked on every read, and a damaged entry is rebuilt from the source. Hidden ``.KEY.tmp-PID-…``
+folders are entries being written; one whose process is gone is a leftover that ``clear`` removes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polymem._paths import cache_root
+from polymem.errors import PolymemError
+from polymem.models import _tokcache, _weightcache
+from polymem.models._entry import entries, leftovers, tree_bytes
+
+KINDS = {"weights": _weightcache.MANIFEST, "tokenizers": _tokcache.MANIFEST}
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One thing in the model cache: ``kind`` is "weights", "tokenizers", "gguf" or "leftover"."""
+
+    kind: str
+    path: Path
+    bytes: int
+    source: str  # the model file it was made from ("" when unknown)
+    detail: str  # dtype and versions, or why it is a leftover
+
+    @property
+    def key(self) -> str:
+        return self.path.name
+
+
+def models_dir() -> Path:
+    """``<cache dir>/models``."""
+    return cache_root() / "models"
+
+
+def _manifest(path: Path, name: str) -> dict[str, Any]:
+    try:
+        meta = json.loads((path / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def list_entries() -> list[CacheEntry]:
+    """Every entry of the model cache with its size on disk (damaged entries too: their manifest may be gone)."""
+    root = models_dir()
+    out: list[CacheEntry] = []
+    if root.is_dir():
+        out += [CacheEntry("gguf", p, p.stat().st_size, p.name, "assembled from its packages")
+                for p in sorted(root.glob("*.gguf")) if p.is_file()]
+    for kind, manifest in KINDS.items():
+        for p in entries(root / kind):
+            meta = _manifest(p, manifest)
+            what = " ".join(str(meta[k]) for k in ("dtype",) if k in meta)
+            versions = f"transformers {meta['transformers']}" if "transformers" in meta else "no manifest (damaged)"
+            out.append(CacheEntry(kind, p, tree_bytes(p), str(meta.get("source", "")),
+                                  f"{what}, {versions}" if what else versions))
+        out += [CacheEntry("leftover", p, tree_bytes(p), "", "an interrupted write")
+                for p in leftovers(root / kind)]
+    return out
+
+
+def clear(selectors: list[str] | None = None, *, include_gguf: bool = False) -> list[CacheEntry]:
+    """Remove cache entries and return them. ``selectors``: entry keys (or their first ≥ 8 characters) or source
+    file names; none: every weights and tokenizers entry and every leftover. Assembled GGUFs go only with
+    ``include_gguf`` (or when named). A selector that matches nothing is an error and removes nothing."""
+    found = list_entries()
+    if selectors:
+        chosen: list[CacheEntry] = []
+        for sel in selectors:
+            hit = [e for e in found if e.source == sel or e.key == sel or (len(sel) >= 8 and e.key.startswith(sel))]
+            if not hit:
+                names = sorted({e.source for e in found if e.source})
+                raise PolymemError(f"no model cache entry matches {sel!r}; pass a key (or its first 8+ characters) "
+                                   f"or a source file ({', '.join(names) or 'the cache is empty'}); "
+                                   "`polymem models` lists them")
+            chosen += [e for e in hit if e not in chosen]
+    else:
+        chosen = [e for e in found if e.kind != "gguf" or include_gguf]
+    for e in chosen:
+        if e.path.is_dir():
+            shutil.rmtree(e.path)
+        else:
+            e.path.unlink()
+    return chosen

