@@ -10,8 +10,8 @@ this order:
 * ``first`` — ``load_model(spec)`` on an empty weights cache: de-quantise, then write the safetensors entry;
 * ``cached`` — ``load_model(spec)`` again: the entry checked (sizes, sha256) and memory-mapped;
 * ``cached_cold`` — the same with the entry's files and the GGUF dropped from the page cache (POSIX_FADV_DONTNEED);
-* ``eval`` — ``polymem eval --model SPEC`` on one document of about 1,024 tokens (the whole command: interpreter
-  start, imports, load, scoring) with the entry in the cache.
+* ``eval`` — ``polymem eval --model SPEC --window 1024`` on one document of about 1,024 tokens (the whole
+  command: interpreter start, imports, load, scoring) with the entry in the cache.
 
 Load times are the library's own ``lm.load["seconds"]``; ``eval`` is the command's wall time. Reported: the median
 of each over the rounds, their spread, and the ratio gguf / cached. Machine and CPU flags go with the JSON.
@@ -68,9 +68,11 @@ def _load(spec: str, env: dict[str, str], cache: bool) -> dict:
 
 
 def _doc(path: Path) -> int:
-    """One document of about 1,024 tokens of English prose (SmolLM2's tokenizer counts 1,024 ± a few)."""
+    """One document of about 1,024 tokens: the English prose the tests ship, repeated to 4,600 bytes (the eval's
+    JSON says how many tokens each model scored)."""
     text = (Path(__file__).resolve().parents[1] / "tests" / "data" / "english_prose.txt").read_text(encoding="utf-8")
-    body = text[:4600]
+    body = (text.strip() + "\n\n") * (4600 // len(text) + 1)
+    body = body[:4600]
     path.write_text(json.dumps({"id": "prose", "text": body}) + "\n", encoding="utf-8")
     return len(body.encode())
 
@@ -105,13 +107,16 @@ def bench(spec: str, rounds: int, root: Path) -> dict:
         times["cached_cold"].append(_load(spec, env, cache=True)["seconds"])
         t0 = time.perf_counter()
         r = subprocess.run([str(Path(sys.executable).with_name("polymem")), "eval", "--model", spec, "--corpus",
-                            str(corpus)], env=env, capture_output=True, text=True, check=False)
+                            str(corpus), "--window", "1024", "--json", str(root / "eval.json")], env=env,
+                           capture_output=True, text=True, check=False)
         if r.returncode != 0:
             raise SystemExit(f"polymem eval failed:\n{r.stderr[-3000:]}")
         times["eval"].append(time.perf_counter() - t0)
+        scored = json.loads((root / "eval.json").read_text())["alone"]
         print(spec, {k: round(v[-1], 2) for k, v in times.items()}, flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"model": spec, "rounds": rounds, "eval_document_bytes": nbytes, "seconds": times,
+    return {"model": spec, "rounds": rounds, "eval_document_bytes": nbytes, "eval_tokens": scored.get("tokens"),
+            "eval_bpb": scored.get("bpb"), "seconds": times,
             "median_s": {k: round(v, 2) for k, v in med.items()},
             "spread_s": {k: [round(min(v), 2), round(max(v), 2)] for k, v in times.items()},
             "gguf_over_cached": round(med["gguf"] / med["cached"], 2),

@@ -124,7 +124,8 @@ def _runnable_docs(tier: str) -> list:
     out = []
     for doc in DOCS:
         name = str(doc.relative_to(ROOT))
-        if not runnable(doc, tier) or (tier == "full" and runnable(doc, "full") == runnable(doc, "default")):
+        lines = {t: [b.line for b in runnable(doc, t)] for t in ("default", "full")}
+        if not lines[tier] or (tier == "full" and lines["full"] == lines["default"]):
             continue  # the full tier runs only the docs it adds blocks to
         marks = [pytest.mark.slow] if name in SLOW_DOCS or tier == "full" else []
         if tier == "full":

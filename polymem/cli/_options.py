@@ -123,7 +123,20 @@ def sample_corpus(value: str) -> str:
 
 
 # ------------------------------------------------------------------------------ tokenizer and corpus
-Tokenizer = Annotated[str, typer.Option("--tokenizer", "-t", help="Tokenizer spec: a name (cl100k_base, mistral-v1, bytes, …), hf:NAME, or a path to tokenizer.json / .model / .tiktoken.")]
+def tokenizer_spec(value: str) -> str:
+    """A typer ``parser`` for every tokenizer option: a builtin model's name (smollm2-135m, gemma3-270m) becomes
+    the path of that model's tokenizer.json (polymem.models.cache.model_tokenizer_file: converted from its GGUF
+    once, named after the model); any other spec is passed on as given."""
+    from polymem.models.registry import BUILTIN_MODELS
+
+    if value not in BUILTIN_MODELS:
+        return value
+    from polymem.models.cache import model_tokenizer_file
+
+    return str(model_tokenizer_file(value))
+
+
+Tokenizer = Annotated[str, typer.Option("--tokenizer", "-t", parser=tokenizer_spec, help="Tokenizer spec: a name (cl100k_base, mistral-v1, bytes, …), a builtin model's name (smollm2-135m, gemma3-270m: its own tokenizer), hf:NAME, or a path to tokenizer.json / .model / .tiktoken.")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="A pretrained model: smollm2-135m, gemma3-270m, a .gguf file, a transformers checkpoint folder, or hf:ORG/NAME (needs polymem[models]). Brings its own tokenizer.")]
 CorpusFiles = Annotated[list[Path], typer.Option("--corpus", "-c", parser=corpus_source, help="Corpus files/folders (.txt, .md, .jsonl[.gz]), URLs (s3://bucket/shard-*.jsonl.zst) or sample:pydocs (shipped with polymem); repeatable.")]
 MaxN = Annotated[int, typer.Option("--max-n", min=1, max=32, help="n-gram orders 1..N.")]

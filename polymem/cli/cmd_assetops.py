@@ -17,7 +17,7 @@ from rich.table import Table
 from polymem._io import atomic_write_json, check_outputs_not_inputs
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
-from polymem.cli._options import corpus_source, local_path
+from polymem.cli._options import corpus_source, local_path, tokenizer_spec
 from polymem.errors import PolymemError
 
 console = Console()
@@ -66,7 +66,7 @@ def convert(
     src: Annotated[str, typer.Argument(help="Tokenizer-bound table: a `polymem train --hash xor` asset/table file, an Engram safetensors table (docs/asset-format.md §10), or an engine table from `polymem import` (docs/engines.md).")],
     corpus: Annotated[list[Path], typer.Option("--corpus", "-c", parser=corpus_source, help="Text to replay (files/folders, .txt/.md/.jsonl[.gz]); repeatable.")],
     output: Annotated[Path, typer.Option("--output", "-o", parser=_local_asset, help="Byte-addressed asset to write.")],
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", help="The source's tokenizer (its fingerprint must match); optional for a DeepSeek engine table (DeepSeek-V4's, offline).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", parser=tokenizer_spec, help="The source's tokenizer (its fingerprint must match); optional for a DeepSeek engine table (DeepSeek-V4's, offline).")] = None,
     layer: Annotated[Optional[int], typer.Option("--layer", help="Engine tables: the engine's layer to convert (default: the first).")] = None,
     pages: Annotated[Optional[int], typer.Option(min=1, help="Target pages P (default: about the source's row count).")] = None,
     slots: Annotated[int, typer.Option(min=1, help="Target slots S per head per page.")] = 4,
@@ -122,7 +122,7 @@ def convert(
 def subset(
     asset: Annotated[str, typer.Argument(help="Source asset.")],
     output: Annotated[Path, typer.Option("--output", "-o", parser=_local_asset, help="Sparse asset to write.")],
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", help="Tokenizer that reads the corpus.")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", parser=tokenizer_spec, help="Tokenizer that reads the corpus.")] = None,
     corpus: Annotated[Optional[list[Path]], typer.Option("--corpus", "-c", parser=corpus_source, help="Keep the pages this text's n-grams touch; repeatable.")] = None,
     min_count: Annotated[Optional[int], typer.Option("--min-count", min=0, help="Keep pages with a row updated at least C times (needs row counts).")] = None,
     heldout: Annotated[Optional[list[Path]], typer.Option("--heldout", parser=corpus_source, help="Report the share of lookups served on this text too.")] = None,

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
-from polymem.cli._options import Normalizer, NormalizerOpt, Tokenizer, local_path
+from polymem.cli._options import Normalizer, NormalizerOpt, Tokenizer, local_path, tokenizer_spec
 
 console = Console()
 
@@ -63,8 +63,8 @@ def build_cache(
 
 
 def demo(
-    a: Annotated[str, typer.Option("--a", help="First tokenizer.")] = "cl100k_base",
-    b: Annotated[str, typer.Option("--b", help="Second tokenizer (another family).")] = "mistral-v1",
+    a: Annotated[str, typer.Option("--a", parser=tokenizer_spec, help="First tokenizer.")] = "cl100k_base",
+    b: Annotated[str, typer.Option("--b", parser=tokenizer_spec, help="Second tokenizer (another family).")] = "mistral-v1",
     text: Annotated[Optional[Path], typer.Option(parser=local_path("a local text file", exists=True, file=True), help="Text file (default: the embedded multilingual sample).")] = None,
     max_n: Annotated[int, typer.Option("--max-n", min=1, max=32)] = 7,
 ) -> None:

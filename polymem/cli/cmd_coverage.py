@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from polymem.cli._needs import check_needs
-from polymem.cli._options import StorageOptionsOpt, local_path, sample_corpus
+from polymem.cli._options import StorageOptionsOpt, local_path, sample_corpus, tokenizer_spec
 
 _local_file = local_path("a local file")
 
@@ -38,10 +38,11 @@ def coverage_cmd(
         help="Text files, directories (recursively: .txt .md .jsonl and .gz of these), .jsonl(.gz) files with a "
              "text field, - for stdin, or sample:pydocs (shipped). One document per file or per JSONL line.",
         metavar="PATH")],
-    target: Annotated[str, typer.Option("--target", "-t", help="The tokenizer whose n-grams should be served "
-                                        "(e.g. mistral-v1, a tokenizer.json, a .model, a .tiktoken).")],
-    reference: Annotated[str, typer.Option("--reference", "-r", help="The donor tokenizer whose table would "
-                                           "serve them (e.g. cl100k_base).")],
+    target: Annotated[str, typer.Option("--target", "-t", parser=tokenizer_spec, help="The tokenizer whose n-grams "
+                                        "should be served (e.g. mistral-v1, gemma3-270m, a tokenizer.json, a .model, "
+                                        "a .tiktoken).")],
+    reference: Annotated[str, typer.Option("--reference", "-r", parser=tokenizer_spec, help="The donor tokenizer "
+                                           "whose table would serve them (e.g. cl100k_base, smollm2-135m).")],
     max_n: Annotated[int, typer.Option("--max-n", help="Measure target (and reference) n-gram orders 1..max-n "
                                        "(1-32; the Tokenizer-Agnostic Engram paper uses 7).")] = 7,
     json_out: Annotated[Path | None, typer.Option("--json", parser=_local_file, help="Write the report as JSON to "

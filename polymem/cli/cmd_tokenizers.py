@@ -11,7 +11,7 @@ from rich.table import Table
 
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
-from polymem.cli._options import local_path
+from polymem.cli._options import local_path, tokenizer_spec
 
 console = Console()
 tokenizers_app = typer.Typer(help="Tokenizers polymem can load, and their byte fidelity.", no_args_is_help=False)
@@ -26,17 +26,21 @@ def list_tokenizers(ctx: typer.Context) -> None:
         return
     from polymem.tokenizers import known_tokenizers
 
+    from polymem.models.registry import known_models
+
     t = Table(title="builtin tokenizer names (also: paths to tokenizer.json / .model / .tiktoken, hf:ORG/NAME)")
     t.add_column("name")
     t.add_column("what")
     for name, desc in known_tokenizers():
         t.add_row(escape(name), escape(desc))
+    for name, desc in known_models():
+        t.add_row(escape(name), escape(f"the tokenizer of {desc} (needs polymem[models] and the model's package)"))
     console.print(t)
 
 
 @tokenizers_app.command("check")
 def check(
-    spec: Annotated[str, typer.Argument(help="Tokenizer spec.")],
+    spec: Annotated[str, typer.Argument(parser=tokenizer_spec, help="Tokenizer spec (a builtin model's name too).")],
     text: Annotated[Path, typer.Option("--text", parser=local_path("a local text file", exists=True, file=True), help="UTF-8 text file to tokenize.")],
 ) -> None:
     """Byte fidelity: do the token bytes concatenate back to the text? Exit 1 if not."""

@@ -16,7 +16,7 @@ from polymem.cli._needs import check_needs
 from polymem.cli._options import (
     BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HashKind, HeadDim, Heads, JsonOut, Lr,
     MaxEvalTokens, MaxN, NHead, NLayer, Precision, PrecisionOpt, Slots, Softmax, TableLrMult, Threads,
-    TrainSteps, local_path, parse_count,
+    TrainSteps, local_path, parse_count, tokenizer_spec,
     refuse_unused,
 )
 
@@ -31,7 +31,7 @@ def _progress() -> Progress:
 def train(
     corpus: CorpusFiles,
     out: Annotated[Path, typer.Option("--out", "-o", parser=local_path("a local asset directory or NAME.safetensors"), help="Asset to write (a zarr folder; NAME.safetensors for a single-file table).")],
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", help="Tokenizer of a small model trained from scratch: a name (cl100k_base, mistral-v1, bytes, …), hf:NAME, or a tokenizer file. Not with --model.")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", parser=tokenizer_spec, help="Tokenizer of a small model trained from scratch: a name (cl100k_base, mistral-v1, bytes, …), hf:NAME, or a tokenizer file. Not with --model.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Train the table on this pretrained model instead, its backbone frozen: smollm2-135m, gemma3-270m, a .gguf file, a checkpoint folder or hf:ORG/NAME (needs polymem[models]; its own tokenizer).")] = None,
     site: Annotated[Optional[Path], typer.Option("--site", parser=local_path("a local folder"), help="With --model: where the trained site (projection, gate) goes (default: OUT.site).")] = None,
     steps: TrainSteps = None,

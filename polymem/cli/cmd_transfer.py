@@ -15,7 +15,7 @@ from polymem.cli._needs import check_needs
 from polymem.cli._options import (
     BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, JsonOut, Lr, MaxEvalTokens, NHead, NLayer, PlotOut,
     PrecisionOpt, Precision, Softmax, TableLrMult, Threads, TransferSteps, ValueInit, corpus_source, local_path,
-    refuse_unused,
+    refuse_unused, tokenizer_spec,
 )
 
 console = Console()
@@ -24,7 +24,7 @@ console = Console()
 def transfer(
     asset: Annotated[str, typer.Option("--asset", "-a", help="Donor asset (from `polymem train`), a path or URL.")],
     corpus: CorpusFiles,
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", help="Recipient tokenizer spec (another family than the donor's); recipients are small models trained from scratch. Not with --model.")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", parser=tokenizer_spec, help="Recipient tokenizer spec (another family than the donor's); recipients are small models trained from scratch. Not with --model.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="A pretrained recipient instead (smollm2-135m, gemma3-270m, a .gguf file, a checkpoint folder, hf:ORG/NAME), backbone frozen; arms none, random, null, donor, donor_finetune, in_place. Needs --out-dir.")] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out-dir", parser=local_path("a local folder"), help="With --model: one result file per (arm, seed), written as each ends; a re-run skips what is there (resume).")] = None,
     seed_list: Annotated[Optional[str], typer.Option("--seed-list", help="With --model: these seeds (e.g. 0,1) instead of 0..seeds-1; processes sharing an --out-dir may split the seeds.")] = None,

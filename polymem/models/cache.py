@@ -6,7 +6,9 @@ One layout under ``<cache dir>/models/`` (the cache dir is ``$POLYMEM_CACHE_DIR`
 * ``tokenizers/<gguf sha256>-transformers-<v>-tokenizers-<v>/`` — the tokenizer transformers converts from a GGUF
   (:mod:`polymem.models._tokcache`);
 * ``weights/<gguf sha256>-<dtype>-transformers-<v>/`` — a GGUF's de-quantised weights as safetensors
-  (:mod:`polymem.models._weightcache`).
+  (:mod:`polymem.models._weightcache`);
+* ``by-name/<model>/tokenizer.json`` — a builtin model's tokenizer under its name, for tokenizer options
+  (``coverage -t smollm2-135m``; :func:`model_tokenizer_file`), copied from its ``tokenizers/`` entry.
 
 Each entry folder holds a manifest (``polymem-*-cache.json``) naming its source file and every file's size and
 crc32c; it is checked on every read, and a damaged entry is rebuilt from the source. Hidden ``.KEY.tmp-PID-…``
@@ -31,7 +33,7 @@ KINDS = {"weights": _weightcache.MANIFEST, "tokenizers": _tokcache.MANIFEST}
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """One thing in the model cache: ``kind`` is "weights", "tokenizers", "gguf" or "leftover"."""
+    """One thing in the model cache: ``kind`` is "weights", "tokenizers", "by-name", "gguf" or "leftover"."""
 
     kind: str
     path: Path
@@ -73,6 +75,8 @@ def list_entries() -> list[CacheEntry]:
                                   f"{what}, {versions}" if what else versions))
         out += [CacheEntry("leftover", p, tree_bytes(p), "", "an interrupted write")
                 for p in leftovers(root / kind)]
+    out += [CacheEntry("by-name", p, tree_bytes(p), p.name, "a builtin model's tokenizer.json, for tokenizer options")
+            for p in entries(root / "by-name")]
     return out
 
 
@@ -99,3 +103,37 @@ def clear(selectors: list[str] | None = None, *, include_gguf: bool = False) -> 
         else:
             e.path.unlink()
     return chosen
+
+
+def model_tokenizer_file(name: str) -> Path:
+    """The tokenizer.json of a builtin model, for every place that takes a tokenizer spec
+    (``coverage -t smollm2-135m -r gemma3-270m``): the GGUF's converted tokenizer (from its cache entry, converted
+    on first use), copied to ``models/by-name/<name>/tokenizer.json`` so that it loads under the model's name and
+    with the model's fingerprint (the weights are not loaded)."""
+    import transformers
+
+    from polymem._io import atomic_path
+    from polymem.models.registry import BUILTIN_MODELS, _check_gguf_deps, _gguf_loading, _sha256, resolve_builtin
+    from polymem.models._entry import file_crc32c
+    from polymem.models._tokcache import cache_dir, gguf_tokenizer
+
+    if name not in BUILTIN_MODELS:
+        raise PolymemError(f"{name!r} is not a builtin model; accepted: {', '.join(BUILTIN_MODELS)}")
+    _check_gguf_deps(f"the tokenizer of the builtin model {name!r}")
+    gguf = resolve_builtin(name)
+    sha = _sha256(gguf)
+    with _gguf_loading(transformers):
+        gguf_tokenizer(transformers, str(gguf.parent), gguf.name, sha)  # the entry (converted once)
+    src = cache_dir(sha) / "tokenizer.json"
+    target = models_dir() / "by-name" / name / "tokenizer.json"
+    if not src.is_file():  # the cache could not take the entry: convert into the by-name file directly
+        hf = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(target) as tmp:
+            tmp.write_text(hf.backend_tokenizer.to_str(), encoding="utf-8")
+        return target
+    if not target.is_file() or file_crc32c(target) != file_crc32c(src):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(target) as tmp:
+            shutil.copyfile(src, tmp)
+    return target

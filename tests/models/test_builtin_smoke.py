@@ -79,3 +79,25 @@ def test_train_on_one_transfer_to_the_other(builtin, corpus, tmp_path):
     bpb = {arm: summary["arms"][arm]["bpb"][exp.in_domain][0] for arm in ("none", "donor", "in_place")}
     assert all(0.3 < v < 2.0 for v in bpb.values()), bpb
     assert (tmp_path / "t" / "summary.json").is_file()
+
+
+def test_model_names_are_tokenizer_specs(builtin, tmp_path):
+    """`coverage -t smollm2-135m -r gemma3-270m` (and every tokenizer option): the model's own tokenizer, under
+    its name, with the fingerprint the loaded model's has; the weights are not loaded for it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from polymem.cli.app import app
+    from polymem.models.cache import model_tokenizer_file
+    from polymem.tokenizers import load_tokenizer
+
+    for name, lm in builtin.items():
+        tok = load_tokenizer(model_tokenizer_file(name))
+        assert tok.name == name and tok.fingerprint == lm.tokenizer.fingerprint
+    r = CliRunner().invoke(app, ["coverage", "-t", "smollm2-135m", "-r", "gemma3-270m", "sample:pydocs", "--max-n",
+                                 "2", "--json", str(tmp_path / "cov.json")])
+    assert r.exit_code == 0, (r.output, r.exception)
+    cov = json.loads((tmp_path / "cov.json").read_text())
+    assert cov["target"]["name"] == "smollm2-135m" and cov["reference"]["name"] == "gemma3-270m", cov["target"]
+    assert 0.5 < cov["occurrence_weighted"][0] <= 1.0
