@@ -23,8 +23,8 @@ def _seeds(seeds: int, seed_list: str | None) -> list[int]:
         out = [int(x) for x in seed_list.split(",") if x.strip()]
     except ValueError:
         out = []
-    if not out or any(s < 0 for s in out):
-        raise PolymemError(f"--seed-list {seed_list!r} must be comma-separated seeds >= 0, e.g. 0,1,2")
+    if not out or any(not 0 <= s < 2**32 for s in out):
+        raise PolymemError(f"--seed-list {seed_list!r} must be comma-separated seeds in 0..4294967295, e.g. 0,1,2")
     return list(dict.fromkeys(out))
 
 

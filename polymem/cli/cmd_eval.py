@@ -109,9 +109,13 @@ def _site_header(site: Path) -> dict:
     if not f.is_file():
         raise PolymemError(f"{str(site)!r} has no site.json; pass the folder written by `polymem train --model` (--site)")
     try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
+        header = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FormatError(f"{str(f)!r} is not valid JSON ({e})") from None
+    if not isinstance(header, dict) or not isinstance(header.get("table"), dict):
+        raise FormatError(f"{str(f)!r} is not a site header (no 'table' object); pass the folder written by "
+                          "`polymem train --model` or handle.save")
+    return header
 
 
 def _print(res: dict, per_doc: bool) -> None:

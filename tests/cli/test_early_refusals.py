@@ -104,3 +104,23 @@ def test_train_refuses_a_table_memory_cannot_hold_before_the_model_loads(tmp_pat
                                      "--params", str(avail // 2)])
         assert isinstance(r.exception, PolymemError), (how, r.output, r.exception)
         assert "GiB of memory" in str(r.exception) and "GiB is available" in str(r.exception)
+
+
+def test_out_of_range_counts_and_a_site_without_keys_are_one_line(tmp_path: Path) -> None:
+    """`--threads 2^31` is a usage error (not a torch traceback); `--seed-list 10^20` and a site.json that is `{}`
+    or a list are refused before the model loads (the model named does not exist)."""
+    c = tmp_path / "c.jsonl"
+    c.write_text(json.dumps({"text": "hello " * 50}) + "\n")
+    runner = CliRunner()
+    r = runner.invoke(app, ["eval", "--model", "no-such-model", "-c", str(c), "--threads", str(2**31)])
+    assert r.exit_code == 2 and "--threads" in r.output and "4096" in r.output, r.output
+    r = runner.invoke(app, ["transfer", "--model", "no-such-model", "--asset", str(tmp_path / "a.pmem"), "-c", str(c),
+                            "--out-dir", str(tmp_path / "runs"), "--seed-list", str(10**20)])
+    assert isinstance(r.exception, PolymemError) and "seeds in 0..4294967295" in str(r.exception), r.exception
+    for body in ("{}", "[1, 2]", '{"table": 3}'):
+        site = tmp_path / f"site{len(body)}"
+        site.mkdir()
+        (site / "site.json").write_text(body)
+        r = runner.invoke(app, ["eval", "--model", "no-such-model", "-c", str(c), "--site", str(site)])
+        assert isinstance(r.exception, PolymemError), (body, r.exception)
+        assert "is not a site header (no 'table' object)" in str(r.exception)
