@@ -27,6 +27,7 @@ import errno
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,18 @@ def _clash(out: Path, inputs: list[tuple[str, Path]]) -> str | None:
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Free bytes on the file system that holds ``path`` (or its nearest existing parent: the place a writer is
+    about to create); None where the system cannot say."""
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return shutil.disk_usage(where).free
+    except OSError:
+        return None
 
 
 def temp_path_for(path: Path) -> Path:

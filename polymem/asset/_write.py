@@ -8,7 +8,6 @@ write, commit back in order: :func:`write_remote`, :func:`write_pages_remote`). 
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -62,16 +61,12 @@ def write_remote(cls: type[MemoryAsset], url: str, storage_options: Mapping[str,
 def check_disk_space(dest: Path, need: int) -> None:
     """Refuse, before a byte is written, an asset of ``need`` bytes that the file system holding ``dest`` has no
     room for (the new asset is built beside ``dest``, so an overwrite needs the room too)."""
-    where = dest.parent
-    while not where.exists() and where != where.parent:
-        where = where.parent
-    try:
-        free = shutil.disk_usage(where).free
-    except OSError:
-        return  # no answer: the write itself will say
-    if need > free:
+    from polymem._io import free_bytes
+
+    free = free_bytes(dest.parent)
+    if free is not None and need > free:  # None: no answer, the write itself will say
         gib = 2**30
-        raise PolymemError(f"{str(dest)!r} needs {need / gib:,.2f} GiB ({need:,} bytes) and {str(where)!r} has "
+        raise PolymemError(f"{str(dest)!r} needs {need / gib:,.2f} GiB ({need:,} bytes) and its file system has "
                            f"{free / gib:,.2f} GiB free; free some space, pick another place, or a smaller --params")
 
 

@@ -10,8 +10,8 @@ crc32c of every saved file, polymem's tokenizer fingerprint, the bos/eos ids and
 polymem's tokenizer and transformers' give them). A read builds polymem's tokenizer from the entry's
 ``tokenizer.json`` and is used only when its files, fingerprint and probe ids match (transformers' tokenizer is
 read from the entry on first use, and checked then); anything else (a truncated file, a missing manifest, a load
-error) counts as damaged: one line on stderr, and the entry is converted again. A cache that cannot take the entry (read-only,
-full) gets one line too, and the load goes on with the converted tokenizer.
+error) counts as damaged: one line on stderr, and the entry is converted again. A cache that cannot take the entry
+(read-only, full) gets one line too, and the load goes on with the converted tokenizer.
 """
 
 from __future__ import annotations

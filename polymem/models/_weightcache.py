@@ -18,7 +18,6 @@ line too, and the load goes on from the GGUF.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -80,14 +79,11 @@ def _write(folder: Path, model: Any, sha256: str, dtype: Any, source: str = "") 
     import safetensors.torch
     import transformers
 
+    from polymem._io import free_bytes
+
     need = _unique_bytes(model) + _SPARE
-    where = folder.parent
-    try:
-        where.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(where).free
-    except OSError as exc:
-        return f"{exc.strerror or exc} ({type(exc).__name__})"
-    if free < need:
+    free = free_bytes(folder.parent)
+    if free is not None and free < need:
         return f"it needs {need / 2**30:.2f} GiB and {free / 2**30:.2f} GiB is free"
 
     def fill(tmp: Path) -> dict[str, Any]:
@@ -103,10 +99,11 @@ def _write(folder: Path, model: Any, sha256: str, dtype: Any, source: str = "") 
     return write_entry(folder, MANIFEST, fill, errors=(safetensors.SafetensorError,))
 
 
-def cached_model(tf: Any, sha256: str, dtype: Any, from_source: Callable[[], Any], source: str = "") -> tuple[Any, str]:
+def cached_model(tf: Any, sha256: str, dtype: Any, from_source: Callable[[], Any],
+                 source: str = "") -> tuple[Any, str]:
     """The model whose GGUF has this sha256, in ``dtype``: read from the cache when an intact entry is there, else
-    ``from_source()`` (which loads the GGUF ``source``, its file name) and written to the cache. Returns (model, how): how is ``"cache"``,
-    ``"gguf, cached"`` or ``"gguf, not cached"``."""
+    ``from_source()`` (which loads the GGUF ``source``, its file name) and written to the cache. Returns (model,
+    how): how is ``"cache"``, ``"gguf, cached"`` or ``"gguf, not cached"``."""
     folder = cache_dir(sha256, dtype)
     if folder.exists():
         try:

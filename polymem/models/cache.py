@@ -123,14 +123,13 @@ def model_tokenizer_file(name: str) -> Path:
     gguf = resolve_builtin(name)
     sha = _sha256(gguf)
     with _gguf_loading(transformers):
-        gguf_tokenizer(transformers, str(gguf.parent), gguf.name, sha)  # the entry (converted once)
+        got = gguf_tokenizer(transformers, str(gguf.parent), gguf.name, sha)  # the entry (converted once)
     src = cache_dir(sha) / "tokenizer.json"
     target = models_dir() / "by-name" / name / "tokenizer.json"
-    if not src.is_file():  # the cache could not take the entry: convert into the by-name file directly
-        hf = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if not src.is_file():  # the cache could not take the entry: write the tokenizer just converted
         target.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(target) as tmp:
-            tmp.write_text(hf.backend_tokenizer.to_str(), encoding="utf-8")
+            tmp.write_text(got.hf().backend_tokenizer.to_str(), encoding="utf-8")
         return target
     if not target.is_file() or file_crc32c(target) != file_crc32c(src):
         target.parent.mkdir(parents=True, exist_ok=True)

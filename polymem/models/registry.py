@@ -243,6 +243,10 @@ def _gguf_loading(tf: Any) -> Iterator[None]:
             tf.utils.logging.enable_progress_bar()
 
 
+def _same(obj: Any) -> Any:
+    return obj
+
+
 def _check_checkpoint(folder: Path) -> None:
     """Refuse, before transformers sees it, a checkpoint folder that would run its own code or unpickle weights:
     polymem loads model classes transformers ships, from safetensors (or GGUF) only."""
@@ -358,7 +362,7 @@ def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str =
                 hf_tok = tf.AutoTokenizer.from_pretrained(where, trust_remote_code=False, **tkw)
                 tok = load_tokenizer(hf_tok)
                 bos, eos = getattr(hf_tok, "bos_token_id", None), getattr(hf_tok, "eos_token_id", None)
-                hf_loader = functools.partial(lambda t: t, hf_tok)
+                hf_loader = functools.partial(_same, hf_tok)
             if "gguf_file" in kw and cache:
                 model, how = cached_model(tf, source["sha256"], dtype,
                                           lambda: tf.AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw),
