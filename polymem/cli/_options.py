@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # members made from data are invisible to mypy: to it, each c
     Normalizer = Choice
     Gate = Choice
     ValueInit = Choice
+    DonorInit = Choice
     Precision = Choice
     HashKind = Choice
     Softmax = Choice
@@ -47,10 +48,11 @@ else:
     AssetDtype = _choices("AssetDtype", ("float32", "float16", "bfloat16", "nf4", "fp8-e4m3-e8m0", "fp8-e4m3"))  # = polymem.asset.DTYPES
     LayoutKind = _choices("LayoutKind", LAYOUT_KINDS)
     Normalizer = _choices("Normalizer", sorted(NORMALIZERS))
-    Gate = _choices("Gate", ("scalar", "context"))  # = polymem.torch.site.GATES
+    Gate = _choices("Gate", ("scalar", "context", "count"))  # = polymem.torch.site.GATES
     HashKind = _choices("HashKind", ("bytes", "xor"))  # = polymem.recipes.train.HASHES
     Softmax = _choices("Softmax", ("corpus", "full"))  # = polymem.recipes.frozen.SOFTMAX
-    ValueInit = _choices("ValueInit", ("zero", "orthogonal"))  # = polymem.torch.site.VALUE_INITS
+    ValueInit = _choices("ValueInit", ("zero", "orthogonal"))  # = polymem.torch.site.VALUE_INITS but aligned
+    DonorInit = _choices("DonorInit", ("zero", "orthogonal", "aligned"))  # = polymem.recipes.pretrained.DONOR_INITS
     Precision = _choices("Precision", ("auto", "fp32", "bf16"))  # = polymem.torch.precision.PRECISIONS
 
 _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9, "T": 10**12}

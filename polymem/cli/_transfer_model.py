@@ -32,7 +32,9 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
                    seeds: int, seed_list: str | None, steps: int, batch_size: int, block_size: int,
                    eval_every: int | None, eval_tokens: int, site_lr: float, table_lr: float, softmax: str,
                    layers: str | None, max_n: int | None, out_dir: Path | None, threads: int | None,
-                   json_out: Path | None, plot: Path | None, device: str = "auto") -> None:
+                   json_out: Path | None, plot: Path | None, device: str = "auto", init: str | None = None,
+                   gate: str | None = None, donor_model: str | None = None, donor_site: Path | None = None,
+                   eval_at: str | None = None) -> None:
     import torch
 
     from polymem.torch.device import resolve_device
@@ -59,16 +61,33 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
         torch.set_num_threads(threads)
     from polymem.cli.cmd_train import _layers
 
+    from polymem.recipes.pretrained import DONOR_INITS
+    from polymem.torch.site import GATES
+
+    init = init or "zero"
+    if init not in DONOR_INITS:
+        raise PolymemError(f"--init {init!r} is unknown; accepted: {', '.join(DONOR_INITS)}, e.g. --init aligned")
+    if gate is not None and gate not in GATES:
+        raise PolymemError(f"--gate {gate!r} is unknown; accepted: {', '.join(GATES)}, e.g. --gate context")
+    if init != "aligned" and (donor_model or donor_site):
+        raise PolymemError("--donor-model and --donor-site are read only with --init aligned; add --init aligned or drop them")
     cfg = FrozenTrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, site_lr=site_lr,
                             table_lr=table_lr, softmax=softmax)
-    every = eval_every or steps
-    eval_at = sorted({s for s in range(every, steps + 1, every)} | {steps})
+    points = _eval_steps(eval_at, eval_every, steps)
     console.print(f"loading {escape(model)} …", highlight=False)
     lm = load_model(model, device=str(dev))
     console.print(escape(lm.load_line()), highlight=False)
-    console.print("preparing (donor table, corpus, scoring sets) …", highlight=False)
+    dlm = None
+    if init == "aligned":
+        dlm = _donor_model(asset, donor_model, str(dev))
+    console.print("preparing (donor table, corpus, scoring sets" + (", alignment" if dlm else "") + ") …", highlight=False)
     exp = Experiment(lm, asset, corpus, cfg=cfg, eval_corpora=eval_corpus, eval_tokens=eval_tokens,
-                     layers=_layers(layers) if layers else None, max_n=max_n)
+                     layers=_layers(layers) if layers else None, max_n=max_n, gate=gate, init=init, donor_lm=dlm,
+                     donor_site=donor_site)
+    del dlm
+    for i, f in enumerate(exp.alignment_report() or []):
+        console.print(f"alignment, site {i}: held-out R² {f['r2_heldout']:.3f} on {f['heldout_positions']:,} of "
+                      f"{f['positions']:,} paired positions ({f['documents']} documents)", highlight=False)
     trained = [a for a in arm_list if a != "none"]
     with progress_bar(console) as prog:
         task = prog.add_task("transfer", total=len(trained) * len(seed_ids) * steps, info="")
@@ -91,13 +110,55 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
             elif kind == "result":
                 prog.console.print(f"  {k['arm']:<15} seed {k['seed']}: {k['bpb']:.4f} bits/byte", highlight=False)
 
-        result = run_transfer(exp, arms=arm_list, seeds=seed_ids, eval_at=eval_at, out_dir=out_dir, on_event=on_event)
+        result = run_transfer(exp, arms=arm_list, seeds=seed_ids, eval_at=points, out_dir=out_dir, on_event=on_event)
     print_result(result)
     if json_out:
         atomic_write_json(json_out, result, indent=1)
         console.print(f"wrote {escape(str(json_out))}", soft_wrap=True)
     if plot:
         console.print(f"wrote {escape(str(plot_result(result, plot)))}", soft_wrap=True)
+
+
+def _eval_steps(eval_at: str | None, eval_every: int | None, steps: int) -> list[int]:
+    from polymem.errors import PolymemError
+
+    pts: set[int] = {steps}
+    if eval_every:
+        pts |= set(range(eval_every, steps + 1, eval_every))
+    if eval_at:
+        try:
+            got = [int(x) for x in eval_at.split(",") if x.strip()]
+        except ValueError:
+            got = []
+        if not got or any(not 1 <= p <= steps for p in got):
+            raise PolymemError(f"--eval-at {eval_at!r} must be comma-separated steps in 1..{steps} (--steps), e.g. 4,12,24,{steps}")
+        pts |= set(got)
+    return sorted(pts)
+
+
+def _donor_model(asset: str, spec: str | None, device: str) -> Any:
+    """The donor's model for an aligned start: ``spec``, else the model the donor asset's provenance names (the
+    spec it was loaded from, else its name). Its tokenizer must be the one the table was trained with."""
+    from polymem.errors import PolymemError, SpecMismatchError
+    from polymem.models import load_model
+    from polymem.torch.tablefile import open_table
+
+    prov = getattr(open_table(asset), "provenance", {}) or {}
+    if spec is None:
+        m = prov.get("model") or {}
+        spec = m.get("spec") or m.get("name")
+        if not spec:
+            raise PolymemError(f"the donor asset {asset!r} names no model in its provenance; pass --donor-model SPEC "
+                               "(the model the table was trained with)")
+    console.print(f"loading the donor's model {escape(spec)} (for the aligned start) …", highlight=False)
+    dlm = load_model(spec, device=device)
+    console.print(escape(dlm.load_line()), highlight=False)
+    want = (prov.get("tokenizer") or {}).get("fingerprint")
+    if want and want != dlm.tokenizer.fingerprint:
+        raise SpecMismatchError(f"the donor table was trained with tokenizer {(prov.get('tokenizer') or {}).get('name')!r} "
+                                f"({str(want)[:16]}…), {spec} reads with {dlm.tokenizer.name!r} "
+                                f"({dlm.tokenizer.fingerprint[:16]}…); pass --donor-model with the table's own model")
+    return dlm
 
 
 def print_result(result: dict[str, Any]) -> None:
@@ -119,16 +180,26 @@ def print_result(result: dict[str, Any]) -> None:
             cells.append(f"{mean:.4f} ({-float(np.mean(g)):+.2%})")
         t.add_row(arm, *cells)
     console.print(t)
-    for name, p in result["paired"].items():
-        if name == "donor_finetune_vs_in_place":
-            verdict = "yes" if p["finetune_at_most_in_place_everywhere"] else "no"
-            console.print(f"donor_finetune at or below in_place at every budget and seed: {verdict}", highlight=False)
-            continue
-        ctl = name.split("_vs_")[1]
-        for k, q in p.items():
-            m = ", ".join(f"{x:+.4f}" for x in q["margin_bpb"])
-            console.print(f"{ctl} minus donor on {escape(k)}, per seed: {m} → donor better on every seed: "
-                          f"{'yes' if q['donor_better_every_seed'] else 'no'}", highlight=False)
+    curves = result["curves"]
+    if curves:
+        toks = next(iter(curves.values()))["tokens"]
+        c = Table(title=f"learning curve on {escape(result['in_domain'])} (mean over seeds), by recipient tokens",
+                  title_justify="left")
+        c.add_column("arm")
+        for t in toks:
+            c.add_column(f"{t:,}", justify="right")
+        for arm, v in curves.items():
+            c.add_row(arm, *[f"{float(np.mean([b[i] for b in v['bpb']])):.4f}" for i in range(len(toks))])
+        console.print(c)
+    for f in result.get("alignment") or []:
+        console.print(f"aligned start: held-out R² of the hidden-state map {f['r2_heldout']:.3f} "
+                      f"({f['positions']:,} paired positions)", highlight=False)
+    verdicts = result.get("verdicts") or []
+    if verdicts:
+        console.print(f"verdicts (per-seed paired 95 % intervals over documents; {len(result['seeds'])} seed(s)):",
+                      highlight=False)
+        for line in verdicts:
+            console.print("  " + escape(line), highlight=False, soft_wrap=True)
     hit = result.get("donor_rows_hit", {}).get("per_order")
     if hit:
         console.print("recipient's row reads that land on rows the donor wrote: "

@@ -57,6 +57,8 @@ def eval_cmd(
     if threads:
         torch.set_num_threads(threads)
     site_header = _site_header(site) if site is not None else None
+    if site is not None and site_header is not None:
+        check_site_tokenizer(site, site_header, model)
     named = read_named_documents(corpus)
     idx = [i for i in range(len(named)) if i % heldout_every == heldout_every - 1][:max_docs]
     if not idx:
@@ -116,6 +118,27 @@ def _site_header(site: Path) -> dict:
         raise FormatError(f"{str(f)!r} is not a site header (no 'table' object); pass the folder written by "
                           "`polymem train --model` or handle.save")
     return header
+
+
+def check_site_tokenizer(site: Path, header: dict, model: str) -> None:
+    """Before a builtin model loads: the site must have been trained with that model's tokenizer (its
+    fingerprint, read from the tokenizer alone). Other model specs are checked when the site attaches."""
+    from polymem.errors import SpecMismatchError
+    from polymem.models.registry import BUILTIN_MODELS
+
+    want = (header.get("tokenizer") or {}) if isinstance(header.get("tokenizer"), dict) else {}
+    if model not in BUILTIN_MODELS or not want.get("fingerprint"):
+        return
+    from polymem.models.cache import model_tokenizer_file
+    from polymem.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(str(model_tokenizer_file(model)))
+    if tok.fingerprint != want["fingerprint"]:
+        raise SpecMismatchError(
+            f"{str(site)!r} was trained for tokenizer {want.get('name')!r} (fingerprint {str(want['fingerprint'])[:16]}…), "
+            f"{model} reads with {tok.name!r} ({tok.fingerprint[:16]}…): a site belongs to one model. To use its "
+            f"table with {model}, train a site for it over the frozen table: polymem attach --model {model} "
+            f"--asset TABLE --corpus … --out {model}.site")
 
 
 def _print(res: dict, per_doc: bool) -> None:

@@ -13,7 +13,7 @@ from rich.table import Table
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
 from polymem.cli._options import (
-    BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, JsonOut, Lr, MaxEvalTokens, NHead, NLayer, PlotOut,
+    BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, DonorInit, Gate, JsonOut, Lr, MaxEvalTokens, NHead, NLayer, PlotOut,
     PrecisionOpt, Precision, Softmax, TableLrMult, Threads, TransferSteps, ValueInit, corpus_source, local_path,
     refuse_unused, tokenizer_spec,
 )
@@ -34,6 +34,11 @@ def transfer(
     softmax: Annotated[Softmax, typer.Option(help="With --model: training loss over the ids the corpus uses (corpus) or the whole vocabulary (full); scores are exact.")] = Softmax("corpus"),
     layers: Annotated[Optional[str], typer.Option(help="With --model: blocks that get the site (default: the donor's).")] = None,
     eval_corpus: Annotated[Optional[list[Path]], typer.Option("--eval-corpus", parser=corpus_source, help="Score the held-out split of these documents instead of --corpus's (default: --corpus); with --model, in addition to it (one scoring set per file).")] = None,
+    init: Annotated[Optional[DonorInit], typer.Option("--init", help="With --model: how the projection of the arms that read the donor's rows starts: zero (step 0 is the model alone), orthogonal, or aligned (the donor site's projection mapped into the recipient's hidden space by a ridge fit between the two models; loads the donor's model too). Default: zero.")] = None,
+    gate: Annotated[Optional[Gate], typer.Option("--gate", help="With --model: the sites' gate in every arm: scalar, context (Engram) or count (context, and rows weighted by how often the donor trained them). Default: the donor's.")] = None,
+    donor_model: Annotated[Optional[str], typer.Option("--donor-model", help="With --init aligned: the donor's model (default: the one named in the donor asset's provenance).")] = None,
+    donor_site: Annotated[Optional[Path], typer.Option("--donor-site", parser=local_path("a site folder"), help="With --init aligned: the donor's site folder (default: the asset's path + .site, as `polymem train --model` writes it).")] = None,
+    eval_at: Annotated[Optional[str], typer.Option("--eval-at", help="With --model: score the in-domain set after these steps, e.g. 4,12,24,36 (a learning curve from 0 recipient tokens; with --eval-every, both).")] = None,
     domain: Annotated[Optional[str], typer.Option(help="A name for the domain in the JSON (default: the eval corpus file name).")] = None,
     arms: Annotated[Optional[str], typer.Option(help="Comma-separated arms: none, random, donor (adds donor_memory_off), donor_finetune, scratch (default: all). With --model: none, random, null, donor, donor_finetune, in_place (default: all).")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Number of seeds (0..seeds-1); each seed fixes init and data order for all arms.")] = 3,
@@ -88,7 +93,8 @@ def transfer(
             "table_lr_mult": (table_lr_mult, 70.0), "precision": (precision, "auto"), "bf16": (bf16, None)})
         from polymem.cli._transfer_model import transfer_model
 
-        transfer_model(model=model, asset=asset, corpus=corpus, eval_corpus=eval_corpus or [], arms=arms,
+        transfer_model(init=init.value if init else None, gate=gate.value if gate else None, donor_model=donor_model, donor_site=donor_site, eval_at=eval_at,
+                       model=model, asset=asset, corpus=corpus, eval_corpus=eval_corpus or [], arms=arms,
                        seeds=seeds, seed_list=seed_list, steps=steps or 40, batch_size=batch_size or 4,
                        block_size=block_size, eval_every=eval_every, eval_tokens=eval_tokens, site_lr=site_lr,
                        table_lr=table_lr, softmax=softmax.value, layers=layers, max_n=max_n, out_dir=out_dir,
@@ -96,7 +102,9 @@ def transfer(
         return
     refuse_unused("without --model", {
         "out_dir": (out_dir, None), "seed_list": (seed_list, None), "eval_tokens": (eval_tokens, 4096),
-        "site_lr": (site_lr, 1e-3), "table_lr": (table_lr, 0.14), "softmax": (softmax, "corpus"), "layers": (layers, None)})
+        "site_lr": (site_lr, 1e-3), "table_lr": (table_lr, 0.14), "softmax": (softmax, "corpus"), "layers": (layers, None),
+        "init": (init, None), "gate": (gate, None), "donor_model": (donor_model, None), "donor_site": (donor_site, None),
+        "eval_at": (eval_at, None)})
     steps = steps or 400
     batch_size = batch_size or 8
     arm_list = _check_arms((arms or "none,random,donor,donor_finetune,scratch").split(",") + (["scratch"] if scratch else []))

@@ -308,24 +308,24 @@ def _save_site(handle: Any, site_dir: Path, overwrite: bool, asset_path: Path) -
     handle.save(site_dir)
 
 
-def _bounded_texts(lm: Any, texts: Sequence[str], max_tokens: int | None) -> list[str]:
-    """The first held-out documents up to about ``max_tokens`` tokens (the last one cut at a token boundary)."""
+def _bounded_texts(lm: Any, texts: Sequence[str], max_tokens: int | None, *, doc_tokens: int | None = None) -> list[str]:
+    """The first held-out documents up to about ``max_tokens`` tokens (a document cut at a token boundary where
+    the budget ends, and each one at ``doc_tokens`` when given, so that the set spans several documents)."""
     if max_tokens is None:
         return list(texts)
     out: list[str] = []
     n = 0
     for t in texts:
         ids = lm.tokenizer.encode(t)
-        if n + len(ids) <= max_tokens:
-            out.append(t)
-            n += len(ids)
-            continue
-        keep = max_tokens - n
-        if keep > 0:
-            piece = lm.tokenizer.decode_bytes(ids[:keep]).decode("utf-8", errors="ignore")
-            if piece:
-                out.append(piece)
-        break
+        keep = min(max_tokens - n, len(ids), doc_tokens or len(ids))
+        if keep <= 0:
+            break
+        piece = t if keep == len(ids) else lm.tokenizer.decode_bytes(ids[:keep]).decode("utf-8", errors="ignore")
+        if piece:
+            out.append(piece)
+            n += keep
+        if n >= max_tokens:
+            break
     if not out:
         raise PolymemError("no held-out text to score; use a corpus with more documents or a larger eval budget")
     return out

@@ -38,6 +38,7 @@ from polymem.errors import PolymemError
 from polymem.recipes.frozen import FrozenTrainConfig
 
 ARMS = ("none", "random", "null", "donor", "donor_finetune", "in_place")
+DONOR_INITS = ("zero", "orthogonal", "aligned")  # how the projection of the arms that read the donor's rows starts
 # the fields of FrozenTrainConfig a transfer run uses (the table geometry and layers come from the donor)
 _BUDGET_FIELDS = ("steps", "batch_size", "block_size", "table_lr", "site_lr", "warmup_frac", "decay_frac",
                   "grad_clip", "softmax")
@@ -56,21 +57,29 @@ def check_arms(arms: Sequence[str]) -> list[str]:
     return [a for a in ARMS if a in arms]
 
 
-def arm_table(arm: str, donor: torch.Tensor, *, spec: Any, layout: Any, orders: tuple[int, ...], seed: int):
-    """(table, train mode, value_init) of one arm (``none``: (None, None, None))."""
+def arm_table(arm: str, donor: torch.Tensor, *, spec: Any, layout: Any, orders: tuple[int, ...], seed: int,
+              init: str = "zero", counts: Any = None):
+    """(table, train mode, value_init) of one arm (``none``: (None, None, None)). ``init``: the projection start
+    of the arms that read the donor's rows; ``counts``: the donor's per-row training counts (what a
+    gate="count" site reads; the random table gets them shuffled with its row norms)."""
     from polymem.torch.tables import SingleRowTable, TrainableTable, random_like
 
     if arm == "none":
         return None, None, None
     if arm == "random":
-        return TrainableTable(random_like(donor, seed=7919 + int(seed)), spec=spec, layout=layout, orders=orders,
-                              trainable=False), "projection", "zero"
+        t = TrainableTable(random_like(donor, seed=7919 + int(seed)), spec=spec, layout=layout, orders=orders,
+                           trainable=False)
+        if counts is not None:  # random_like's first draw is the permutation of the row norms: the same one
+            g = torch.Generator().manual_seed(7919 + int(seed))
+            t.set_counts(np.asarray(counts)[torch.randperm(layout.num_rows, generator=g).numpy()])
+        return t, "projection", "zero"
     if arm == "null":
         return SingleRowTable(spec=spec, layout=layout, orders=orders), "table", "orthogonal"
-    if arm == "donor":
-        return TrainableTable(donor, spec=spec, layout=layout, orders=orders, trainable=False), "projection", "zero"
-    if arm == "donor_finetune":
-        return TrainableTable(donor, spec=spec, layout=layout, orders=orders, trainable=True), "table", "zero"
+    if arm in ("donor", "donor_finetune"):
+        t = TrainableTable(donor, spec=spec, layout=layout, orders=orders, trainable=arm == "donor_finetune")
+        if counts is not None:
+            t.set_counts(counts)
+        return t, ("projection" if arm == "donor" else "table"), init
     if arm == "in_place":
         return TrainableTable(None, spec=spec, layout=layout, orders=orders), "table", "orthogonal"
     check_arms([arm])
@@ -83,7 +92,14 @@ class Experiment:
     def __init__(self, lm: Any, donor: Any, corpus: Sequence[str | Path], *, cfg: FrozenTrainConfig,
                  eval_corpora: Sequence[str | Path] = (), heldout_every: int | None = None, eval_tokens: int = 4096,
                  window: int = 512, layers: Sequence[int] | None = None, max_n: int | None = None,
-                 texts: Sequence[str] | None = None, eval_texts: dict[str, Sequence[str]] | None = None) -> None:
+                 texts: Sequence[str] | None = None, eval_texts: dict[str, Sequence[str]] | None = None,
+                 doc_tokens: int | None = None, gate: str | None = None, init: str = "zero",
+                 donor_lm: Any = None, donor_site: str | Path | None = None) -> None:
+        """``gate``: the sites' gate in every arm (default: the donor's). ``init``: how the donor arms' projection
+        starts (``zero``, ``orthogonal``, or ``aligned``: the donor site's own projection mapped into the
+        recipient's hidden space, :mod:`polymem.recipes.align`, which needs ``donor_lm`` and the donor's site
+        folder, by default the asset's path + ``.site``). ``doc_tokens`` caps each scored document (default
+        ``eval_tokens // 8``), so a scoring set holds several documents to resample."""
         from polymem.hash.token_hashes import TokenHashes
         from polymem.models.evaluate import Scorer
         from polymem.recipes.frozen import _bounded_texts, corpus_stream
@@ -97,7 +113,11 @@ class Experiment:
         mem = self.prov.get("memory_config", {})
         self.layers = tuple(layers or mem.get("layers") or cfg.layers)
         self.max_n = int(max_n or max(a.orders))
-        self.gate = mem.get("gate", cfg.gate)
+        self.gate = gate or mem.get("gate", cfg.gate)
+        if init not in DONOR_INITS:
+            raise PolymemError(f"init {init!r} is unknown; accepted: {', '.join(DONOR_INITS)}")
+        self.init = init
+        self.counts = a.row_counts() if callable(getattr(a, "row_counts", None)) else None
         self.spec, self.layout, self.orders = a.spec, a.layout, tuple(int(o) for o in a.orders)
         self.donor_tab = torch.from_numpy(np.ascontiguousarray(a.to_numpy(), dtype=np.float32))
         self.cache = TokenHashes.build(lm.tokenizer, a.spec)
@@ -108,12 +128,13 @@ class Experiment:
         self.corpus = [str(p) for p in corpus] if texts is None else ["(texts)"]
         sets: dict[str, list[str]] = {}
         first = Path(self.corpus[0]).name.split(".")[0] if texts is None else "texts"
-        sets[first] = _bounded_texts(lm, self.data.heldout_texts, eval_tokens)
+        self.doc_tokens = int(doc_tokens or max(eval_tokens // 8, 1))
+        sets[first] = _bounded_texts(lm, self.data.heldout_texts, eval_tokens, doc_tokens=self.doc_tokens)
         def add(name: str, tx: list[str], where: str) -> None:
             if name in sets:
                 raise PolymemError(f"two scoring sets are named {name!r} ({where}); scoring sets are named by file "
                                    "name — rename or copy one of the files")
-            sets[name] = _bounded_texts(lm, tx, eval_tokens)
+            sets[name] = _bounded_texts(lm, tx, eval_tokens, doc_tokens=self.doc_tokens)
 
         for p in eval_corpora:
             _, held = split_documents(read_documents([p]), heldout_every)
@@ -126,6 +147,45 @@ class Experiment:
         lengths = token_byte_lengths(lm.tokenizer)  # once for every scoring set
         self.scorers = {k: Scorer(lm, v, window=window, lengths=lengths) for k, v in sets.items()}
         self.eval_texts = sets
+        self.alignment: dict[str, Any] | None = None
+        if init == "aligned":
+            self.alignment = self._align(donor_lm, donor_site)
+
+    def _align(self, donor_lm: Any, donor_site: str | Path | None) -> dict[str, Any]:
+        """The donor site's projection and gate, and the ridge map from the donor's hidden states to the
+        recipient's at the site layers, fit on the training split of the corpus (both models read it)."""
+        from polymem.recipes.align import fit_alignment
+        from polymem.torch.sitefile import read_site
+
+        if donor_lm is None:
+            raise PolymemError("init='aligned' needs the donor's model (donor_lm; on the command line --donor-model, "
+                               "by default the model named in the donor asset's provenance)")
+        site_dir = Path(donor_site) if donor_site is not None else Path(self.donor_path + ".site")
+        header, tensors = read_site(site_dir)
+        if header["table"]["fingerprint"] != self.asset_fingerprint():
+            raise PolymemError(f"{str(site_dir)!r} was trained with table {header['table']['fingerprint']}, the donor "
+                               f"asset is {self.asset_fingerprint()}; pass the site written with that asset (--donor-site)")
+        names = list(header["layers"])
+        if len(names) != len(self.layers):
+            raise PolymemError(f"the donor site has {len(names)} site(s) ({names}), this run puts {len(self.layers)} "
+                               f"on the recipient (layers {list(self.layers)}); pass --layers with {len(names)} block(s)")
+        fits = []
+        for name, layer in zip(names, self.layers):
+            key = name.replace(".", "/")
+            w = tensors.get(f"sites.{key}.value.weight")
+            if w is None:
+                raise PolymemError(f"{str(site_dir)!r} holds no projection for site {name!r}; it is not a polymem site")
+            g = tensors.get(f"sites.{key}.gate")
+            f = fit_alignment(donor_lm, self.lm, self.data.train_texts, donor_layer=int(name.rsplit(".", 1)[-1]),
+                              recipient_layer=int(layer))
+            fits.append({**f, "donor_value": w.float(), "donor_gate": float(g) if g is not None else 0.5})
+        return {"site": str(site_dir), "donor_model": donor_lm.name, "fits": fits}
+
+    def alignment_report(self) -> list[dict[str, Any]] | None:
+        """Per site: the map's held-out R², positions and documents (what the docs quote); None without one."""
+        if self.alignment is None:
+            return None
+        return [{k: v for k, v in f.items() if k not in ("A", "b", "donor_value")} for f in self.alignment["fits"]]
 
     def key(self, points: Sequence[int] = ()) -> str:
         """What determines every (arm, seed) result: recipient, donor table, data, budget, scoring sets and the
@@ -138,6 +198,9 @@ class Experiment:
             "model": {"name": d["name"], "architecture": d["architecture"], "params": d["params"], "source": src},
             "donor": self.asset_fingerprint(), "budget": budget, "layers": list(self.layers),
             "max_n": self.max_n, "gate": self.gate, "window": self.window, "points": [int(p) for p in points],
+            "init": self.init, "alignment": None if self.alignment is None else {
+                "donor_model": self.alignment["donor_model"],
+                "A": [hashlib.sha256(np.ascontiguousarray(f["A"]).tobytes()).hexdigest() for f in self.alignment["fits"]]},
             "train_tokens": int(self.data.train.size),
             "train_sha": hashlib.sha256(self.data.train.tobytes()).hexdigest(),
             "eval": {k: hashlib.sha256("\x00".join(v).encode()).hexdigest() for k, v in self.eval_texts.items()},
@@ -152,12 +215,24 @@ class Experiment:
         return self._fp
 
     def score(self, which: Sequence[str] | None = None) -> dict[str, float]:
-        return {k: self.scorers[k].score()["bpb"] for k in (which or self.scorers)}
+        return {k: v["bpb"] for k, v in self.score_docs(which).items()}
+
+    def score_docs(self, which: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Per scoring set: ``bpb`` and the bits and bytes of each document (for paired intervals)."""
+        out = {}
+        for k in (which or self.scorers):
+            r = self.scorers[k].score()
+            bits = [(d["bpb"] or 0.0) * d["bytes"] for d in r["per_doc"]]
+            out[k] = {"bpb": r["bpb"], "doc_bits": bits, "doc_bytes": [d["bytes"] for d in r["per_doc"]]}
+        return out
 
     def base_scores(self) -> dict[str, float]:
         """The model alone on every scoring set (deterministic: scored once per process)."""
+        return {k: v["bpb"] for k, v in self.base_docs().items()}
+
+    def base_docs(self) -> dict[str, dict[str, Any]]:
         if not hasattr(self, "_base"):
-            self._base = self.score()
+            self._base = self.score_docs()
         return dict(self._base)
 
     def donor_rows_hit(self) -> dict[str, Any]:
@@ -179,9 +254,15 @@ class Experiment:
                               "its training wrote (non-zero)"}
 
 
+def _docs(r: dict[str, Any]) -> dict[str, Any]:
+    return {"bits": [float(x) for x in r["doc_bits"]], "bytes": [int(x) for x in r["doc_bytes"]]}
+
+
 def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
             on_event: Callable[..., None] | None = None) -> dict[str, Any]:
-    """Train one arm for one seed; its curve on the in-domain set and its final scores on every set."""
+    """Train one arm for one seed; its curve on the in-domain set (from 0 recipient tokens) and its final
+    scores on every set, with each document's bits (``docs``) for paired intervals."""
+    from polymem.recipes.align import aligned_projection
     from polymem.recipes.frozen import train_site
     from polymem.torch.attach import attach
 
@@ -190,28 +271,51 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
     points = eval_points(eval_at, cfg.steps)
     per_tok = cfg.batch_size * cfg.block_size
     t0 = time.perf_counter()
+    base = exp.base_docs()
+    ind = exp.in_domain
     if arm == "none":
-        scores = exp.base_scores()
-        return {"arm": arm, "seed": int(seed), "curve_tokens": [p * per_tok for p in points],
-                "curve_bpb": [scores[exp.in_domain]] * len(points), "bpb": scores, "train_s": 0.0,
-                "elapsed_s": time.perf_counter() - t0}
-    table, mode, vinit = arm_table(arm, exp.donor_tab, spec=exp.spec, layout=exp.layout, orders=exp.orders, seed=seed)
+        return {"arm": arm, "seed": int(seed), "curve_tokens": [0] + [p * per_tok for p in points],
+                "curve_bpb": [base[ind]["bpb"]] * (len(points) + 1),
+                "curve_docs": [_docs(base[ind])] * (len(points) + 1),
+                "bpb": {k: v["bpb"] for k, v in base.items()}, "docs": {k: _docs(v) for k, v in base.items()},
+                "train_s": 0.0, "elapsed_s": time.perf_counter() - t0}
+    table, mode, vinit = arm_table(arm, exp.donor_tab, spec=exp.spec, layout=exp.layout, orders=exp.orders, seed=seed,
+                                   init=exp.init, counts=exp.counts)
     handle = attach(exp.lm.model, table, exp.cache, layers=list(exp.layers), train=mode, max_n=exp.max_n,
                     gate=exp.gate, init_seed=1000 + int(seed), value_init=vinit)
-    curve_t: list[int] = []
+    curve_t: list[int] = [0]
     curve: list[float] = []
+    curve_docs: list[dict[str, Any]] = []
     try:
+        if vinit == "aligned":
+            assert exp.alignment is not None
+            with torch.no_grad():
+                for site, f in zip(handle.sites.values(), exp.alignment["fits"]):
+                    g_r = float(site.gate.detach()) if hasattr(site, "gate") else 0.5
+                    site.value.weight.copy_(aligned_projection(f["donor_value"], f["donor_gate"], f["A"], g_r))
+            r0 = exp.score_docs([ind])[ind]  # the donor's rows through the aligned projection, before any training
+        else:
+            r0 = base[ind]  # a zero projection or a zero table: step 0 is the model alone
+        curve.append(r0["bpb"])
+        curve_docs.append(_docs(r0))
+        ev("eval", arm=arm, seed=seed, tokens=0, bpb=curve[-1])
+
         def on_eval(steps_done: int, tokens: int) -> None:
+            r = exp.score_docs([ind])[ind]
             curve_t.append(int(tokens))
-            curve.append(exp.score([exp.in_domain])[exp.in_domain])
+            curve.append(r["bpb"])
+            curve_docs.append(_docs(r))
             ev("eval", arm=arm, seed=seed, tokens=tokens, bpb=curve[-1])
 
         res = train_site(exp.lm, handle, exp.data.train, cfg, eval_at=points, on_eval=on_eval,
                          on_step=lambda i, loss: ev("step", arm=arm, seed=seed, step=i, loss=loss))
-        others = [k for k in exp.scorers if k != exp.in_domain]
-        final = {exp.in_domain: curve[-1], **(exp.score(others) if others else {})}
+        others = [k for k in exp.scorers if k != ind]
+        final = exp.score_docs(others) if others else {}
         out: dict[str, Any] = {"arm": arm, "seed": int(seed), "curve_tokens": curve_t, "curve_bpb": curve,
-                               "bpb": final, "train_s": res["train_s"], "tokens_per_s": res["tokens_per_s"],
+                               "curve_docs": curve_docs,
+                               "bpb": {ind: curve[-1], **{k: v["bpb"] for k, v in final.items()}},
+                               "docs": {ind: curve_docs[-1], **{k: _docs(v) for k, v in final.items()}},
+                               "train_s": res["train_s"], "tokens_per_s": res["tokens_per_s"],
                                "final_loss": float(np.mean(res["losses"][-10:])),
                                "gate": [float(s.gate.detach()) for s in handle.sites.values() if hasattr(s, "gate")]}
         if arm == "donor" and not torch.equal(handle.table.weight.detach().cpu(), exp.donor_tab):
@@ -224,6 +328,58 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
         handle.detach()
     out["elapsed_s"] = time.perf_counter() - t0
     return out
+
+
+def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, overwrite: bool = False,
+                         on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+    """Train a site of ``exp``'s recipient over the frozen donor table (the ``donor`` arm, with ``exp``'s init and
+    gate) and save it to ``out``: a site folder naming the donor asset, which ``polymem eval --site`` and
+    :func:`polymem.torch.attach.load_attached` take. Returns held-out bits per byte (in-domain set) of the model
+    alone, at step 0 and after training."""
+    import shutil
+
+    from polymem.recipes.align import aligned_projection
+    from polymem.recipes.frozen import train_site
+    from polymem.torch.attach import attach
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise PolymemError(f"{str(out)!r} exists; pass --overwrite (overwrite=True) or another --out")
+    cfg = FrozenTrainConfig(**{**asdict(exp.cfg), "seed": int(seed)})
+    table, mode, vinit = arm_table("donor", exp.donor_tab, spec=exp.spec, layout=exp.layout, orders=exp.orders,
+                                   seed=seed, init=exp.init, counts=exp.counts)
+    if not str(exp.donor_path).startswith(("s3://", "gs://", "http://", "https://")):
+        table.source = {"kind": "asset", "path": str(Path(exp.donor_path).resolve()), "dtype": "float32"}
+    else:
+        table.source = {"kind": "asset", "path": str(exp.donor_path), "dtype": "float32"}
+    ind = exp.in_domain
+    alone = exp.base_scores()[ind]
+    handle = attach(exp.lm.model, table, exp.cache, layers=list(exp.layers), train=mode, max_n=exp.max_n,
+                    gate=exp.gate, init_seed=1000 + int(seed), value_init=vinit)
+    try:
+        if vinit == "aligned":
+            assert exp.alignment is not None
+            with torch.no_grad():
+                for site, f in zip(handle.sites.values(), exp.alignment["fits"]):
+                    g_r = float(site.gate.detach()) if hasattr(site, "gate") else 0.5
+                    site.value.weight.copy_(aligned_projection(f["donor_value"], f["donor_gate"], f["A"], g_r))
+        start = exp.score([ind])[ind] if vinit == "aligned" else alone
+        res = train_site(exp.lm, handle, exp.data.train, cfg, on_step=on_step)
+        after = exp.score([ind])[ind]
+        tmp = out.with_name(out.name + ".tmp-attach")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        handle.save(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)  # the folder appears whole
+        params = sum(p.numel() for p in handle.sites.parameters())
+    finally:
+        handle.detach()
+    return {"site": str(out), "asset": exp.donor_path, "model": exp.lm.name, "init": exp.init, "gate": exp.gate,
+            "tokens": cfg.tokens, "heldout_bpb_alone": alone, "heldout_bpb_start": start, "heldout_bpb": after,
+            "scored_set": ind, "site_parameters": int(params), "train_s": res["train_s"],
+            "alignment": exp.alignment_report()}
 
 
 def run_transfer(exp: Experiment, *, arms: Sequence[str], seeds: Sequence[int], eval_at: Sequence[int],
@@ -286,21 +442,10 @@ def summarize(exp: Experiment, arms: Sequence[str], seeds: Sequence[int],
     gains = {arm: {k: {"bpb": [base[k] - v for v in res["arms"][arm]["bpb"][k]],
                        "share_of_base": [(base[k] - v) / base[k] for v in res["arms"][arm]["bpb"][k]]}
                    for k in sets} for arm in arms}
-    paired: dict[str, Any] = {}
-    if "donor" in arms:
-        for ctl in ("random", "null", "none"):
-            if ctl in arms:
-                paired[f"donor_vs_{ctl}"] = {k: {"margin_bpb": [c - d for c, d in zip(res["arms"][ctl]["bpb"][k], res["arms"]["donor"]["bpb"][k])]}
-                                             for k in sets}
-                for k in sets:
-                    m = paired[f"donor_vs_{ctl}"][k]["margin_bpb"]
-                    paired[f"donor_vs_{ctl}"][k]["donor_better_every_seed"] = bool(all(x > 0 for x in m))
-    if "donor_finetune" in arms and "in_place" in arms:
-        ft, ip = res["curves"]["donor_finetune"]["bpb"], res["curves"]["in_place"]["bpb"]
-        paired["donor_finetune_vs_in_place"] = {
-            "tokens": res["curves"]["in_place"]["tokens"],
-            "margin_bpb": [[b - a for a, b in zip(fs, ips)] for fs, ips in zip(ft, ip)],  # [seed][budget] in_place - finetune
-            "finetune_at_most_in_place_everywhere": bool(all(a <= b for fs, ips in zip(ft, ip) for a, b in zip(fs, ips)))}
+    from polymem.recipes.verdicts import compare_arms, paired_margins
+
+    paired = paired_margins(arms, res)
+    comparisons = compare_arms(arms, seeds, runs, exp.in_domain, sets)
     prov = exp.prov
     return {
         "recipient_model": exp.lm.name, "donor_model": (prov.get("model") or {}).get("name"),
@@ -313,6 +458,8 @@ def summarize(exp: Experiment, arms: Sequence[str], seeds: Sequence[int],
         "seeds": list(seeds), "scoring_sets": {k: {"documents": len(exp.eval_texts[k]), "tokens": exp.scorers[k].num_tokens,
                                                   "bytes": exp.scorers[k].num_bytes} for k in sets},
         "in_domain": exp.in_domain, "base_bpb": base, **res, "gains": gains, "paired": paired,
+        "comparisons": comparisons, "verdicts": [c["line"] for c in comparisons],
+        "init": exp.init, "gate": exp.gate, "alignment": exp.alignment_report(),
         "donor_rows_hit": exp.donor_rows_hit(),
         "config": {**asdict(exp.cfg), "layers": list(exp.layers), "max_n": exp.max_n, "gate": exp.gate,
                    "window": exp.window, "train_stream_tokens": int(exp.data.train.size),
@@ -332,9 +479,10 @@ def plot_result(result: dict[str, Any], path: str | Path) -> Path:
     plt = pyplot("transfer --plot")
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
     base = result["base_bpb"][result["in_domain"]]
-    for arm, c in result["curves"].items():  # every arm starts as the model alone (zero projection or zero table)
-        t = np.asarray([0] + list(c["tokens"]), dtype=float) / 1e3
-        y = np.asarray([[base] + list(b) for b in c["bpb"]], dtype=float)
+    for arm, c in result["curves"].items():  # curves start at 0 recipient tokens (older results: the model alone)
+        pre = [] if c["tokens"] and c["tokens"][0] == 0 else [0]
+        t = np.asarray(pre + list(c["tokens"]), dtype=float) / 1e3
+        y = np.asarray([[base] * len(pre) + list(b) for b in c["bpb"]], dtype=float)
         ax.plot(t, y.mean(0), marker="o", ms=3, color=COLORS.get(arm), label=arm)
         if y.shape[0] > 1:
             ax.fill_between(t, y.min(0), y.max(0), color=COLORS.get(arm), alpha=0.15, lw=0)

@@ -103,11 +103,28 @@ def _resolve_table(table_or_asset: Any, spec: HashSpec | None, in_memory: bool, 
     if type(asset.spec).__name__ != "IdHashSpec":
         _check_usable(asset.spec, asset.layout, where=str(getattr(asset, "path", "asset")))
     if in_memory or trainable:
-        return TrainableTable(
+        t: MemoryTable = TrainableTable(
             asset.to_numpy(), spec=asset.spec, layout=asset.layout, orders=tuple(asset.orders), trainable=trainable,
             source={"kind": "asset", "path": str(getattr(asset, "path", "")), "dtype": str(getattr(asset, "dtype", ""))},
         )
-    return AssetTable(asset, **(serving or {}))
+    else:
+        t = AssetTable(asset, **(serving or {}))
+    t._counts_source = asset  # read only by a gate="count" site (:func:`_load_counts`)
+    return t
+
+
+def _load_counts(table: MemoryTable, report: AttachReport) -> None:
+    """A gate="count" site reads the rows' training counts: the table's own, else its asset's ``counts`` array;
+    a table without any reads every row as fully known (the context gate), and the report says so."""
+    if table.counts is not None:
+        return
+    src = getattr(table, "_counts_source", None)
+    got = src.row_counts() if src is not None and callable(getattr(src, "row_counts", None)) else None
+    if got is None:
+        report.notes.append("gate='count' but the table records no per-row training counts: every row counts as "
+                            "known, so the gate acts as gate='context' (tables trained by polymem record counts)")
+        return
+    table.set_counts(got)
 
 
 def _check_usable(spec: Any, layout: Any, *, where: str) -> None:
@@ -213,7 +230,8 @@ class AttachHandle:
                     f"{site.cfg.d_model}; attach to blocks whose input is the residual stream"
                 )
             e = self.table.gather(self._rows)  # [B, T, N, K, r]
-            out = site(h, e)
+            c = self.table.gather_counts(self._rows) if site.cfg.gate == "count" else None
+            out = site(h, e, c)
             if args:
                 return (out, *args[1:]), kwargs
             kwargs = dict(kwargs)
@@ -301,6 +319,30 @@ class AttachHandle:
         which names the table by fingerprint (:mod:`polymem.torch.sitefile`)."""
         return save_site(self, path)
 
+    save_pretrained = save  # the PEFT adapter's name for it
+
+    @classmethod
+    def from_pretrained(cls, model: nn.Module, path: str | os.PathLike[str], table_or_asset: Any = None,
+                        tokenizer: Any = None, **kw: Any) -> "AttachHandle":
+        """:func:`load_attached` under the PEFT adapter's name: the saved site re-attached to ``model``."""
+        return load_attached(model, path, table_or_asset, tokenizer, **kw)
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Trainable and total parameters of the sites, and the table's rows × width (trainable or not)."""
+        site = list(self.sites.parameters())
+        tw = getattr(self.table, "weight", None)
+        table = int(tw.numel()) if isinstance(tw, torch.Tensor) else int(self.table.layout.num_rows * self.table.layout.head_dim)
+        return {"site_trainable": sum(p.numel() for p in site if p.requires_grad), "site_total": sum(p.numel() for p in site),
+                "table": table, "table_trainable": table if self.table.trainable else 0}
+
+    def __repr__(self) -> str:
+        c = self.parameter_counts()
+        cfg = next(iter(self.sites.values())).cfg
+        return (f"AttachHandle({type(self.model).__name__}, sites before {', '.join(self.layer_names)}, gate={cfg.gate}, "
+                f"orders 1..{cfg.max_n}, train={self.train!r}; trainable params: {c['site_trainable'] + c['table_trainable']:,} "
+                f"(site {c['site_trainable']:,}, table {c['table_trainable']:,}); table {self.table.layout.num_rows:,} rows × "
+                f"{self.table.layout.head_dim}, tokenizer {self.tokenizer_info['name']})")
+
 
 def attach(
     model: nn.Module,
@@ -359,6 +401,8 @@ def attach(
     cfg = SiteConfig(d_model=d, max_n=n, gate=gate, gate_init=gate_init, conv=conv, init_seed=init_seed,
                      value_init=value_init)
     sites = _build_sites(names, cfg, table.layout, report)
+    if gate == "count":
+        _load_counts(table, report)
     rows = _device_rows(model, cache, table, id_bound, allow_vocab_padding, report)
     _report_notes(report, table, cache, n, value_init)
     return _hook(model, table, sites, names, rows, cache, train, report, path, freeze_model)

@@ -76,6 +76,29 @@ class MemoryTable(nn.Module):
         """A short content id of the table (its rows, hash spec and layout): what a saved site names its table by."""
         raise NotImplementedError
 
+    counts: torch.Tensor | None = None  # float32 [num_rows]: how many updates each row received (None: unknown)
+
+    def set_counts(self, counts: Any) -> None:
+        """Record the rows' training counts (uint32/int [num_rows], e.g. an asset's ``counts`` array): what
+        ``gate="count"`` sites read. None forgets them."""
+        if counts is None:
+            self.counts = None
+            return
+        c = torch.as_tensor(np.asarray(counts)).reshape(-1)
+        if c.numel() != self.layout.num_rows or c.is_floating_point() or c.dtype == torch.bool:
+            raise PolymemError(f"row counts must be integers, one per row ({self.layout.num_rows:,}); got "
+                               f"{c.numel():,} of dtype {c.dtype}")
+        w = getattr(self, "weight", None)
+        self.counts = c.to(device=w.device if isinstance(w, torch.Tensor) else torch.device("cpu"), dtype=torch.float32)
+
+    def gather_counts(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """The training counts of ``rows`` (int64 [...]) as float32 [...] (0 where a row is -1), or None when the
+        table has no counts."""
+        if self.counts is None:
+            return None
+        c = self.counts.to(rows.device)
+        return c.index_select(0, rows.reshape(-1).clamp_min(0)).view(rows.shape) * (rows >= 0)
+
     def to_numpy(self) -> np.ndarray:
         """The whole table as float32 [num_rows, r] in host memory (a copy)."""
         raise NotImplementedError

@@ -79,6 +79,20 @@ def test_train_on_one_transfer_to_the_other(builtin, corpus, tmp_path):
     bpb = {arm: summary["arms"][arm]["bpb"][exp.in_domain][0] for arm in ("none", "donor", "in_place")}
     assert all(0.3 < v < 2.0 for v in bpb.values()), bpb
     assert (tmp_path / "t" / "summary.json").is_file()
+    # the aligned start: a hidden-state map between the two real models that explains a real share of the variance
+    al = Experiment(builtin["gemma3-270m"], tmp_path / "donor.pmem", [corpus], cfg=rcfg, eval_tokens=512,
+                    init="aligned", donor_lm=builtin["smollm2-135m"])
+    (fit,) = al.alignment_report()
+    assert fit["positions"] >= 1000 and 0.2 < fit["r2_heldout"] < 1.0, fit
+    # a site trained with SmolLM2 is refused for Gemma 3 before Gemma loads, naming the way out
+    from typer.testing import CliRunner
+
+    from polymem.cli.app import app
+
+    r = CliRunner().invoke(app, ["eval", "--model", "gemma3-270m", "--corpus", str(corpus), "--site",
+                                 str(tmp_path / "donor.pmem.site")])
+    assert r.exit_code != 0 and "polymem attach --model gemma3-270m" in str(r.exception)
+    assert "loaded" not in r.output
 
 
 def test_model_names_are_tokenizer_specs(builtin, tmp_path):

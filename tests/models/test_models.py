@@ -338,7 +338,7 @@ def test_transfer_arms_resume_and_summary(lms, donor, corpus_file, tmp_path, tex
     for arm in ARMS:
         for k in sets:
             assert len(res["arms"][arm]["bpb"][k]) == 2 and all(np.isfinite(res["arms"][arm]["bpb"][k]))
-        assert res["curves"][arm]["tokens"] == [2 * 32, 4 * 32]
+        assert res["curves"][arm]["tokens"] == [0, 2 * 32, 4 * 32]
     base = res["base_bpb"]
     assert res["arms"]["none"]["bpb"]["docs"] == [base["docs"]] * 2
     assert res["paired"]["donor_vs_random"]["docs"]["margin_bpb"] == pytest.approx(
@@ -370,6 +370,46 @@ def test_transfer_arms_resume_and_summary(lms, donor, corpus_file, tmp_path, tex
         run_transfer(exp, arms=["none"], seeds=[0], eval_at=[1, 3], out_dir=tmp_path / "runs")
     with pytest.raises(PolymemError, match="two scoring sets are named 'docs'"):
         Experiment(lm, donor["path"], [corpus_file], cfg=cfg, eval_corpora=[corpus_file])
+
+
+def test_transfer_aligned_start_count_gate_and_verdicts(lms, donor, corpus_file, tmp_path):
+    """The aligned start maps the donor site's projection into the recipient: the donor arm differs from the model
+    alone before any training (in_place does not); the count gate reads the donor's row counts; every comparison
+    has per-seed intervals and one line."""
+    from polymem.recipes.frozen import FrozenTrainConfig
+    from polymem.recipes.pretrained import Experiment, run_transfer
+    from polymem.recipes.verdicts import direction_record
+
+    lm = lms["gemma3"]
+    cfg = FrozenTrainConfig(steps=4, batch_size=2, block_size=16, table_lr=0.1, site_lr=3e-3)
+    exp = Experiment(lm, donor["path"], [corpus_file], cfg=cfg, eval_tokens=256, window=64, gate="count",
+                     init="aligned", donor_lm=lms["llama"], eval_texts={"other": [generated_text(600, seed=9)] * 2})
+    (fit,) = exp.alignment_report()
+    assert fit["positions"] >= 64 and fit["r2_heldout"] <= 1 and fit["donor_layer"] == 1 and fit["recipient_layer"] == 1
+    assert exp.counts is not None and int(exp.counts.sum()) > 0 and exp.gate == "count"
+    assert len(exp.eval_texts["docs"]) >= 4  # documents capped at eval_tokens // 8 tokens
+    res = run_transfer(exp, arms=["none", "random", "donor", "in_place"], seeds=[0, 1], eval_at=[2],
+                       out_dir=tmp_path / "runs")
+    base = res["base_bpb"]["docs"]
+    assert res["curves"]["donor"]["tokens"][0] == 0
+    assert all(b[0] != base for b in res["curves"]["donor"]["bpb"])  # the donor's rows act from step 0
+    assert all(b[0] == base for b in res["curves"]["in_place"]["bpb"])
+    names = {(c["name"], c["tokens"], c["set"]) for c in res["comparisons"]}
+    assert ("donor_vs_in_place", 64, "docs") in names and ("donor_vs_in_place", 0, "docs") in names
+    assert ("donor_vs_random", 128, "docs") in names and ("donor_vs_none", 128, "other") in names
+    for c in res["comparisons"]:
+        assert len(c["lo"]) == len(c["hi"]) == 2 and all(lo <= hi for lo, hi in zip(c["lo"], c["hi"]))
+        assert c["verdict"] in ("a_lower", "a_higher", "within_noise") and c["line"] in res["verdicts"]
+        if c["verdict"] == "within_noise":
+            assert "within noise" in c["line"]
+    rec = direction_record(res)
+    assert rec["budgets"] == [0, 64, 128] and rec["ood"] == ["other"] and rec["donor"] == "llama"
+    assert rec["arms"]["donor"]["curve"]["0"] == [b[0] for b in res["curves"]["donor"]["bpb"]]
+    assert rec["arms"]["none"]["ood"]["other"] == [res["base_bpb"]["other"]] * 2
+    with pytest.raises(PolymemError, match="needs the donor's model"):
+        Experiment(lm, donor["path"], [corpus_file], cfg=cfg, eval_tokens=256, init="aligned")
+    with pytest.raises(PolymemError, match="init 'sideways' is unknown"):
+        Experiment(lm, donor["path"], [corpus_file], cfg=cfg, eval_tokens=256, init="sideways")
 
 
 def test_null_arm_reads_one_row(lms, donor):
@@ -418,6 +458,24 @@ def test_cli_eval_train_transfer(ckpts, corpus_file, tmp_path, lms, texts):
                             "--eval-tokens", "100", "--out-dir", str(tmp_path / "tr"), "--json", str(tmp_path / "tr.json")])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "tr.json").read_text())["arms"]["donor"]["bpb"]["docs"]
+    # the headline use: a site for gemma3 over the llama-trained table, saved, then scored by `eval --site`
+    gs = tmp_path / "gemma.site"
+    r = runner.invoke(app, ["attach", "--model", str(ckpts["gemma3"]), "--asset", str(out), "--corpus", str(corpus_file),
+                            "--steps", "2", "--batch-size", "2", "--block-size", "16", "--eval-tokens", "200",
+                            "--gate", "count", "--out", str(gs), "--json", str(tmp_path / "attach.json")])
+    assert r.exit_code == 0, r.output
+    got = json.loads((tmp_path / "attach.json").read_text())
+    assert got["init"] == "aligned" and got["gate"] == "count" and got["heldout_bpb_start"] != got["heldout_bpb_alone"]
+    assert not list(tmp_path.glob("*.tmp-attach"))
+    j3 = tmp_path / "eval3.json"
+    r = runner.invoke(app, ["eval", "--model", str(ckpts["gemma3"]), "--corpus", str(corpus_file), "--heldout-every", "10",
+                            "--window", "64", "--site", str(gs), "--json", str(j3)])
+    assert r.exit_code == 0, r.output
+    ev = json.loads(j3.read_text())
+    assert ev["with_table"]["bpb"] != ev["alone"]["bpb"] == ev["table_off"]["bpb"]
+    r = runner.invoke(app, ["attach", "--model", str(ckpts["gemma3"]), "--asset", str(out), "--corpus", str(corpus_file),
+                            "--out", str(gs)])
+    assert r.exit_code != 0 and "exists; pass --overwrite" in str(r.exception)
     r = runner.invoke(app, ["transfer", "--model", str(ckpts["gemma3"]), "--tokenizer", "bytes", "--asset", str(out),
                             "--corpus", str(corpus_file)])
     assert r.exit_code != 0 and "not both" in str(r.exception)

@@ -1,0 +1,101 @@
+"""``polymem attach``: give a pretrained model a site over a frozen table trained with another model (another
+tokenizer): the site's projection (and gate) train on the model, the table does not; the site is saved for
+``polymem eval --site`` and for :func:`polymem.torch.attach.load_attached`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from polymem.cli._display import escape
+from polymem.cli._needs import check_needs
+from polymem.cli._options import (BatchSize, BlockSize, CorpusFiles, Device, DonorInit, Gate, JsonOut, ModelOpt, Softmax,
+                                  Threads, local_path)
+
+console = Console()
+
+
+def attach_cmd(
+    model: ModelOpt,
+    asset: Annotated[str, typer.Option("--asset", "-a", help="The frozen table (an asset from `polymem train --model`, trained with any tokenizer), a path or URL.")],
+    corpus: CorpusFiles,
+    out: Annotated[Path, typer.Option("--out", "-o", parser=local_path("a local folder"), help="Where the site folder goes (site.json, site.safetensors); it names the table by fingerprint and path.")],
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps of the site.")] = 36,
+    init: Annotated[DonorInit, typer.Option("--init", help="The projection's start: aligned (the donor site's projection mapped into this model's hidden space; loads the donor's model for the fit), zero or orthogonal.")] = DonorInit("aligned"),
+    gate: Annotated[Optional[Gate], typer.Option("--gate", help="scalar, context or count (context, rows weighted by how often the donor trained them). Default: the donor's.")] = None,
+    donor_model: Annotated[Optional[str], typer.Option("--donor-model", help="With --init aligned: the table's model (default: the one its provenance names).")] = None,
+    donor_site: Annotated[Optional[Path], typer.Option("--donor-site", parser=local_path("a site folder"), help="With --init aligned: the table's own site (default: the asset's path + .site).")] = None,
+    layers: Annotated[Optional[str], typer.Option(help="Blocks that get the site (default: the donor's).")] = None,
+    site_lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate of the site.")] = 3e-3,
+    batch_size: BatchSize = None,
+    block_size: BlockSize = 256,
+    softmax: Annotated[Softmax, typer.Option(help="Training loss over the ids the corpus uses (corpus) or the whole vocabulary (full).")] = Softmax("corpus"),
+    eval_tokens: Annotated[int, typer.Option(min=64, help="Held-out tokens scored before and after (the corpus's held-out split).")] = 4096,
+    seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Data order and the site's init.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
+    threads: Threads = None,
+    device: Device = "auto",
+    json_out: JsonOut = None,
+) -> None:
+    """Train a site for MODEL over a frozen table made with another model (and tokenizer), and save it: the
+    headline use of a portable table (`polymem eval --model MODEL --site OUT` scores it)."""
+    check_needs("attach", locals())
+    import torch
+
+    from polymem._io import atomic_write_json, check_outputs_not_inputs
+    from polymem.cli._transfer_model import _donor_model
+    from polymem.cli.cmd_eval import progress_bar
+    from polymem.cli.cmd_train import _layers
+    from polymem.errors import PolymemError
+    from polymem.models import load_model
+    from polymem.recipes.frozen import FrozenTrainConfig
+    from polymem.recipes.pretrained import Experiment, train_recipient_site
+    from polymem.torch.device import resolve_device
+    from polymem.torch.tablefile import open_table
+
+    start: str = init.value
+    gate_s: str | None = gate.value if gate is not None else None
+    check_outputs_not_inputs({"--out": out, "--json": json_out}, [("asset", asset), ("model", model)]
+                             + [("corpus", c) for c in corpus])
+    if out.exists() and not overwrite:
+        raise PolymemError(f"{str(out)!r} exists; pass --overwrite or another --out")
+    if start != "aligned" and (donor_model or donor_site):
+        raise PolymemError("--donor-model and --donor-site are read only with --init aligned; drop them")
+    dev = resolve_device(device)
+    open_table(asset)  # a missing or broken table is said before any model loads
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = FrozenTrainConfig(steps=steps, batch_size=batch_size or 4, block_size=block_size, site_lr=site_lr,
+                            softmax=softmax.value, seed=seed)
+    dlm = _donor_model(asset, donor_model, str(dev)) if start == "aligned" else None
+    console.print(f"loading {escape(model)} …", highlight=False)
+    lm = load_model(model, device=str(dev))
+    console.print(escape(lm.load_line()), highlight=False)
+    exp = Experiment(lm, asset, corpus, cfg=cfg, eval_tokens=eval_tokens, layers=_layers(layers) if layers else None,
+                     gate=gate_s, init=start, donor_lm=dlm, donor_site=donor_site)
+    del dlm
+    for f in exp.alignment_report() or []:
+        console.print(f"alignment: held-out R² {f['r2_heldout']:.3f} on {f['heldout_positions']:,} of {f['positions']:,} "
+                      f"paired positions", highlight=False)
+    with progress_bar(console) as prog:
+        task = prog.add_task("training the site", total=steps, info="")
+
+        def on_step(i: int, loss: float) -> None:
+            prog.update(task, completed=i + 1, info=f"loss {loss:.3f}")
+
+        res: dict[str, Any] = train_recipient_site(exp, out, seed=seed, overwrite=overwrite, on_step=on_step)
+    a, s0, s1 = res["heldout_bpb_alone"], res["heldout_bpb_start"], res["heldout_bpb"]
+    console.print(f"held-out bits per byte on {escape(res['scored_set'])}: model alone {a:.4f}, with the table at step 0 "
+                  f"{s0:.4f}, after {res['tokens']:,} tokens {s1:.4f} ({(s1 - a) / a:+.2%})", highlight=False)
+    console.print(f"wrote {escape(str(out))} ({res['site_parameters']:,} site parameters; the table stays in "
+                  f"{escape(str(asset))})", soft_wrap=True, highlight=False)
+    if json_out:
+        atomic_write_json(json_out, res, indent=1)
+        console.print(f"wrote {escape(str(json_out))}", soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("attach")(attach_cmd)
