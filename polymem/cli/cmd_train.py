@@ -62,6 +62,7 @@ def train(
     site_lr: Annotated[float, typer.Option(min=0.0, help="With --model: AdamW learning rate of the site's projection and gate.")] = 1e-3,
     softmax: Annotated[Softmax, typer.Option(help="With --model: the training loss over the ids the corpus uses (corpus; fast on large vocabularies) or the whole vocabulary (full). Scores are always exact.")] = Softmax("corpus"),
     eval_tokens: Annotated[int, typer.Option(min=1, help="With --model: held-out tokens scored before and after training.")] = 16384,
+    checkpoint_every: Annotated[int, typer.Option(min=0, help="With --model: write the training state to OUT.ckpt every this many steps (0: never); a run started again with the same flags continues from it, and it is removed once OUT is written.")] = 50,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
     json_out: JsonOut = None,
 ) -> None:
@@ -101,10 +102,12 @@ def train(
                                  heads=heads, slots=slots, head_dim=head_dim, gate=gate.value, table_lr=table_lr,
                                  site_lr=site_lr, seed=seed, softmax=softmax.value)
         _train_model(model, corpus, out, site, fcfg, heldout_every=heldout_every, eval_tokens=eval_tokens,
+                     checkpoint_every=checkpoint_every,
                      overwrite=overwrite, json_out=json_out, device=device)
         return
     refuse_unused("without --model", {"site": (site, None), "table_lr": (table_lr, 0.14), "site_lr": (site_lr, 1e-3),
-                                      "softmax": (softmax, "corpus"), "eval_tokens": (eval_tokens, 16384)})
+                                      "softmax": (softmax, "corpus"), "eval_tokens": (eval_tokens, 16384),
+                                      "checkpoint_every": (checkpoint_every, 50)})
     steps = steps or 620
     batch_size = batch_size or 8
     layers = layers or "1"
@@ -175,7 +178,8 @@ def _layers(text: str) -> tuple[int, ...]:
 
 
 def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, cfg, *, heldout_every: int,
-                 eval_tokens: int, overwrite: bool, json_out: Path | None, device: str = "auto") -> None:
+                 eval_tokens: int, overwrite: bool, json_out: Path | None, device: str = "auto",
+                 checkpoint_every: int = 0) -> None:
     from polymem.models import load_model
     from polymem.recipes.frozen import train_table
     from polymem.torch.device import resolve_device
@@ -199,7 +203,7 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
                 console.print(f"step {i + 1}/{cfg.steps} training loss {loss:.3f} ({prog.tasks[0].elapsed or 0:.0f} s)")
 
         summary = train_table(lm, corpus, out, cfg=cfg, site_dir=site, heldout_every=heldout_every,
-                              eval_tokens=eval_tokens, overwrite=overwrite, on_step=on_step,
+                              eval_tokens=eval_tokens, overwrite=overwrite, on_step=on_step, checkpoint_every=checkpoint_every,
                               on_phase=lambda s: prog.update(task, description=escape(s)))
     t = Table(title=f"table {escape(summary['path'])} trained on {escape(summary['model'])} (site: "
                     f"{escape(summary['site'])})", show_header=False, title_justify="left")
@@ -210,6 +214,8 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
                        f"({(summary['heldout_bpb_after'] - summary['heldout_bpb_before']) / summary['heldout_bpb_before']:+.2%})"),
             ("held-out bytes scored", f"{summary['heldout_bytes']:,}"),
             ("training speed", f"{summary['tokens_per_s']:.0f} tokens/s"), ("time", f"{summary['elapsed_s']:.0f} s")]
+    if summary.get("resumed_at_step"):
+        rows.append(("continued from", f"the checkpoint at step {summary['resumed_at_step']} of {cfg.steps}"))
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)

@@ -184,10 +184,13 @@ def site_optimizers(handle: Any, cfg: FrozenTrainConfig):
 
 def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig, *,
                on_step: Callable[[int, float], None] | None = None, eval_at: Sequence[int] = (),
-               on_eval: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+               on_eval: Callable[[int, int], None] | None = None, checkpoint: Path | None = None,
+               checkpoint_every: int = 0, checkpoint_key: str = "") -> dict[str, Any]:
     """Train ``handle``'s sites (and table, when trainable) on ``stream`` with the model frozen.
 
-    ``on_eval(steps_done, tokens_seen)`` runs after each step in ``eval_at`` (not counted in tokens_per_s)."""
+    ``on_eval(steps_done, tokens_seen)`` runs after each step in ``eval_at`` (not counted in tokens_per_s).
+    ``checkpoint``: a folder the state is written to every ``checkpoint_every`` steps and continued from when it
+    is there (:mod:`polymem.recipes.checkpoint`; ``checkpoint_key`` names the settings it belongs to)."""
     from polymem.models.evaluate import token_nats
     from polymem.recipes.train import apply_step
 
@@ -201,7 +204,14 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
     losses: list[float] = []
     cut = restricted_head(lm.model, np.unique(stream)) if cfg.softmax == "corpus" else None
     t0, t_eval = time.perf_counter(), 0.0
-    for step in range(cfg.steps):
+    first, before_s = 0, 0.0
+    if checkpoint is not None:
+        from polymem.recipes.checkpoint import load_checkpoint, save_checkpoint
+
+        got = load_checkpoint(checkpoint, key=checkpoint_key, handle=handle, opt=opt, topt=topt)
+        if got is not None:
+            first, losses, before_s = got["step"], got["losses"], got["train_s"]
+    for step in range(first, cfg.steps):
         f = cfg.lr_factor(step)
         for g in opt.param_groups:
             g["lr"] = cfg.site_lr * f
@@ -222,8 +232,12 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
             te = time.perf_counter()
             on_eval(step + 1, (step + 1) * cfg.batch_size * cfg.block_size)  # the full output layer is back
             t_eval += time.perf_counter() - te
-    el = time.perf_counter() - t0 - t_eval
-    out: dict[str, Any] = {"losses": losses, "tokens": cfg.tokens, "train_s": el, "tokens_per_s": cfg.tokens / max(el, 1e-9)}
+        if checkpoint is not None and checkpoint_every > 0 and (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
+            save_checkpoint(checkpoint, key=checkpoint_key, step=step + 1, losses=losses,
+                            train_s=before_s + time.perf_counter() - t0 - t_eval, handle=handle, opt=opt, topt=topt)
+    el = before_s + time.perf_counter() - t0 - t_eval
+    out: dict[str, Any] = {"losses": losses, "tokens": cfg.tokens, "train_s": el, "tokens_per_s": cfg.tokens / max(el, 1e-9),
+                           "resumed_at": first}
     if topt is not None:
         st = topt.state.get(handle.table.weight, {})
         if "n" in st and st["n"].numel() == handle.table.layout.num_rows:
@@ -235,7 +249,7 @@ def train_table(
     lm: Any, corpus: Sequence[str | Path], out: str | Path, *, cfg: FrozenTrainConfig = FrozenTrainConfig(),
     site_dir: str | Path | None = None, heldout_every: int = 10, eval_tokens: int | None = 16384,
     window: int = 512, overwrite: bool = False, on_step: Callable[[int, float], None] | None = None,
-    on_phase: Callable[[str], None] | None = None, texts: Sequence[str] | None = None,
+    on_phase: Callable[[str], None] | None = None, texts: Sequence[str] | None = None, checkpoint_every: int = 0,
 ) -> dict[str, Any]:
     """Train a fresh table with the frozen pretrained ``lm`` and write it to ``out`` (an asset with provenance:
     the model, its tokenizer's fingerprint, the corpus, the tokens seen) and its site to ``site_dir`` (default:
@@ -263,8 +277,14 @@ def train_table(
                     gate=cfg.gate, init_seed=1000 + cfg.seed)
     try:
         handle.table.orders = tuple(range(1, cfg.max_n + 1))
-        say("training")
-        res = train_site(lm, handle, data.train, cfg, on_step=on_step)
+        ckpt = out.with_name(out.name + ".ckpt")
+        key = _checkpoint_key(lm, cfg, data.train, heldout_every)
+        if checkpoint_every > 0 and ckpt.exists():
+            say("training (continuing from the checkpoint)")
+        else:
+            say("training")
+        res = train_site(lm, handle, data.train, cfg, on_step=on_step, checkpoint=ckpt if checkpoint_every > 0 else None,
+                         checkpoint_every=checkpoint_every, checkpoint_key=key)
         say("scoring with the table")
         after = scorer.score()
         table = handle.table.to_numpy()
@@ -284,13 +304,29 @@ def train_table(
         path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, cfg.max_n + 1)),
                           provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
         _save_site(handle, site_dir, overwrite, path)
+        if checkpoint_every > 0 and ckpt.exists():
+            import shutil
+
+            shutil.rmtree(ckpt)  # the asset is whole: the run is done
     finally:
         handle.detach()
     return {"path": str(path), "site": str(site_dir), "model": lm.name, "tokenizer": lm.tokenizer.name,
             "rows": layout.num_rows, "rows_touched": touched, "tokens_seen": res["tokens"],
             "heldout_bpb_before": before["bpb"], "heldout_bpb_after": after["bpb"],
             "heldout_bytes": after["bytes"], "final_loss": prov["loss"], "tokens_per_s": res["tokens_per_s"],
-            "train_s": res["train_s"], "elapsed_s": time.perf_counter() - t0}
+            "train_s": res["train_s"], "elapsed_s": time.perf_counter() - t0, "resumed_at_step": res["resumed_at"]}
+
+
+def _checkpoint_key(lm: Any, cfg: FrozenTrainConfig, stream: np.ndarray, heldout_every: int) -> str:
+    """What a checkpoint of :func:`train_table` belongs to: the model, the whole config and the training stream."""
+    import hashlib
+    import json
+
+    d = lm.describe()
+    h = hashlib.sha256(json.dumps({"model": [d["name"], d["architecture"], d["params"]], "cfg": asdict(cfg),
+                                   "heldout_every": heldout_every}, sort_keys=True, default=str).encode())
+    h.update(hashlib.sha256(np.ascontiguousarray(stream).tobytes()).digest())
+    return h.hexdigest()[:24]
 
 
 def _save_site(handle: Any, site_dir: Path, overwrite: bool, asset_path: Path) -> None:

@@ -312,6 +312,39 @@ def test_train_table_writes_asset_site_and_provenance(lms, donor, corpus_file, t
     assert res["alone"]["bpb"] == pytest.approx(donor["heldout_bpb_before"], rel=1e-6)
 
 
+def test_train_table_resumes_from_its_checkpoint_bit_for_bit(lms, corpus_file, tmp_path):
+    """A run stopped after step 5 of 6 continues from the checkpoint of step 4 and ends with the table, site and
+    row counts of a run that never stopped; the checkpoint is gone once the asset is written."""
+    from polymem.recipes.frozen import FrozenTrainConfig, train_table
+    from polymem.torch.sitefile import read_site
+    from polymem.torch.tablefile import open_table
+
+    lm = lms["llama"]
+    cfg = FrozenTrainConfig(steps=6, batch_size=2, block_size=16, layers=(1,), params=4096 * 8, heads=4, head_dim=8,
+                            table_lr=0.1, site_lr=3e-3)
+    whole = train_table(lm, [corpus_file], tmp_path / "whole.pmem", cfg=cfg, eval_tokens=200, window=64)
+
+    def stop(i: int, loss: float) -> None:
+        if i == 4:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "cut.pmem"
+    with pytest.raises(KeyboardInterrupt):
+        train_table(lm, [corpus_file], out, cfg=cfg, eval_tokens=200, window=64, checkpoint_every=2, on_step=stop)
+    ckpt = tmp_path / "cut.pmem.ckpt"
+    assert not out.exists() and json.loads((ckpt / "state.json").read_text())["step"] == 4
+    with pytest.raises(PolymemError, match="checkpoint of other settings"):  # another budget: not this run's state
+        train_table(lm, [corpus_file], out, cfg=FrozenTrainConfig(**{**cfg.__dict__, "site_lr": 1e-3}), eval_tokens=200,
+                    window=64, checkpoint_every=2)
+    again = train_table(lm, [corpus_file], out, cfg=cfg, eval_tokens=200, window=64, checkpoint_every=2)
+    assert again["resumed_at_step"] == 4 and not ckpt.exists()
+    a, b = open_table(whole["path"]), open_table(again["path"])
+    assert np.array_equal(a.to_numpy(), b.to_numpy()) and np.array_equal(a.row_counts(), b.row_counts())
+    sa, sb = read_site(whole["site"])[1], read_site(again["site"])[1]
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert again["heldout_bpb_after"] == whole["heldout_bpb_after"]
+
+
 def test_train_table_refuses_to_overwrite(lms, donor, corpus_file):
     from polymem.recipes.frozen import FrozenTrainConfig, train_table
 
