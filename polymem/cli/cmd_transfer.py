@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -19,54 +19,83 @@ from polymem.cli._options import (
 )
 
 console = Console()
+_SCRATCH = "From-scratch recipients (--tokenizer), a study"
+
+
+def _in_panel(alias: Any, panel: str) -> Any:
+    """A shared option alias shown under ``panel`` in this command's --help (the alias itself is unchanged)."""
+    import copy
+    from typing import get_args
+
+    base, info = get_args(alias)[:2]
+    info = copy.copy(info)
+    info.rich_help_panel = panel
+    info.help = f"From scratch (--tokenizer): {info.help}"
+    return Annotated[base, info]
+
+
+if TYPE_CHECKING:
+    SNLayer = NLayer
+    SDModel = DModel
+    SNHead = NHead
+    SLr = Lr
+    STableLrMult = TableLrMult
+    SMaxEvalTokens = MaxEvalTokens
+    SPrecisionOpt = PrecisionOpt
+    SBf16 = Bf16
+else:
+    SNLayer, SDModel, SNHead, SLr, STableLrMult = (_in_panel(a, _SCRATCH) for a in (NLayer, DModel, NHead, Lr, TableLrMult))
+    SMaxEvalTokens, SPrecisionOpt, SBf16 = (_in_panel(a, _SCRATCH) for a in (MaxEvalTokens, PrecisionOpt, Bf16))
 
 
 def transfer(
     asset: Annotated[str, typer.Option("--asset", "-a", help="Donor asset (from `polymem train`), a path or URL.")],
     corpus: CorpusFiles,
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", parser=tokenizer_spec, help="Recipient tokenizer spec (another family than the donor's); recipients are small models trained from scratch. Not with --model.")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="A pretrained recipient instead (smollm2-135m, gemma3-270m, a .gguf file, a checkpoint folder, hf:ORG/NAME), backbone frozen; arms none, random, null, donor, donor_finetune, in_place. Needs --out-dir.")] = None,
-    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", parser=local_path("a local folder"), help="With --model: one result file per (arm, seed), written as each ends; a re-run skips what is there (resume).")] = None,
-    seed_list: Annotated[Optional[str], typer.Option("--seed-list", help="With --model: these seeds (e.g. 0,1) instead of 0..seeds-1; processes sharing an --out-dir may split the seeds.")] = None,
-    eval_tokens: Annotated[int, typer.Option(min=64, help="With --model: held-out tokens per scoring set (the first held-out documents).")] = 4096,
-    site_lr: Annotated[float, typer.Option(min=0.0, help="With --model: AdamW learning rate of the sites.")] = 1e-3,
-    table_lr: Annotated[float, typer.Option(min=0.0, help="With --model: table learning rate (row-wise RMS rule) of the null, donor_finetune and in_place arms.")] = 0.14,
-    softmax: Annotated[Softmax, typer.Option(help="With --model: training loss over the ids the corpus uses (corpus) or the whole vocabulary (full); scores are exact.")] = Softmax("corpus"),
-    layers: Annotated[Optional[str], typer.Option(help="With --model: blocks that get the site (default: the donor's).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", rich_help_panel="Pretrained recipient (--model), the main path", help="A pretrained recipient instead (smollm2-135m, gemma3-270m, a .gguf file, a checkpoint folder, hf:ORG/NAME), backbone frozen; arms none, random, null, donor, donor_finetune, in_place. Needs --out-dir.")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", parser=tokenizer_spec, rich_help_panel="From-scratch recipients (--tokenizer), a study", help="Recipient tokenizer spec (another family than the donor's); recipients are small models trained from scratch. Not with --model.")] = None,
     eval_corpus: Annotated[Optional[list[Path]], typer.Option("--eval-corpus", parser=corpus_source, help="Score the held-out split of these documents instead of --corpus's (default: --corpus); with --model, in addition to it (one scoring set per file).")] = None,
-    init: Annotated[Optional[DonorInit], typer.Option("--init", help="With --model: how the projection of the arms that read the donor's rows starts: zero (step 0 is the model alone), orthogonal, or aligned (the donor site's projection mapped into the recipient's hidden space by a ridge fit between the two models; loads the donor's model too). Default: zero.")] = None,
-    gate: Annotated[Optional[Gate], typer.Option("--gate", help="With --model: the sites' gate in every arm: scalar, context (Engram) or count (context, and rows weighted by how often the donor trained them). Default: the donor's.")] = None,
-    donor_model: Annotated[Optional[str], typer.Option("--donor-model", help="With --init aligned: the donor's model (default: the one named in the donor asset's provenance).")] = None,
-    donor_site: Annotated[Optional[Path], typer.Option("--donor-site", parser=local_path("a site folder"), help="With --init aligned: the donor's site folder (default: the asset's path + .site, as `polymem train --model` writes it).")] = None,
-    eval_at: Annotated[Optional[str], typer.Option("--eval-at", help="With --model: score the in-domain set after these steps, e.g. 4,12,24,36 (a learning curve from 0 recipient tokens; with --eval-every, both).")] = None,
-    domain: Annotated[Optional[str], typer.Option(help="A name for the domain in the JSON (default: the eval corpus file name).")] = None,
     arms: Annotated[Optional[str], typer.Option(help="Comma-separated arms: none, random, donor (adds donor_memory_off), donor_finetune, scratch (default: all). With --model: none, random, null, donor, donor_finetune, in_place (default: all).")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Number of seeds (0..seeds-1); each seed fixes init and data order for all arms.")] = 3,
     steps: TransferSteps = None,
-    eval_every: Annotated[Optional[int], typer.Option(min=1, help="Score held-out bpb every this many steps (learning curves; default: only at the end).")] = None,
     batch_size: BatchSize = None,
     block_size: BlockSize = 256,
-    n_layer: NLayer = 4,
-    d_model: DModel = 256,
-    n_head: NHead = 4,
     max_n: Annotated[Optional[int], typer.Option("--max-n", min=1, max=32, help="Recipient orders 1..N (default: the donor's).")] = None,
-    lr: Lr = 2e-3,
-    table_lr_mult: TableLrMult = 70.0,
-    finetune_table_lr_mult: Annotated[Optional[float], typer.Option(min=0.0, help="Table lr multiplier for donor_finetune only (default: --table-lr-mult).")] = None,
-    value_init: Annotated[ValueInit, typer.Option(help="Recipient W_V init for the donor/random/donor_finetune tables: zero (step 0 = no memory) or orthogonal (PageGram's gain).")] = ValueInit("zero"),
-    scratch: Annotated[bool, typer.Option(help="Deprecated: add scratch to --arms.")] = False,
-    max_eval_tokens: MaxEvalTokens = None,
-    precision: PrecisionOpt = Precision("auto"),
-    bf16: Bf16 = None,
-    jobs: Annotated[int, typer.Option(min=1, help="Worker processes taking (seed, arm) runs seed by seed (with one seed, its arms side by side); 2 suits a 2-core CPU with --threads 1. With --json, NAME.partial.json holds the seeds complete so far.")] = 1,
+    eval_every: Annotated[Optional[int], typer.Option(min=1, help="Score held-out bpb every this many steps (learning curves; default: only at the end).")] = None,
     threads: Threads = None,
     device: Device = "auto",
     json_out: JsonOut = None,
     plot: PlotOut = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", parser=local_path("a local folder"), rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: one result file per (arm, seed), written as each ends; a re-run skips what is there (resume).")] = None,
+    seed_list: Annotated[Optional[str], typer.Option("--seed-list", rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: these seeds (e.g. 0,1) instead of 0..seeds-1; processes sharing an --out-dir may split the seeds.")] = None,
+    eval_at: Annotated[Optional[str], typer.Option("--eval-at", rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: score the in-domain set after these steps, e.g. 4,12,24,36 (a learning curve from 0 recipient tokens; with --eval-every, both).")] = None,
+    eval_tokens: Annotated[int, typer.Option(min=64, rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: held-out tokens per scoring set (the first held-out documents).")] = 4096,
+    init: Annotated[Optional[DonorInit], typer.Option("--init", rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: how the projection of the arms that read the donor's rows starts: zero (step 0 is the model alone), orthogonal, or aligned (the donor site's projection mapped into the recipient's hidden space by a ridge fit between the two models; loads the donor's model too). Default: zero.")] = None,
+    gate: Annotated[Optional[Gate], typer.Option("--gate", rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: the sites' gate in every arm: scalar, context (Engram) or count (context, and rows weighted by how often the donor trained them). Default: the donor's.")] = None,
+    donor_model: Annotated[Optional[str], typer.Option("--donor-model", rich_help_panel="Pretrained recipient (--model), the main path", help="With --init aligned: the donor's model (default: the one named in the donor asset's provenance).")] = None,
+    donor_site: Annotated[Optional[Path], typer.Option("--donor-site", parser=local_path("a site folder"), rich_help_panel="Pretrained recipient (--model), the main path", help="With --init aligned: the donor's site folder (default: the asset's path + .site, as `polymem train --model` writes it).")] = None,
+    site_lr: Annotated[float, typer.Option(min=0.0, rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: AdamW learning rate of the sites.")] = 1e-3,
+    table_lr: Annotated[float, typer.Option(min=0.0, rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: table learning rate (row-wise RMS rule) of the null, donor_finetune and in_place arms.")] = 0.14,
+    softmax: Annotated[Softmax, typer.Option(rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: training loss over the ids the corpus uses (corpus) or the whole vocabulary (full); scores are exact.")] = Softmax("corpus"),
+    layers: Annotated[Optional[str], typer.Option(rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: blocks that get the site (default: the donor's).")] = None,
+    domain: Annotated[Optional[str], typer.Option(rich_help_panel="From-scratch recipients (--tokenizer), a study", help="From scratch (--tokenizer): A name for the domain in the JSON (default: the eval corpus file name).")] = None,
+    n_layer: SNLayer = 4,
+    d_model: SDModel = 256,
+    n_head: SNHead = 4,
+    lr: SLr = 2e-3,
+    table_lr_mult: STableLrMult = 70.0,
+    finetune_table_lr_mult: Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel="From-scratch recipients (--tokenizer), a study", help="From scratch (--tokenizer): Table lr multiplier for donor_finetune only (default: --table-lr-mult).")] = None,
+    value_init: Annotated[ValueInit, typer.Option(rich_help_panel="From-scratch recipients (--tokenizer), a study", help="From scratch (--tokenizer): Recipient W_V init for the donor/random/donor_finetune tables: zero (step 0 = no memory) or orthogonal (PageGram's gain).")] = ValueInit("zero"),
+    scratch: Annotated[bool, typer.Option(rich_help_panel="From-scratch recipients (--tokenizer), a study", help="From scratch (--tokenizer): Deprecated: add scratch to --arms.")] = False,
+    max_eval_tokens: SMaxEvalTokens = None,
+    precision: SPrecisionOpt = Precision("auto"),
+    bf16: SBf16 = None,
+    jobs: Annotated[int, typer.Option(min=1, rich_help_panel="From-scratch recipients (--tokenizer), a study", help="From scratch (--tokenizer): Worker processes taking (seed, arm) runs seed by seed (with one seed, its arms side by side); 2 suits a 2-core CPU with --threads 1. With --json, NAME.partial.json holds the seeds complete so far.")] = 1,
 ) -> None:
-    """Train recipients in arms (no memory / frozen random table / frozen donor table / donor table fine-tuned /
-    table from scratch) with identical backbone init, data order and steps per seed; report held-out bits per byte
-    per arm and seed, learning curves, the compute a donor saves and paired per-seed comparisons."""
+    """A donor table on recipients with another tokenizer, in arms against controls, with identical data order,
+    budget and initialisation per seed. The main path is a pretrained recipient (--model: its backbone frozen;
+    arms none, random, null, donor, donor_finetune, in_place; curves from 0 recipient tokens, scores out of
+    domain, paired intervals and one verdict line per comparison). The from-scratch study (--tokenizer: small
+    recipients trained from zero) has its own options below. To keep a recipient's site, use `polymem attach`."""
     check_needs("transfer", locals())
 
     import numpy as np
