@@ -138,9 +138,14 @@ def shell_blocks(path: Path) -> list[ShellBlock]:
 
 
 def shrink(words: list[str]) -> list[str]:
-    """A `runs small` command: each flag of SHRINK with a larger value gets SHRINK's."""
+    """A `runs small` command: each flag of SHRINK with a larger value gets SHRINK's; ``--eval-at`` (a list of
+    steps) keeps the steps within the shrunk ``--steps``."""
     out = list(words)
     for i, w in enumerate(out):
+        if w == "--eval-at" and i + 1 < len(out):
+            keep = [p for p in out[i + 1].split(",") if p.isdigit() and int(p) <= SHRINK["--steps"]]
+            out[i + 1] = ",".join(keep) or str(SHRINK["--steps"])
+            continue
         flag, eq, value = w.partition("=")
         if flag in SHRINK and eq and value.isdigit() and int(value) > SHRINK[flag]:
             out[i] = f"{flag}={SHRINK[flag]}"

@@ -509,6 +509,19 @@ def test_cli_eval_train_transfer(ckpts, corpus_file, tmp_path, lms, texts):
     r = runner.invoke(app, ["attach", "--model", str(ckpts["gemma3"]), "--asset", str(out), "--corpus", str(corpus_file),
                             "--out", str(gs)])
     assert r.exit_code != 0 and "exists; pass --overwrite" in str(r.exception)
+    # the Python route, under PEFT's names: the same site, its parameter counts in its repr
+    from polymem.torch.attach import AttachHandle
+
+    h = AttachHandle.from_pretrained(lms["gemma3"].model, gs, str(out), tokenizer=lms["gemma3"].tokenizer)
+    try:
+        c = h.parameter_counts()
+        assert c["table_trainable"] == 0 and c["site_trainable"] == c["site_total"] > 0
+        assert f"trainable params: {c['site_trainable']:,}" in repr(h) and "gate=count" in repr(h)
+        assert h.table.counts is not None  # the count gate read the asset's row counts
+        h.save_pretrained(tmp_path / "again.site")
+        assert json.loads((tmp_path / "again.site" / "site.json").read_text()) == json.loads((gs / "site.json").read_text())
+    finally:
+        h.detach()
     r = runner.invoke(app, ["transfer", "--model", str(ckpts["gemma3"]), "--tokenizer", "bytes", "--asset", str(out),
                             "--corpus", str(corpus_file)])
     assert r.exit_code != 0 and "not both" in str(r.exception)
