@@ -127,7 +127,7 @@ NEEDS: dict[str, Needs] = {
     "demo": (("--a", "a", TOKENIZER), ("--b", "b", TOKENIZER)),
     "eval": (("--model", "model", MODEL), ("--corpus", "corpus", SOURCE), ("--table", "table", SOURCE),
              ("--json", "json_out", FILE)),
-    "export": (("--output", "output", DIRECTORY),),
+    "export": (("", "asset", SOURCE), ("--output", "output", DIRECTORY)),
     "import": (("--output", "output", DIRECTORY), ("--tokenizer", "tokenizer", TOKENIZER)),
     "init": (("", "asset", DIRECTORY),),
     "inspect": (("", "asset", SOURCE),),

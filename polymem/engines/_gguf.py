@@ -5,17 +5,18 @@ metadata count; the metadata as (string key, u32 value type, value); the tensor 
 n_dims, u64 dims innermost first, u32 ggml type, u64 offset into the data section); then the data section,
 which starts at the next multiple of ``general.alignment`` (a u32, 32 when absent), each tensor's offset a
 multiple of it. A string is a u64 byte length and UTF-8 bytes; an array a u32 element type, a u64 count and the
-elements. The reader checks what it relies on (sizes inside the file, offsets aligned, UTF-8) and names the file
-and the value in every error; the writer pads the header and every tensor to the alignment, as ggml's writer and
-ds4's quantiser do. Metadata values are kept as plain JSON: integers as they are (a bool as 0/1), floats as
-the integer of their IEEE bits (so they round-trip exactly), strings as str, an array as
-``[element_type, [values]]``.
+elements. The reader checks what it relies on (sizes inside the file, offsets aligned, no two tensors sharing a
+byte, UTF-8), opens regular files only, and names the file and the value in every error; the writer pads the
+header and every tensor to the alignment, as ggml's writer and ds4's quantiser do. Metadata values are kept as
+plain JSON: integers as they are (a bool as 0/1), floats as the integer of their IEEE bits (so they round-trip
+exactly), strings as str, an array as ``[element_type, [values]]``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from polymem.engines._files import in_folder, open_regular
 from polymem.errors import FormatError
 
 MAGIC = b"GGUF"
@@ -33,6 +35,12 @@ STRING, ARRAY = 8, 9
 # value type -> numpy little-endian dtype of its bits (floats kept as their bits: u32 for f32, u64 for f64)
 SCALAR = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<u4", 7: "<u1", 10: "<u8", 11: "<i8",
           12: "<u8"}
+# ggml type -> (elements a block, bytes a block), as ggml's type traits (gguf-py GGML_QUANT_SIZES)
+TYPE_SIZES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
+              10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+              16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110),
+              22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8),
+              29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17)}
 MAX_DIMS = 4  # GGML_MAX_DIMS
 KEEP_BYTES = 64 << 10  # metadata values above this (as JSON) are not recorded for export
 MAX_VALUE_BYTES = 256 << 20  # one string or array of the header: a larger one is a damaged file, not read
@@ -120,8 +128,8 @@ class _Cursor:
 
 def read_header(path: Path) -> Header:
     """Parse the header of a GGUF file; FormatError names the file, the field and the value."""
-    size = path.stat().st_size
-    with open(path, "rb", buffering=1 << 20) as f:
+    with os.fdopen(open_regular(path, "GGUF file"), "rb", buffering=1 << 20) as f:
+        size = os.fstat(f.fileno()).st_size
         c = _Cursor(f, path, size)
         magic = c.read(4, "magic") if size >= 4 else b""
         if magic != MAGIC:
@@ -165,7 +173,34 @@ def read_header(path: Path) -> Header:
             raise FormatError(f"{str(path)!r}: tensor {name!r} starts at data offset {offset}, not a multiple of "
                               f"the alignment {align}; the file is damaged")
         tensors[name] = TensorInfo(name, dims, kind, data_start + offset)
+    _check_disjoint(path, list(tensors.values()))
     return Header(path, version, metadata, align, data_start, size, tensors)
+
+
+def nbytes(t: TensorInfo) -> int | None:
+    """Bytes of ``t``'s data for the ggml types of :data:`TYPE_SIZES`; None for another type."""
+    if t.ggml_type not in TYPE_SIZES:
+        return None
+    block, size = TYPE_SIZES[t.ggml_type]
+    return -(-math.prod(t.dims) // block) * size
+
+
+def _check_disjoint(path: Path, tensors: list[TensorInfo]) -> None:
+    """No two tensors share a byte: two layers at one offset would import one table twice. A tensor of a type
+    whose size is not known here counts as its first byte (so two at one offset are still caught)."""
+    spans = []
+    for t in tensors:
+        n = nbytes(t)
+        spans.append((t.start, t.start + (n if n is not None else int(math.prod(t.dims) > 0)), t.name))
+    end, last = 0, ""
+    for a, b, name in sorted(spans):
+        if a == b:
+            continue
+        if a < end:
+            raise FormatError(f"{str(path)!r}: tensors {last!r} and {name!r} overlap (the first ends at byte {end}, "
+                              f"the second starts at {a}); each tensor of a GGUF file has bytes of its own. The file "
+                              "is damaged or crafted: fetch it again")
+        end, last = b, name
 
 
 def check_tensor(h: Header, t: TensorInfo) -> None:
@@ -221,10 +256,11 @@ def aligned(n: int, alignment: int) -> int:
 
 
 def find_files(src: Path) -> list[Path]:
-    """The GGUF files of ``src`` (a .gguf file, or a directory of them)."""
-    if src.is_file():
+    """The GGUF files of ``src`` (a .gguf file, or a directory of them: each one of its own files,
+    :func:`polymem.engines._files.in_folder`; read_header refuses one that is not a regular file)."""
+    if not src.is_dir():
         return [src]
-    files = sorted(p for p in src.glob("*.gguf") if p.is_file())
+    files = [in_folder(src, p.name, f"the folder {str(src)!r}") for p in sorted(src.glob("*.gguf"))]
     if not files:
         raise FormatError(f"{str(src)!r} holds no *.gguf files; pass the GGUF file or its directory")
     return files
@@ -233,12 +269,14 @@ def find_files(src: Path) -> list[Path]:
 def is_gguf(src: Path) -> bool:
     """Whether ``src`` is read as GGUF: a ``.gguf`` file or one that starts with the magic, or a directory with
     *.gguf files and no safetensors."""
-    if src.is_file():
-        with open(src, "rb") as f:
-            return src.suffix == ".gguf" or f.read(4) == MAGIC
+    if src.is_file():  # a regular file (or a link to one): opening it cannot block
+        if src.suffix == ".gguf":
+            return True
+        with os.fdopen(open_regular(src, "model file"), "rb") as f:
+            return f.read(4) == MAGIC
     return src.is_dir() and any(src.glob("*.gguf")) and not any(src.glob("*.safetensors"))
 
 
-__all__ = ["Header", "TensorInfo", "aligned", "check_tensor", "find_files", "header_bytes", "is_gguf",
-           "read_header", "recorded_metadata"]
+__all__ = ["TYPE_SIZES", "Header", "TensorInfo", "aligned", "check_tensor", "find_files", "header_bytes", "is_gguf",
+           "nbytes", "read_header", "recorded_metadata"]
 

@@ -3,8 +3,10 @@
 A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (``{"__metadata__": {str: str},
 name: {"dtype", "shape", "data_offsets": [begin, end]}}``, padded with spaces), then the tensors' bytes;
 offsets count from the end of the header. The reader enforces what the format says (sizes match dtype × shape,
-every tensor inside the file, header at most 100 MB); the writer lays tensors out in the order given, header
-padded to 8 bytes, as the safetensors library does. No numpy arrays of whole tensors, no torch.
+every tensor inside the file, no two sharing a byte, no key twice, header at most 100 MB), reads regular files
+only and, in a folder, only the folder's own files (:mod:`polymem.engines._files`); the writer lays tensors
+out in the order given, header padded to 8 bytes, as the safetensors library does. No numpy arrays of whole
+tensors, no torch.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from polymem.engines._files import in_folder, open_regular, parse_json, read_json
 from polymem.errors import FormatError
 
 ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "I16": 2, "F16": 2,
@@ -49,47 +52,97 @@ class Tensor:
 
 
 def read_header(path: Path) -> tuple[dict[str, str], dict[str, Tensor]]:
-    """(metadata, name -> Tensor) of one safetensors file; FormatError names the file, field and fix."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    """(metadata, name -> Tensor) of one safetensors file; FormatError names the file, field and fix. A file that
+    is not a regular file is refused before it is opened; every entry's byte range lies inside the file and no
+    two tensors share a byte."""
+    with os.fdopen(open_regular(path, "safetensors file"), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
         if not 2 <= n <= min(MAX_HEADER, size - 8):
             raise FormatError(f"{str(path)!r} is not a safetensors file (header length {n}); pass the model's "
                               "*.safetensors files or its directory")
-        try:
-            doc = json.loads(f.read(n))
-        except ValueError as e:
-            raise FormatError(f"{str(path)!r}: safetensors header is not JSON ({e})") from None
+        doc = parse_json(f.read(n), f"{str(path)!r}: safetensors header")
+    if not isinstance(doc, dict):
+        raise FormatError(f"{str(path)!r}: safetensors header is a JSON {type(doc).__name__}, not an object of "
+                          "tensors; the file is damaged or not a safetensors file, fetch it again")
     meta = doc.pop("__metadata__", None) or {}
-    out = {name: _tensor(path, name, d, 8 + n, size) for name, d in doc.items()
-           if not isinstance(d, dict) or d.get("dtype") in ITEMSIZE}  # others (sub-byte floats) are no table's
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise FormatError(f"{str(path)!r}: safetensors __metadata__ is {_short(meta)}; expected an object of "
+                          "strings. The file is damaged, fetch it again")
+    spans = [(*_offsets(path, name, d, size - 8 - n), name) for name, d in doc.items()]
+    _check_disjoint(path, spans)
+    out = {name: _tensor(path, name, d, 8 + n) for name, d in doc.items()
+           if d.get("dtype") in ITEMSIZE}  # others (sub-byte floats) are no table's
     return dict(meta), out
 
 
-def _tensor(path: Path, name: str, d: Any, base: int, size: int) -> Tensor:
-    try:
-        dtype, shape, (a, b) = d["dtype"], tuple(int(v) for v in d["shape"]), d["data_offsets"]
-    except (KeyError, TypeError, ValueError):
-        raise FormatError(f"{str(path)!r}: tensor {name!r} entry {d!r} lacks dtype, shape or data_offsets") from None
-    want = math.prod(shape) * ITEMSIZE.get(dtype, 0)
-    if dtype not in ITEMSIZE or not 0 <= a <= b <= size - base or b - a != want:
-        raise FormatError(f"{str(path)!r}: tensor {name!r} ({dtype}, {list(shape)}) has data_offsets {[a, b]}; "
-                          f"expected {want} bytes inside the file of a dtype in {sorted(ITEMSIZE)}")
-    return Tensor(name, path, dtype, shape, base + a)
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _offsets(path: Path, name: str, d: Any, data_bytes: int) -> tuple[int, int]:
+    """The [begin, end) of entry ``name`` in the data section (``data_bytes`` long)."""
+    offsets = d.get("data_offsets") if isinstance(d, dict) else None
+    if not isinstance(d, dict) or not isinstance(d.get("dtype"), str) or "shape" not in d or offsets is None:
+        raise FormatError(f"{str(path)!r}: tensor {name!r} entry {_short(d)} lacks dtype, shape or data_offsets; "
+                          "the file is damaged, fetch it again")
+    ok = isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_int, offsets))
+    if not ok or not 0 <= offsets[0] <= offsets[1] <= data_bytes:
+        raise FormatError(f"{str(path)!r}: tensor {name!r} has data_offsets {_short(offsets)}; expected two "
+                          f"integers [begin, end] with 0 <= begin <= end <= {data_bytes} (the bytes after the "
+                          "header). The file is damaged or truncated, fetch it again")
+    return offsets[0], offsets[1]
+
+
+def _check_disjoint(path: Path, spans: list[tuple[int, int, str]]) -> None:
+    """No two tensors share a byte (two names over one range would read as two tensors with one content)."""
+    end, last = 0, ""
+    for a, b, name in sorted(spans):
+        if a == b:
+            continue
+        if a < end:
+            raise FormatError(f"{str(path)!r}: tensors {last!r} and {name!r} overlap (the first ends at data byte "
+                              f"{end}, the second starts at {a}); each tensor of a safetensors file has bytes of its "
+                              "own. The file is damaged or crafted: fetch it again")
+        end, last = b, name
+
+
+def _tensor(path: Path, name: str, d: dict[str, Any], base: int) -> Tensor:
+    dtype, shape, (a, b) = d["dtype"], d["shape"], d["data_offsets"]
+    if not isinstance(shape, list) or not all(_is_int(v) and v >= 0 for v in shape):
+        raise FormatError(f"{str(path)!r}: tensor {name!r} has shape {_short(shape)}; expected a list of "
+                          "integers >= 0. The file is damaged, fetch it again")
+    want = math.prod(shape) * ITEMSIZE[dtype]
+    if b - a != want:
+        raise FormatError(f"{str(path)!r}: tensor {name!r} ({dtype}, {shape}) has data_offsets {[a, b]}; "
+                          f"expected {want} bytes ({dtype} x {shape}). The file is damaged, fetch it again")
+    return Tensor(name, path, dtype, tuple(shape), base + a)
 
 
 def find_files(src: Path) -> tuple[list[Path], dict[str, Any] | None]:
     """The safetensors files of ``src`` (a file, a directory with ``model.safetensors.index.json``, or a
-    directory of ``*.safetensors``) and the index (None without one)."""
-    if src.is_file():
-        return [src], None
+    directory of ``*.safetensors``) and the index (None without one). Every file of a directory is one of its
+    own (:func:`polymem.engines._files.in_folder`); the index is JSON whose ``weight_map`` maps tensor names to
+    such file names."""
+    if not src.is_dir():
+        return [src], None  # read_header refuses what is not a regular file
     index = src / INDEX
-    if index.is_file():
-        doc = json.loads(index.read_text())
-        files = sorted(set(doc.get("weight_map", {}).values()))
-        return [src / f for f in files], doc
-    files = sorted(src.glob("*.safetensors"))
+    if os.path.lexists(index):
+        where = f"the index {str(index)!r}"
+        doc = read_json(index, "checkpoint index")
+        wm = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
+            raise FormatError(f"{where} has weight_map {_short(wm)}; expected an object mapping each tensor name to "
+                              "its file name. Fetch the checkpoint's index again, or remove it to read every "
+                              "*.safetensors file of the folder")
+        return [in_folder(src, f, where) for f in sorted(set(wm.values()))], doc
+    files = [in_folder(src, p.name, f"the folder {str(src)!r}") for p in sorted(src.glob("*.safetensors"))]
     if not files:
         raise FormatError(f"{str(src)!r} holds no {INDEX} and no *.safetensors files; pass the model directory")
     return files, None

@@ -28,15 +28,19 @@ import json
 import math
 import os
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from polymem._io import check_outputs_not_inputs
 from polymem.asset import _codec, _commit, _fs
 from polymem.asset._format import BLOCK_BYTES, CRC_BYTES, Geometry, geometry
 from polymem.engines import _gguf
+from polymem.engines._files import open_regular
+from polymem.engines._provenance import GGML_TYPE, check_engine_source
 from polymem.engines import _safetensors as st
 from polymem.engines.addressing import EngineAddressing
 from polymem.asset.engine_table import EngineTableSpec
@@ -49,7 +53,6 @@ DS4_ENCODING = "e4m3_e8m0_32_row264"  # ds4's deepseek41.engram.encoding of the 
 _QWEN = re.compile(r"^.*ple_embedding\.ngram_embedding\.shard_(\d+)\.weight$")
 _QWEN_SCALE = re.compile(r"^.*ple_embedding\.ngram_embedding\.weight_scale$")
 _BATCH_BYTES = 16 << 20  # asset bytes per read while exporting
-_GGML_TYPE = {"I8": _gguf.TYPE_I8}
 
 
 @dataclass(frozen=True)
@@ -118,9 +121,11 @@ def _qwen(tensors: dict[str, st.Tensor], a: EngineAddressing) -> Found:
     s = scales[0]
     if s.dtype not in ("F32", "BF16") or math.prod(s.shape) != 1:
         raise FormatError(f"{str(s.path)!r}: {s.name} is {s.dtype} {list(s.shape)}; expected one F32 or BF16 value")
-    with open(s.path, "rb") as f:
-        f.seek(s.start)
-        raw = f.read(s.nbytes)
+    fd = open_regular(s.path, "safetensors file")
+    try:
+        raw = os.pread(fd, s.nbytes, s.start)
+    finally:
+        os.close(fd)
     bits = raw if s.dtype == "F32" else b"\0\0" + raw
     value = float(np.frombuffer(bits, "<f4")[0])
     if len(raw) != s.nbytes or not (np.isfinite(value) and value > 0):
@@ -231,7 +236,7 @@ class _Rows:
 
     def __enter__(self) -> "_Rows":
         for path in self.fds:
-            self.fds[path] = os.open(path, os.O_RDONLY)
+            self.fds[path] = open_regular(path, "checkpoint file")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -278,14 +283,20 @@ def import_table(src: str | os.PathLike[str], out: str | os.PathLike[str], *, ad
     if addressing.name not in READERS:
         raise PolymemError(f"no importer for engine {addressing.name!r}; accepted: {', '.join(sorted(READERS))}")
     src = Path(src)
+    check_outputs_not_inputs({"out": out}, [("source", src)])
     if _gguf.is_gguf(src):
         found, prov_source = _read_gguf(src, addressing)
     else:
         files, index = st.find_files(src)
-        metas, tensors = {}, {}
+        metas: dict[str, dict[str, Any]] = {}
+        tensors: dict[str, st.Tensor] = {}
         for f in files:
             meta, got = st.read_header(f)
             metas[f.name] = {"metadata": meta}
+            for name in got.keys() & tensors.keys():
+                raise FormatError(f"tensor {name!r} is in both {str(tensors[name].path)!r} and {str(f)!r}; a "
+                                  "checkpoint holds each tensor once, and which copy is the table's cannot be told. "
+                                  "Remove the stale file (or pass the checkpoint's own files)")
             tensors.update(got)
         found = READERS[addressing.name](tensors, addressing)
         prov_source = _record(found, metas, "safetensors", index=index is not None)
@@ -334,32 +345,26 @@ def export_table(asset: Any, out_dir: str | os.PathLike[str], *, overwrite: bool
     from polymem.asset.core import MemoryAsset
 
     a = asset if isinstance(asset, MemoryAsset) else MemoryAsset.open(asset)
+    check_outputs_not_inputs({"out_dir": out_dir}, [("asset", a.path)])
     src = a.provenance.get("engine_source")
     if not isinstance(a.spec, EngineTableSpec) or not isinstance(src, dict):
         raise PolymemError(f"{a.path} is not an imported engine table (no engine spec or provenance "
                            "'engine_source'); export takes assets written by `polymem import`")
-    if a.dtype != src["dtype"]:
-        raise PolymemError(f"{a.path} is stored as {a.dtype}; the engine's tensors need {src['dtype']}: export the "
-                           f"imported asset, or `polymem quantize --to {src['dtype']}` it first")
+    if a.dtype != src.get("dtype"):
+        raise PolymemError(f"{a.path} is stored as {a.dtype}; the engine's tensors need {src.get('dtype')}: export "
+                           f"the imported asset, or `polymem quantize --to {src.get('dtype')}` it first")
     if a.dtype == "fp8-e4m3" and a.geometry.fp8_scale != src.get("fp8_scale"):
         raise PolymemError(f"{a.path}: its fp8 scale {a.geometry.fp8_scale!r} is not the imported one "
                            f"{src.get('fp8_scale')!r}, so its codes no longer match the engine's; export the imported "
                            "asset")
-    fmt = src.get("format", "safetensors")
-    if fmt not in ("safetensors", "gguf"):
-        raise FormatError(f"{a.path}: provenance engine_source.format is {fmt!r}; accepted: safetensors, gguf")
-    for f in src["files"]:  # names come from the header: one plain file name each, nothing outside the output
-        name = _fs.check_key(str(f.get("name", "")), f"{a.path}: provenance engine_source.files[].name")
-        if "/" in name:
-            raise FormatError(f"{a.path}: provenance names the file {name!r}; an exported file is a plain name "
-                              "in the output directory. The asset was edited: import the checkpoint again")
+    fmt, files = check_engine_source(a, src)  # every value export uses, before anything is written
     dest = Path(out_dir)
     if dest.exists() and not overwrite:
         raise PolymemError(f"{str(dest)!r} already exists; pass overwrite=True (CLI: --overwrite) or pick another path")
     with _commit.building(dest) as tmp:
-        written = _write_files(a, tmp, src["files"], fmt)
-        if fmt == "safetensors" and src["index"]:
-            _write_index(tmp, src["files"])
+        written = _write_files(a, tmp, files, fmt)
+        if fmt == "safetensors" and src.get("index"):
+            _write_index(tmp, files)
         _commit.install(tmp, dest, overwrite=overwrite, lock_timeout=None)
     return [dest / p.name for p in written]
 
@@ -379,10 +384,10 @@ def _file_layout(f: dict[str, Any], fmt: str, where: str) -> tuple[bytes, list[i
         for n in nbytes:
             offsets.append(pos)
             pos = _gguf.aligned(pos + n, align)
-        infos = [(e[0], tuple(reversed(e[2])), _GGML_TYPE[e[1]], o) for e, o in zip(entries, offsets)]
+        infos = [(e[0], tuple(reversed(e[2])), GGML_TYPE[e[1]], o) for e, o in zip(entries, offsets)]
         head = _gguf.header_bytes(f["metadata"], infos, align)
         return head, [len(head) + o for o in offsets], len(head) + pos
-    except (KeyError, TypeError, ValueError, OverflowError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError, struct.error) as e:
         raise FormatError(f"{where}: provenance engine_source of {f.get('name')!r} is damaged ({e!r}); import the "
                           "checkpoint again") from None
 
@@ -411,12 +416,8 @@ def _write_files(a: Any, root: Path, files: list[dict[str, Any]], fmt: str) -> l
             os.ftruncate(fd, size)  # padding between GGUF tensors reads as zeros
             for (name, dtype, shape, layer, row, col), start in zip(f["tensors"], starts):
                 t = st.Tensor(name, path, dtype, tuple(shape), start)
-                if layer < 0:  # a constant recorded at import
-                    raw = bytes.fromhex(col) if isinstance(col, str) else b""
-                    if len(raw) != t.nbytes:
-                        raise FormatError(f"{a.path}: provenance records {name!r} as {col!r}, not {t.nbytes} bytes "
-                                          "of hex; the asset was edited: import the checkpoint again")
-                    _pwrite(fd, raw, start)
+                if layer < 0:  # a constant recorded at import (its hex checked by check_engine_source)
+                    _pwrite(fd, bytes.fromhex(col), start)
                 else:
                     groups.setdefault((layer, row, t.rows), []).append((fd, start, col, t.row_bytes))
         for (layer, row, n), targets in groups.items():

@@ -87,5 +87,5 @@ def _eos_of(tokenizer: Any) -> int:
                            "or tokenizer= the model's tokenizer.json")
     eos = load_backend(tokenizer).token_to_id(EOS_TOKEN)
     if eos is None:
-        raise PolymemError(f"tokenizer {tokenizer!r} has no {EOS_TOKEN} token; fix: pass eos_id= explicitly")
+        raise PolymemError(f"tokenizer {str(tokenizer)!r} has no {EOS_TOKEN} token; fix: pass eos_id= explicitly")
     return int(eos)

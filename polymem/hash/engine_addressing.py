@@ -39,6 +39,7 @@ ADDRESSING_VERSION = 1
 ID_MAP_ENCODING = "zlib-base64-int32le-id-minus-mapped"
 INT64_MAX = int(np.iinfo(np.int64).max)
 _CHUNK = 16384  # tokens per block of rows() (a few MB of output)
+MAX_ID_MAP = 1 << 24  # ids an id map may hold (as the tokenizers' MAX_VOCAB_SIZE): 128 MiB of int64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,8 +168,12 @@ def decode_id_map(d: Mapping[str, Any], vocab_size: int) -> np.ndarray:
     if d.get("encoding") != ID_MAP_ENCODING:
         raise FormatError(f"engine addressing field 'id_map.encoding' is {d.get('encoding')!r}; this polymem "
                           f"reads {ID_MAP_ENCODING!r}; fix: rewrite the spec with to_json()")
-    try:
-        delta = np.frombuffer(zlib.decompress(base64.b64decode(str(d["data"]), validate=True)), dtype="<i4")
+    if vocab_size > MAX_ID_MAP:
+        raise FormatError(f"engine addressing field 'vocab_size' is {vocab_size:,} with an id map; an id map holds at "
+                          f"most {MAX_ID_MAP:,} ids (the engines' have 129,280); {_FIX}")
+    try:  # decompressed up to one id past vocab_size: a small field never expands to gigabytes
+        raw = zlib.decompressobj().decompress(base64.b64decode(str(d["data"]), validate=True), 4 * vocab_size + 4)
+        delta = np.frombuffer(raw[:len(raw) // 4 * 4], dtype="<i4")
     except (KeyError, ValueError, zlib.error) as e:
         raise FormatError(f"engine addressing field 'id_map.data' cannot be decoded ({e}); fix: rewrite the spec "
                           "with to_json()") from None
@@ -204,6 +209,10 @@ def _check_geometry(a: EngineAddressing) -> None:
         raise PolymemError(f"engine id_map must be {a.vocab_size} non-negative ids; got shape {a.id_map.shape}")
     if not 0 <= a.fill_id < a.hashed_vocab:
         raise PolymemError(f"engine fill_id={a.fill_id} must be a hashed id in [0, {a.hashed_vocab})")
+    if a.boundary_id is not None and not 0 <= a.boundary_id < a.vocab_size:
+        raise PolymemError(f"engine boundary_id={a.boundary_id} is a token id outside the vocabulary [0, "
+                           f"{a.vocab_size}) (vocab_size {a.vocab_size}): no token would ever end a document; it "
+                           "must be the id of the engine's end-of-text token")
     bound = INT64_MAX // a.hashed_vocab
     for t in a.layers:
         if len(t.multipliers) != a.orders[-1] or any(not 0 < m <= bound for m in t.multipliers):
