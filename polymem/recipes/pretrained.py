@@ -200,7 +200,8 @@ class Experiment:
             "max_n": self.max_n, "gate": self.gate, "window": self.window, "points": [int(p) for p in points],
             "init": self.init, "alignment": None if self.alignment is None else {
                 "donor_model": self.alignment["donor_model"],
-                "A": [hashlib.sha256(np.ascontiguousarray(f["A"]).tobytes()).hexdigest() for f in self.alignment["fits"]]},
+                "A": [hashlib.sha256(np.ascontiguousarray(f["A"]).tobytes()).hexdigest() for f in self.alignment["fits"]],
+                "scales": list(ALIGNED_SCALES)},
             "train_tokens": int(self.data.train.size),
             "train_sha": hashlib.sha256(self.data.train.tobytes()).hexdigest(),
             "eval": {k: hashlib.sha256("\x00".join(v).encode()).hexdigest() for k, v in self.eval_texts.items()},
@@ -254,6 +255,39 @@ class Experiment:
                               "its training wrote (non-zero)"}
 
 
+ALIGNED_SCALES = (0.0, 0.125, 0.25, 0.5, 1.0)  # what the aligned projection is scaled by, chosen per seed
+
+
+def _aligned_start(exp: Experiment, handle: Any, seed: int) -> dict[str, Any]:
+    """Set each site's projection to the donor's, mapped into the recipient (:func:`aligned_projection`), then
+    scale it by the one of ``ALIGNED_SCALES`` with the lowest loss on one batch of training windows (forward
+    passes only, no gradient step; 0 when the mapped projection only hurts, so the start is never worse than the
+    model alone on that batch). Returns the scale, the losses and the tokens it read."""
+    from polymem.models.evaluate import token_nats
+    from polymem.recipes.align import aligned_projection
+    from polymem.recipes.frozen import window_batch
+
+    assert exp.alignment is not None
+    ws = []
+    with torch.no_grad():
+        for site, f in zip(handle.sites.values(), exp.alignment["fits"]):
+            g_r = float(site.gate.detach()) if hasattr(site, "gate") else 0.5
+            ws.append(aligned_projection(f["donor_value"], f["donor_gate"], f["A"], g_r).to(site.value.weight.device))
+        T, B = exp.cfg.block_size, exp.cfg.batch_size
+        starts = np.random.default_rng(10_000 + int(seed)).integers(0, exp.data.train.size - T - 1, size=B)
+        x, y = window_batch(exp.data.train, starts, T, exp.lm.bos_id)
+        dev = next(exp.lm.model.parameters()).device
+        losses: dict[float, float] = {}
+        for c in ALIGNED_SCALES:
+            for site, w in zip(handle.sites.values(), ws):
+                site.value.weight.copy_(w * c)
+            losses[c] = float(token_nats(exp.lm.model, x.to(dev), y.to(dev)).mean())
+        best = min(ALIGNED_SCALES, key=lambda c: (losses[c], c))
+        for site, w in zip(handle.sites.values(), ws):
+            site.value.weight.copy_(w * best)
+    return {"scale": best, "losses": {str(c): v for c, v in losses.items()}, "tokens": int(B * T)}
+
+
 def _docs(r: dict[str, Any]) -> dict[str, Any]:
     return {"bits": [float(x) for x in r["doc_bits"]], "bytes": [int(x) for x in r["doc_bytes"]]}
 
@@ -262,7 +296,6 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
             on_event: Callable[..., None] | None = None) -> dict[str, Any]:
     """Train one arm for one seed; its curve on the in-domain set (from 0 recipient tokens) and its final
     scores on every set, with each document's bits (``docs``) for paired intervals."""
-    from polymem.recipes.align import aligned_projection
     from polymem.recipes.frozen import train_site
     from polymem.torch.attach import attach
 
@@ -287,12 +320,9 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
     curve: list[float] = []
     curve_docs: list[dict[str, Any]] = []
     try:
+        start = None
         if vinit == "aligned":
-            assert exp.alignment is not None
-            with torch.no_grad():
-                for site, f in zip(handle.sites.values(), exp.alignment["fits"]):
-                    g_r = float(site.gate.detach()) if hasattr(site, "gate") else 0.5
-                    site.value.weight.copy_(aligned_projection(f["donor_value"], f["donor_gate"], f["A"], g_r))
+            start = _aligned_start(exp, handle, seed)
             r0 = exp.score_docs([ind])[ind]  # the donor's rows through the aligned projection, before any training
         else:
             r0 = base[ind]  # a zero projection or a zero table: step 0 is the model alone
@@ -318,6 +348,8 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
                                "train_s": res["train_s"], "tokens_per_s": res["tokens_per_s"],
                                "final_loss": float(np.mean(res["losses"][-10:])),
                                "gate": [float(s.gate.detach()) for s in handle.sites.values() if hasattr(s, "gate")]}
+        if start is not None:
+            out["aligned_start"] = start
         if arm == "donor" and not torch.equal(handle.table.weight.detach().cpu(), exp.donor_tab):
             raise RuntimeError("the frozen donor table changed during training (a bug; please report)")
         if arm == "donor_finetune":
@@ -338,7 +370,6 @@ def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, ove
     alone, at step 0 and after training."""
     import shutil
 
-    from polymem.recipes.align import aligned_projection
     from polymem.recipes.frozen import train_site
     from polymem.torch.attach import attach
 
@@ -357,12 +388,7 @@ def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, ove
     handle = attach(exp.lm.model, table, exp.cache, layers=list(exp.layers), train=mode, max_n=exp.max_n,
                     gate=exp.gate, init_seed=1000 + int(seed), value_init=vinit)
     try:
-        if vinit == "aligned":
-            assert exp.alignment is not None
-            with torch.no_grad():
-                for site, f in zip(handle.sites.values(), exp.alignment["fits"]):
-                    g_r = float(site.gate.detach()) if hasattr(site, "gate") else 0.5
-                    site.value.weight.copy_(aligned_projection(f["donor_value"], f["donor_gate"], f["A"], g_r))
+        scale = _aligned_start(exp, handle, seed)["scale"] if vinit == "aligned" else None
         start = exp.score([ind])[ind] if vinit == "aligned" else alone
         res = train_site(exp.lm, handle, exp.data.train, cfg, on_step=on_step)
         after = exp.score([ind])[ind]
@@ -378,7 +404,7 @@ def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, ove
         handle.detach()
     return {"site": str(out), "asset": exp.donor_path, "model": exp.lm.name, "init": exp.init, "gate": exp.gate,
             "tokens": cfg.tokens, "heldout_bpb_alone": alone, "heldout_bpb_start": start, "heldout_bpb": after,
-            "scored_set": ind, "site_parameters": int(params), "train_s": res["train_s"],
+            "scored_set": ind, "site_parameters": int(params), "train_s": res["train_s"], "aligned_scale": scale,
             "alignment": exp.alignment_report()}
 
 

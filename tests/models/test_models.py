@@ -425,7 +425,10 @@ def test_transfer_aligned_start_count_gate_and_verdicts(lms, donor, corpus_file,
                        out_dir=tmp_path / "runs")
     base = res["base_bpb"]["docs"]
     assert res["curves"]["donor"]["tokens"][0] == 0
-    assert all(b[0] != base for b in res["curves"]["donor"]["bpb"])  # the donor's rows act from step 0
+    for seed in (0, 1):  # the mapped projection's scale: the best of the grid on a training batch, never worse than 0
+        st = json.loads((tmp_path / "runs" / f"donor-seed{seed}.json").read_text())["aligned_start"]
+        assert st["losses"][str(st["scale"])] == min(st["losses"].values()) <= st["losses"]["0.0"]
+        assert st["tokens"] == 2 * 16 and (st["scale"] == 0) == (res["curves"]["donor"]["bpb"][seed][0] == base)
     assert all(b[0] == base for b in res["curves"]["in_place"]["bpb"])
     names = {(c["name"], c["tokens"], c["set"]) for c in res["comparisons"]}
     assert ("donor_vs_in_place", 64, "docs") in names and ("donor_vs_in_place", 0, "docs") in names
@@ -498,7 +501,8 @@ def test_cli_eval_train_transfer(ckpts, corpus_file, tmp_path, lms, texts):
                             "--gate", "count", "--out", str(gs), "--json", str(tmp_path / "attach.json")])
     assert r.exit_code == 0, r.output
     got = json.loads((tmp_path / "attach.json").read_text())
-    assert got["init"] == "aligned" and got["gate"] == "count" and got["heldout_bpb_start"] != got["heldout_bpb_alone"]
+    assert got["init"] == "aligned" and got["gate"] == "count" and got["aligned_scale"] in (0.0, 0.125, 0.25, 0.5, 1.0)
+    assert (got["heldout_bpb_start"] == got["heldout_bpb_alone"]) == (got["aligned_scale"] == 0)
     assert not list(tmp_path.glob("*.tmp-attach"))
     j3 = tmp_path / "eval3.json"
     r = runner.invoke(app, ["eval", "--model", str(ckpts["gemma3"]), "--corpus", str(corpus_file), "--heldout-every", "10",
