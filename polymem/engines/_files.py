@@ -115,4 +115,18 @@ def in_folder(folder: Path, name: str, where: str) -> Path:
     return path
 
 
-__all__ = ["MAX_JSON_BYTES", "in_folder", "open_regular", "parse_json", "read_json"]
+def check_disjoint(path: Path, spans: list[tuple[int, int, str]], what: str) -> None:
+    """No two tensors of one file share a byte (``spans``: (start, end, name)); ``what`` names the format in the
+    message. Two names over one range would read as two tensors with one content."""
+    end, last = 0, ""
+    for a, b, name in sorted(spans):
+        if a == b:
+            continue
+        if a < end:
+            raise FormatError(f"{str(path)!r}: tensors {last!r} and {name!r} overlap (the first ends at byte {end}, "
+                              f"the second starts at {a}); each tensor of a {what} file has bytes of its own. The "
+                              "file is damaged or crafted: fetch it again")
+        end, last = b, name
+
+
+__all__ = ["MAX_JSON_BYTES", "check_disjoint", "in_folder", "open_regular", "parse_json", "read_json"]

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from polymem.engines._files import in_folder, open_regular
+from polymem.engines._files import check_disjoint, in_folder, open_regular
 from polymem.errors import FormatError
 
 MAGIC = b"GGUF"
@@ -192,15 +192,7 @@ def _check_disjoint(path: Path, tensors: list[TensorInfo]) -> None:
     for t in tensors:
         n = nbytes(t)
         spans.append((t.start, t.start + (n if n is not None else int(math.prod(t.dims) > 0)), t.name))
-    end, last = 0, ""
-    for a, b, name in sorted(spans):
-        if a == b:
-            continue
-        if a < end:
-            raise FormatError(f"{str(path)!r}: tensors {last!r} and {name!r} overlap (the first ends at byte {end}, "
-                              f"the second starts at {a}); each tensor of a GGUF file has bytes of its own. The file "
-                              "is damaged or crafted: fetch it again")
-        end, last = b, name
+    check_disjoint(path, spans, "GGUF")
 
 
 def check_tensor(h: Header, t: TensorInfo) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from polymem.engines._files import in_folder, open_regular, parse_json, read_json
+from polymem.engines._files import check_disjoint, in_folder, open_regular, parse_json, read_json
 from polymem.errors import FormatError
 
 ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "I16": 2, "F16": 2,
@@ -71,7 +71,7 @@ def read_header(path: Path) -> tuple[dict[str, str], dict[str, Tensor]]:
         raise FormatError(f"{str(path)!r}: safetensors __metadata__ is {_short(meta)}; expected an object of "
                           "strings. The file is damaged, fetch it again")
     spans = [(*_offsets(path, name, d, size - 8 - n), name) for name, d in doc.items()]
-    _check_disjoint(path, spans)
+    check_disjoint(path, spans, "safetensors")
     out = {name: _tensor(path, name, d, 8 + n) for name, d in doc.items()
            if d.get("dtype") in ITEMSIZE}  # others (sub-byte floats) are no table's
     return dict(meta), out
@@ -98,19 +98,6 @@ def _offsets(path: Path, name: str, d: Any, data_bytes: int) -> tuple[int, int]:
                           f"integers [begin, end] with 0 <= begin <= end <= {data_bytes} (the bytes after the "
                           "header). The file is damaged or truncated, fetch it again")
     return offsets[0], offsets[1]
-
-
-def _check_disjoint(path: Path, spans: list[tuple[int, int, str]]) -> None:
-    """No two tensors share a byte (two names over one range would read as two tensors with one content)."""
-    end, last = 0, ""
-    for a, b, name in sorted(spans):
-        if a == b:
-            continue
-        if a < end:
-            raise FormatError(f"{str(path)!r}: tensors {last!r} and {name!r} overlap (the first ends at data byte "
-                              f"{end}, the second starts at {a}); each tensor of a safetensors file has bytes of its "
-                              "own. The file is damaged or crafted: fetch it again")
-        end, last = b, name
 
 
 def _tensor(path: Path, name: str, d: dict[str, Any], base: int) -> Tensor:

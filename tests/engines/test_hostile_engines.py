@@ -100,7 +100,7 @@ _U8 = {"dtype": "U8", "shape": [8]}
 
 @pytest.mark.parametrize("header,match", [
     ({"a": {**_U8, "data_offsets": [0, 8]}, "b": {**_U8, "data_offsets": [0, 8]}},
-     r"tensors 'a' and 'b' overlap \(the first ends at data byte 8, the second starts at 0\)"),
+     r"tensors 'a' and 'b' overlap \(the first ends at byte 8, the second starts at 0\)"),
     ({"a": {**_U8, "data_offsets": [0, 8]}, "b": {**_U8, "data_offsets": [4, 12]}}, r"'a' and 'b' overlap"),
     ({"a": {**_U8, "data_offsets": [8, 16]}, "b": {"dtype": "F4", "shape": [3], "data_offsets": [10, 12]}},
      r"'a' and 'b' overlap"),
