@@ -10,12 +10,18 @@ a header is about 128 bytes, so the lock costs nothing measurable.
 from __future__ import annotations
 
 import threading
+import tokenize
 from typing import IO, Any
 
 import numpy as np
 from numpy.lib import format as npformat
 
 LOCK = threading.Lock()
+
+
+# what numpy's header parser lets escape on a malformed header besides ValueError: its fallback re-reads the
+# header with ``tokenize`` (TokenError on an unclosed bracket) and ``ast.literal_eval`` (SyntaxError, RecursionError)
+_HEADER_ERRORS = (SyntaxError, tokenize.TokenError, RecursionError)
 
 
 def read_header(f: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
@@ -25,13 +31,20 @@ def read_header(f: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     if version not in ((1, 0), (2, 0)):
         raise ValueError(f".npy format version {version[0]}.{version[1]}; expected 1.0 or 2.0")
     with LOCK:
-        if version == (1, 0):
-            return npformat.read_array_header_1_0(f)
-        return npformat.read_array_header_2_0(f)
+        try:
+            if version == (1, 0):
+                return npformat.read_array_header_1_0(f)
+            return npformat.read_array_header_2_0(f)
+        except _HEADER_ERRORS as e:
+            raise ValueError(f"malformed .npy header ({type(e).__name__}: {e})") from None
 
 
 def read_array(f: IO[bytes]) -> np.ndarray:
-    """The array of the ``.npy`` stream ``f`` (no pickle), its header parsed under :data:`LOCK`."""
+    """The array of the ``.npy`` stream ``f`` (no pickle), its header parsed under :data:`LOCK`. ValueError for a
+    malformed header or truncated data."""
     with LOCK:
-        arr: np.ndarray = npformat.read_array(f, allow_pickle=False)
+        try:
+            arr: np.ndarray = npformat.read_array(f, allow_pickle=False)
+        except _HEADER_ERRORS as e:
+            raise ValueError(f"malformed .npy header ({type(e).__name__}: {e})") from None
     return arr

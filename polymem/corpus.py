@@ -257,7 +257,9 @@ class Corpus:
             f = raw
             try:
                 f = decompress(raw, comp)
-                binary = piece.start == 0 and self._binary(f, src)
+                # every part checks the file's head (a binary file yields no document from any part); the part
+                # at byte 0 records the skip, so a partitioned read skips it once, as a whole read does
+                binary = self._binary(f, src, record=piece.start == 0)
             except _read_errors() as e:
                 self._read_error(e, piece, _Progress())
                 binary = True
@@ -325,10 +327,11 @@ class Corpus:
             what += f"; nothing of {'the part from byte ' + format(piece.start, ',') if piece.start else 'it'} was used"
         self.skipped.append(Skipped(src, what, documents_used=used.documents, bytes_used=used.nbytes))
 
-    def _binary(self, f: Any, src: str) -> bool:
+    def _binary(self, f: Any, src: str, record: bool = True) -> bool:
         head = f.peek(_BINARY_PROBE)[:_BINARY_PROBE] if hasattr(f, "peek") else b""
         if b"\x00" in head:
-            self._skip(src, f"binary file: NUL byte at offset {head.index(0)}; expected JSON lines")
+            if record:
+                self._skip(src, f"binary file: NUL byte at offset {head.index(0)}; expected JSON lines")
             return True
         return False
 

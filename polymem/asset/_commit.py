@@ -150,7 +150,7 @@ def recover(root: Path) -> list[str]:
             info: Any = json.loads(raw)
             keys = [str(k) for k in info["replacing"]]
             new_sha = str(info["new_zarr_json_sha256"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # a damaged marker: roll back what .old files say
             keys, new_sha = [], ""
             keys = sorted(str(p.relative_to(root))[: -len(".old")] for p in _stale_files(root) if p.suffix == ".old")
         for key in keys:  # all checked before anything is touched

@@ -330,6 +330,8 @@ def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
         checksums.get("shards"), Mapping
     ):
         raise FormatError(f"{where}: field 'checksums' is malformed (need algorithm 'sha256', attributes, shards)")
+    for name in ("shards", "row_counts"):
+        _check_sha_map(checksums, name, where)
     body = {k: v for k, v in d.items() if k != "checksums"}
     try:
         digest = sha256_hex(canonical_json(body))
@@ -399,6 +401,22 @@ def parse_header(attrs: Mapping[str, Any], where: str) -> Header:
     )
 
 
+def _is_sha256(v: Any) -> bool:
+    return isinstance(v, str) and len(v) == 64 and set(v) <= set("0123456789abcdef")
+
+
+def _check_sha_map(checksums: Mapping[str, Any], name: str, where: str) -> None:
+    """``checksums[name]`` (when present) maps file keys to sha256 hex digests, as the writers record them."""
+    m = checksums.get(name)
+    if m is None and name != "shards":
+        return
+    bad = next(((k, v) for k, v in m.items() if not _is_sha256(v)), None) if isinstance(m, Mapping) else ("", m)
+    if bad is not None:
+        what = f"maps {bad[0]!r} to {str(bad[1])[:80]!r}" if bad[0] else f"is {str(bad[1])[:80]!r}"
+        raise FormatError(f"{where}: field 'checksums.{name}' {what}; expected an object mapping each file to its "
+                          "sha256 (64 lowercase hex digits). The asset was edited or damaged: restore it")
+
+
 def _parse_spec(d: Any) -> Any:
     """hash_spec -> a HashSpec (byte hash), an IdHashSpec (``--hash xor``) or an EngineTableSpec (an engine's
     imported table, polymem/asset/engine_table.py)."""
@@ -426,30 +444,55 @@ def _check_shard_ids(checksums: Mapping[str, Any], geom: Geometry, where: str) -
                           "32-hex-digit shard id; the asset was edited, restore it")
 
 
+# the fields of a zarr v3 array's metadata (zarr-python refuses others); pages/zarr.json holds no more
+ARRAY_METADATA_FIELDS = ("zarr_format", "node_type", "shape", "data_type", "chunk_grid", "chunk_key_encoding",
+                         "fill_value", "codecs", "attributes", "dimension_names", "storage_transformers")
+
+
+def _obj(v: Any) -> Mapping[str, Any]:
+    """``v`` if it is a JSON object, else an empty one (a field of the wrong type then fails its comparison)."""
+    return v if isinstance(v, Mapping) else {}
+
+
+def _seq(v: Any) -> list[Any] | None:
+    """``v`` as a list if it is a JSON array, else None (never equal to a shape)."""
+    return list(v) if isinstance(v, (list, tuple)) else None
+
+
 def check_array_metadata(meta: Mapping[str, Any], geom: Geometry, where: str) -> None:
-    """Check pages/zarr.json against the geometry: shape, data type, chunking, codec chain exactly `bytes`."""
+    """Check pages/zarr.json against the geometry: shape, data type, chunking, codec chain exactly `bytes`; every
+    field of the type zarr v3 gives it, and no field zarr v3 does not define."""
 
     def bad(field: str, got: Any, want: Any) -> FormatError:
-        return FormatError(f"{where}: pages/zarr.json field {field!r} is {got!r}, expected {want!r}; restore the asset")
+        got_text = repr(got) if len(repr(got)) <= 200 else repr(got)[:200] + "…"
+        return FormatError(f"{where}: pages/zarr.json field {field!r} is {got_text}, expected {want!r}; restore the asset")
 
     if meta.get("node_type") != "array" or meta.get("zarr_format") != 3:
         raise bad("node_type/zarr_format", (meta.get("node_type"), meta.get("zarr_format")), ("array", 3))
-    if list(meta.get("shape", [])) != list(geom.shape):
+    extra = sorted(str(k) for k in meta if k not in ARRAY_METADATA_FIELDS)
+    if extra:
+        raise bad(extra[0], meta[extra[0]], f"no such field (a zarr v3 array has {', '.join(ARRAY_METADATA_FIELDS)})")
+    if _seq(meta.get("shape")) != list(geom.shape):
         raise bad("shape", meta.get("shape"), list(geom.shape))
     if meta.get("data_type") != geom.data_type:
         raise bad("data_type", meta.get("data_type"), geom.data_type)
-    if meta.get("fill_value") not in (0, 0.0):
+    if type(meta.get("fill_value")) not in (int, float) or meta.get("fill_value") != 0:
         raise bad("fill_value", meta.get("fill_value"), 0)
-    grid = meta.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape")
-    if list(grid or []) != list(geom.shard_shape):
-        raise bad("chunk_grid.chunk_shape", grid, list(geom.shard_shape))
-    kenc = meta.get("chunk_key_encoding", {})
-    if kenc.get("name") != "default" or kenc.get("configuration", {}).get("separator", "/") != "/":
+    grid = _obj(meta.get("chunk_grid"))
+    if grid.get("name") != "regular" or set(grid) - {"name", "configuration"} or \
+            _seq(_obj(grid.get("configuration")).get("chunk_shape")) != list(geom.shard_shape):
+        raise bad("chunk_grid", meta.get("chunk_grid"),
+                  {"name": "regular", "configuration": {"chunk_shape": list(geom.shard_shape)}})
+    kenc = meta.get("chunk_key_encoding")
+    kcfg = _obj(kenc).get("configuration", {})
+    if _obj(kenc).get("name") != "default" or not isinstance(kcfg, Mapping) or kcfg.get("separator", "/") != "/":
         raise bad("chunk_key_encoding", kenc, {"name": "default", "configuration": {"separator": "/"}})
     codecs = meta.get("codecs", [])
     if not isinstance(codecs, list) or len(codecs) != 1 or not isinstance(codecs[0], Mapping) or codecs[0].get("name") != "sharding_indexed":
         raise bad("codecs", codecs, "one sharding_indexed codec")
     cfg = codecs[0].get("configuration", {})
+    if not isinstance(cfg, Mapping):
+        raise bad("codecs[0].configuration", cfg, "an object")
     crc = [{"name": "crc32c"}] if geom.crc else []
     want_inner = [{"name": "bytes", "configuration": {"endian": "little"}}] + crc
     if geom.data_type == "uint8":  # zarr-python omits endian for one-byte types
@@ -458,7 +501,7 @@ def check_array_metadata(meta: Mapping[str, Any], geom: Geometry, where: str) ->
             raise bad("codecs[0].codecs", cfg.get("codecs"), ok[0])
     elif cfg.get("codecs") != want_inner:
         raise bad("codecs[0].codecs", cfg.get("codecs"), want_inner)
-    if list(cfg.get("chunk_shape", [])) != list(geom.chunk_shape):
+    if _seq(cfg.get("chunk_shape", [])) != list(geom.chunk_shape):
         raise bad("codecs[0].chunk_shape", cfg.get("chunk_shape"), list(geom.chunk_shape))
     want_index = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
     if cfg.get("index_codecs") != want_index:
@@ -467,3 +510,9 @@ def check_array_metadata(meta: Mapping[str, Any], geom: Geometry, where: str) ->
         raise bad("codecs[0].index_location", cfg.get("index_location"), "end")
     if meta.get("storage_transformers") not in (None, []):
         raise bad("storage_transformers", meta.get("storage_transformers"), [])
+    if not isinstance(meta.get("attributes", {}), Mapping):
+        raise bad("attributes", meta.get("attributes"), {})
+    names = meta.get("dimension_names")
+    if names is not None and (_seq(names) is None or len(names) != len(geom.shape)
+                              or not all(n is None or isinstance(n, str) for n in names)):
+        raise bad("dimension_names", names, f"null or {len(geom.shape)} names (strings or null)")

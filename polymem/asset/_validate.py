@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,10 @@ def _load_json(raw: Raw, key: str, where: str) -> tuple[dict[str, Any], bytes]:
     data = raw.cat(key)
     try:
         obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError:
+        raise FormatError(f"{where}: {key!r} is not asset metadata (JSON nested deeper than Python's limit of "
+                          f"{sys.getrecursionlimit():,}); restore the asset") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
         raise FormatError(f"{where}: {key!r} is not valid JSON ({e}); restore the asset") from None
     if not isinstance(obj, dict):
         raise FormatError(f"{where}: {key!r} must hold a JSON object")

@@ -75,7 +75,14 @@ class ZarrReader:
         import zarr
 
         kw: dict[str, Any] = {"storage_options": storage_options} if storage_options and is_url(url) else {}
-        self._arr = zarr.open_array(url.rstrip("/") + "/" + ARRAY_NAME, mode="r", **kw)
+        try:
+            self._arr = zarr.open_array(url.rstrip("/") + "/" + ARRAY_NAME, mode="r", **kw)
+        except OSError:
+            raise  # a missing or unreadable file (NodeNotFoundError is one): not the metadata's fault
+        except (ValueError, TypeError, KeyError, AttributeError, NotImplementedError) as e:  # zarr's metadata errors
+            msg = " ".join(str(e).split())[:300]
+            raise FormatError(f"{where or url}: zarr-python cannot open its pages/zarr.json ({type(e).__name__}: "
+                              f"{msg}); restore the asset, or open it with backend='fast'") from None
         self._geom, self._where = geom, where or url
 
     def read_chunks(self, ids: np.ndarray) -> np.ndarray:

@@ -67,13 +67,7 @@ def eval_cmd(
     console.print(f"loading {escape(model)} …", highlight=False)
     lm = load_model(model, device=str(dev))
     console.print(escape(lm.load_line()), highlight=False)
-    tpath = None
-    if site_header is not None:  # (made when --site is given)
-        tpath = table or site_header["table"].get("source", {}).get("path")
-        if site_header["table"].get("saved") and table is None:
-            tpath = None  # the site file holds its (trained) table
-        elif not tpath:
-            raise PolymemError(f"{str(site)!r} names no table path; pass --table")
+    tpath = _table_path(site, site_header, table) if site is not None and site_header is not None else None
     attach_fn = _attacher(lm, site, tpath) if site is not None else None
     passes = 1 + (2 if site is not None else 0)
     with progress_bar(console) as prog:
@@ -111,13 +105,38 @@ def _site_header(site: Path) -> dict:
     if not f.is_file():
         raise PolymemError(f"{str(site)!r} has no site.json; pass the folder written by `polymem train --model` (--site)")
     try:
-        header = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FormatError(f"{str(f)!r} is not valid JSON ({e})") from None
+        header = json.loads(f.read_bytes())
+    except RecursionError:
+        raise FormatError(f"{str(f)!r} is not a site header (JSON nested deeper than Python's limit); pass the folder "
+                          "written by `polymem train --model` or handle.save") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
+        raise FormatError(f"{str(f)!r} is not valid JSON ({e}); pass the folder written by `polymem train --model` "
+                          "or handle.save") from None
     if not isinstance(header, dict) or not isinstance(header.get("table"), dict):
         raise FormatError(f"{str(f)!r} is not a site header (no 'table' object); pass the folder written by "
                           "`polymem train --model` or handle.save")
     return header
+
+
+def _table_path(site: Path, header: dict, table: str | None) -> str | None:
+    """The table asset a site is scored with: ``--table``, else the path its header records; None when the site
+    folder holds its (trained) table. A header naming no table path (or naming it as anything but a string) is one
+    error line saying to pass --table."""
+    from polymem.errors import FormatError, PolymemError
+
+    th = header["table"]
+    if table is None and th.get("saved"):
+        return None  # the site file holds its (trained) table
+    if table:
+        return table
+    source = th.get("source")
+    path = source.get("path") if isinstance(source, dict) else None
+    if path is not None and not (isinstance(path, str) and path):
+        raise FormatError(f"{str(site)!r}: site.json names the table path {path!r}; expected a non-empty string (the "
+                          "table asset's path). Pass --table TABLE")
+    if not path:
+        raise PolymemError(f"{str(site)!r} names no table path; pass --table")
+    return path
 
 
 def check_site_tokenizer(site: Path, header: dict, model: str) -> None:

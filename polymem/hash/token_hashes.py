@@ -15,6 +15,7 @@ import os
 import time
 import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,8 +218,10 @@ class TokenHashes:
                 arrays = {k: _read_member(zf, k) for k in _ARRAYS[1:]}
         except PolymemError:
             raise
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:  # numpy raises ValueError for a bad .npy
-            raise FormatError(f"{where} is not a readable .npz ({e}); rebuild it") from None
+        # numpy raises ValueError for a bad .npy; zipfile NotImplementedError for an unknown compression method,
+        # RuntimeError for an encrypted member, zlib.error for damaged deflate data
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError, zlib.error) as e:
+            raise FormatError(f"{where} is not a readable .npz ({type(e).__name__}: {e}); rebuild it") from None
         cache = cls(
             spec=stored_spec, tokenizer_name=str(header["tokenizer"]["name"]),
             fingerprint=str(header["tokenizer"]["fingerprint"]), C=arrays["C"].astype(np.uint64, copy=False),
@@ -267,7 +270,9 @@ def _read_member(zf: zipfile.ZipFile, key: str) -> np.ndarray:
 def _parse_header(raw: np.ndarray, where: str) -> dict[str, Any]:
     try:
         header = json.loads(raw.tobytes().decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError:
+        raise FormatError(f"{where} has a corrupt header (JSON nested deeper than Python's limit); rebuild it") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
         raise FormatError(f"{where} has a corrupt header ({e}); rebuild it") from None
     if not isinstance(header, dict):
         raise FormatError(f"{where} has a header that is not a JSON object; rebuild it")
@@ -286,11 +291,15 @@ def _check_header(header: dict[str, Any], sizes: dict[str, int], where: str) -> 
         raise FormatError(f"{where} has a header without the tokenizer's name and fingerprint; rebuild it")
     try:
         spec = HashSpec.from_dict(header["spec"])
-        V = int(header["vocab_size"])
     except FormatError:
         raise
     except (KeyError, TypeError, ValueError) as e:
         raise FormatError(f"{where} has a header without a valid {e} field; rebuild it") from None
+    V = header.get("vocab_size")
+    if type(V) is not int or V < 0:
+        raise FormatError(f"{where} has a header without a valid 'vocab_size' field (it is {str(V)[:40]!r}; expected "
+                          "an integer >= 0, the length of its arrays). The file is damaged or was not written by "
+                          "polymem; rebuild it")
     for k in ("C", "L", "P", "special"):
         if sizes[k] != V:
             raise FormatError(f"{where}: array {k} has shape ({sizes[k]},), expected ({V},)")

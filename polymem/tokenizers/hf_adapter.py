@@ -150,14 +150,28 @@ class HFTokenizer(Tokenizer):
         return self._tok
 
     def _encode(self, text: str) -> list[int]:
-        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        try:
+            ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        except Exception as exc:  # noqa: BLE001 - the Rust core reports its errors as plain Exceptions
+            raise self._encode_error(exc) from None
         return ids
 
     def encode_batch(self, texts: Iterable[str]) -> list[np.ndarray]:
         batch = [check_text(t) for t in texts]
         with rust_panics_as_errors(self.name):
-            out = self._tok.encode_batch(batch, add_special_tokens=False)
+            try:
+                out = self._tok.encode_batch(batch, add_special_tokens=False)
+            except Exception as exc:  # noqa: BLE001 - as in _encode
+                raise self._encode_error(exc) from None
         return [np.asarray(e.ids, dtype=np.int64) for e in out]
+
+    def _encode_error(self, exc: Exception) -> TokenizerError:
+        """A backend encode error (e.g. a Unigram model without unk_id meeting a character it lacks) as one line."""
+        return TokenizerError(
+            f"tokenizer {self.name!r} cannot encode this text: {str(exc)[:200]} ({type(exc).__name__}); its "
+            "tokenizer.json does not cover every character it met (a model with no unknown token, or an edited file). "
+            "Fix: pass the model's complete tokenizer.json"
+        )
 
     def _vocab_lists(self) -> tuple[list[str], list[int]]:
         """(token strings, their ids) of the model vocabulary."""

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from polymem.errors import PolymemError, SpecMismatchError
+from polymem.errors import FormatError, PolymemError, SpecMismatchError
 from polymem.hash.layout import LAYOUT_KINDS, Layout
 from polymem.hash.spec import HashSpec
 from polymem.torch.hash import TorchTokenHashes
@@ -580,7 +580,12 @@ def load_attached(
             f"from the saved site's {header['tokenizer']['fingerprint']} ({header['tokenizer']['name']}); pass that tokenizer"
         )
     sd = {k[len("sites."):]: v for k, v in tensors.items() if k.startswith("sites.")}
-    handle.sites.load_state_dict(sd)
+    try:
+        handle.sites.load_state_dict(sd)
+    except RuntimeError as e:
+        handle.detach()
+        raise FormatError(f"{str(d / 'site.safetensors')!r} does not hold the weights site.json describes "
+                          f"({str(e).splitlines()[0][:160]}); the site was edited or is damaged: save it again") from None
     md = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
     if md:
         model.load_state_dict(md)

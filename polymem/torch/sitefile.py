@@ -62,11 +62,57 @@ def read_site(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, A
     d = Path(path)
     if not (d / "site.json").is_file():
         raise PolymemError(f"{str(d)!r} has no site.json; pass the folder written by handle.save(...)")
+    f = d / "site.json"
     try:
-        header = json.loads((d / "site.json").read_text())
-    except json.JSONDecodeError as e:
-        raise FormatError(f"{str(d / 'site.json')!r} is not valid JSON ({e})") from None
-    if header.get("format") != SITE_FORMAT or header.get("version") != 1:
-        raise FormatError(f"{str(d)!r} holds format {header.get('format')!r} v{header.get('version')!r}; this polymem reads {SITE_FORMAT!r} v1")
-    tensors = load_file(str(d / "site.safetensors"))
+        header = json.loads(f.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as e:
+        raise FormatError(f"{str(f)!r} is not a site header ({type(e).__name__}: {str(e)[:120]}); pass the folder "
+                          "written by handle.save(...)") from None
+    if not isinstance(header, dict) or header.get("format") != SITE_FORMAT or header.get("version") != 1:
+        got = (header.get("format"), header.get("version")) if isinstance(header, dict) else (type(header).__name__, None)
+        raise FormatError(f"{str(d)!r} holds format {got[0]!r} v{got[1]!r}; this polymem reads {SITE_FORMAT!r} v1")
+    check_header(header, str(f))
+    try:
+        tensors = load_file(str(d / "site.safetensors"))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types (and OSError); all mean the same
+        raise FormatError(f"{str(d / 'site.safetensors')!r} is not a readable safetensors file ({type(e).__name__}); "
+                          "the site is damaged: save it again") from None
     return header, tensors
+
+
+def check_header(h: dict[str, Any], where: str) -> None:
+    """Every field of ``site.json`` that attaching reads has the type it must have (one FormatError naming it)."""
+    def bad(field: str, want: str) -> FormatError:
+        return FormatError(f"{where}: field {field!r} must be {want}; the file was edited or is damaged: save the site again")
+
+    for k in ("site", "table", "tokenizer"):
+        if not isinstance(h.get(k), dict):
+            raise bad(k, "an object")
+    layers = h.get("layers")
+    if not isinstance(layers, list) or not layers or not all(isinstance(x, (str, int)) and not isinstance(x, bool)
+                                                              and str(x) for x in layers):
+        raise bad("layers", "a non-empty list of block names or indices")
+    if h.get("train") not in ("projection", "table", "all"):
+        raise bad("train", "one of projection, table, all")
+    site, table = h["site"], h["table"]
+    for k in ("max_n", "init_seed"):
+        v = site.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise bad(f"site.{k}", "a non-negative integer")
+    for k in ("gate_init",):
+        v = site.get(k)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
+            raise bad(f"site.{k}", "a number")
+    if not isinstance(site.get("gate"), str) or not isinstance(site.get("conv"), bool):
+        raise bad("site.gate / site.conv", "a gate name and a boolean")
+    orders = table.get("orders")
+    if not isinstance(orders, list) or not all(isinstance(o, int) and not isinstance(o, bool) for o in orders):
+        raise bad("table.orders", "a list of integers")
+    for k in ("fingerprint",):
+        if not isinstance(table.get(k), str):
+            raise bad(f"table.{k}", "a string")
+    for k in ("hash_spec", "layout"):
+        if not isinstance(table.get(k), dict):
+            raise bad(f"table.{k}", "an object")
+    if not isinstance(h["tokenizer"].get("fingerprint"), str):
+        raise bad("tokenizer.fingerprint", "a string")
