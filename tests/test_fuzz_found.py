@@ -1,9 +1,8 @@
 """What tests/test_fuzz_parsers.py found, each as a plain test with the minimal failing input: a parser that raised
 another exception than a PolymemError (a traceback) or read a file differently in parts than whole.
 
-Fixed ones pass; crashes in files the fuzzing harness may not change (polymem/engines/*, polymem/torch/*) are
-``xfail(strict=True)`` with the crash named, so they are tracked and the test says when they are fixed
-(docs/reliability.md, "Fuzzing").
+Every one is fixed: each test fails on the code before its fix (docs/reliability.md, "Fuzzing"). A crash found
+later and not yet fixed goes here as ``xfail(strict=True)`` with the crash named.
 """
 
 from __future__ import annotations
@@ -255,9 +254,6 @@ def test_a_binary_jsonl_file_yields_nothing_in_parts_too(tmp_path: Path, suffix:
 
 
 # ---------------------------------------------------------------- left: files the fuzzing harness may not fix
-@pytest.mark.xfail(strict=True, raises=OSError, reason=(
-    "OSError (File name too long) from polymem/engines/_files.py open_regular: a name of more than 255 bytes in "
-    "model.safetensors.index.json is not refused as a FormatError"))
 def test_an_index_naming_a_too_long_file_name(tmp_path: Path) -> None:
     """A checkpoint index naming a file of 300 characters: open_regular's os.stat raises OSError ENAMETOOLONG
     (polymem/engines/_files.py, open_regular), not a FormatError naming the index."""
@@ -271,9 +267,6 @@ def test_an_index_naming_a_too_long_file_name(tmp_path: Path) -> None:
 
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeEncodeError, reason=(
-    "UnicodeEncodeError from polymem/engines/_files.py in_folder (os.path.realpath): a file name holding a lone "
-    "surrogate ('x\\ud800', written as JSON's \\ud800 escape) in model.safetensors.index.json"))
 def test_an_index_naming_a_file_with_a_lone_surrogate(tmp_path: Path) -> None:
     """A checkpoint index whose file name holds a lone surrogate, which no file system path can encode."""
     from polymem.engines import _safetensors as st
@@ -282,10 +275,6 @@ def test_an_index_naming_a_file_with_a_lone_surrogate(tmp_path: Path) -> None:
     (tmp_path / "ckpt" / st.INDEX).write_text('{"weight_map": {"a.weight": "x\\ud800"}}')
     with pytest.raises(PolymemError):
         st.find_files(tmp_path / "ckpt")
-
-
-def _xfail(reason: str, raises: type[BaseException] | tuple[type[BaseException], ...] = Exception):
-    return pytest.mark.xfail(strict=True, raises=raises, reason=reason)
 
 
 SITE_JSON: list = [  # site.json edits the fuzzer found crashing read_site / load_attached (now one FormatError each)

@@ -44,6 +44,9 @@ def open_regular(path: Path, what: str) -> int:
     except FileNotFoundError:
         raise MissingError(f"{what} {str(path)!r} does not exist; check the path (a checkpoint needs every file "
                            "its index names)", path) from None
+    except (OSError, ValueError, UnicodeEncodeError) as e:  # a name too long, or not encodable
+        raise FormatError(f"{what} {str(path)[:120]!r} cannot be a file here ({type(e).__name__}: {e}); pass a "
+                          "path that exists") from None
     if not stat.S_ISREG(mode):
         raise _refuse(path, what, mode)
     fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -102,6 +105,13 @@ def _roots(folder: Path) -> list[Path]:
 def in_folder(folder: Path, name: str, where: str) -> Path:
     """``folder / name`` for a file of a checkpoint folder (``name`` read from ``where``: its index, or the folder
     listing): one plain file name, which after links are resolved lies inside the folder."""
+    try:
+        ok = len(name.encode("utf-8")) <= 255
+    except UnicodeEncodeError:  # a lone surrogate (JSON's \ud800 escape): no file is named that
+        ok = False
+    if not ok:
+        raise FormatError(f"{where} names the file {name[:40]!r}…, which no file system holds (over 255 bytes, or not "
+                          "UTF-8); a checkpoint's index names its own files. The index was edited or is damaged")
     if not name or "/" in name or "\\" in name or "\x00" in name or name in (".", ".."):
         raise FormatError(f"{where} names the file {name!r}; a checkpoint's files are plain names in its folder "
                           f"{str(folder)!r} (no '/', '..' or absolute path), so it is refused, not followed. Pass a "
