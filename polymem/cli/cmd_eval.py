@@ -64,6 +64,11 @@ def eval_cmd(
     if not idx:
         raise PolymemError(f"--heldout-every {heldout_every} leaves no document of {len(named)}; lower it")
     docs, names = [named[i][1] for i in idx], [named[i][0] for i in idx]
+    bad = [n for n, d in zip(names, docs) if "\ufffd" in d]
+    if bad:
+        console.print(f"note: {len(bad)} document(s) hold U+FFFD replacement characters ({escape(', '.join(bad[:3]))}"
+                      f"{'…' if len(bad) > 3 else ''}): invalid UTF-8 in the file, read as replacements and scored as such",
+                      highlight=False, soft_wrap=True)
     console.print(f"loading {escape(model)} …", highlight=False)
     lm = load_model(model, device=str(dev))
     console.print(escape(lm.load_line()), highlight=False)

@@ -116,11 +116,20 @@ class Scorer:
         if not texts:
             raise PolymemError("no documents to score; pass a corpus with at least one non-empty document")
         self.lm, self.batch = lm, int(batch)
+        cfg = getattr(getattr(lm, "model", None), "config", None)
+        most = getattr(cfg, "max_position_embeddings", None)
+        if isinstance(most, int) and window > most:
+            raise PolymemError(f"--window {window} is longer than {getattr(lm, 'name', 'the model')}'s {most:,} positions "
+                               f"(max_position_embeddings); a window past them is scored wrongly or not at all. Pass "
+                               f"--window {min(most, 512)} or less")
         self.names = list(names) if names is not None else [str(i) for i in range(len(texts))]
         self.docs = [np.asarray(lm.tokenizer.encode(t), dtype=np.int64) for t in texts]
         self.lengths = token_byte_lengths(lm.tokenizer) if lengths is None else lengths
         self.windows = document_windows(self.docs, window, lm.bos_id)
         self.window = int(window)
+        if self.num_bytes == 0:
+            raise PolymemError(f"the {len(texts)} document(s) to score hold no bytes in their scored tokens (empty, or "
+                               "only special tokens): bits per byte would be 0/0. Pass documents with text")
         self.pad_id = int(lm.eos_id if lm.eos_id is not None else (lm.bos_id or 0))
 
     @property

@@ -555,3 +555,22 @@ def test_real_smollm2_scores_like_a_pretrained_model():
     res = evaluate(lm, [text], window=512)
     assert res["alone"]["bytes"] == len(text.encode())
     assert 0.5 < res["alone"]["bpb"] < 1.6
+
+
+def test_eval_refuses_windows_past_the_positions_and_scores_without_bytes(lms, ckpts, tmp_path):
+    """A window longer than the model's positions, or documents whose scored tokens hold no bytes, are one line
+    (not a silent score on a rotary model or bpb 0.0000); invalid UTF-8 in a file is scored with a note."""
+    from polymem.models.evaluate import Scorer
+
+    lm = lms["llama"]
+    with pytest.raises(PolymemError, match="longer than .* 512 positions"):
+        Scorer(lm, ["some text"], window=513)
+    Scorer(lm, ["some text"], window=512)  # the model's own length is fine
+    with pytest.raises(PolymemError, match="hold no bytes"):  # every scored token without bytes (specials only)
+        Scorer(lm, ["some text"], lengths=np.zeros(V, dtype=np.int64))
+    f = tmp_path / "bad.txt"
+    f.write_bytes(b"valid text, then \xff\xfe invalid bytes, and more text to score here.\n" * 3)
+    r = CliRunner().invoke(app, ["eval", "--model", str(ckpts["llama"]), "--corpus", str(f), "--window", "64"])
+    assert r.exit_code == 0, r.output
+    assert "replacement characters" in r.output and "invalid UTF-8" in r.output
+
