@@ -445,10 +445,31 @@ def run_transfer(exp: Experiment, *, arms: Sequence[str], seeds: Sequence[int], 
 
 
 def _read(path: Path) -> dict[str, Any]:
+    """One (arm, seed) result, its shape checked: a file edited or cut short is refused, never summarised."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise PolymemError(f"{str(path)!r} is not a readable result ({e}); remove it and run again") from None
+        got = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise PolymemError(f"{str(path)!r} is not a readable result ({type(e).__name__}: {str(e)[:100]}); remove it and "
+                           "run again") from None
+
+    def num(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+
+    def docs(d: Any) -> bool:
+        return (isinstance(d, dict) and isinstance(d.get("bits"), list) and isinstance(d.get("bytes"), list)
+                and len(d["bits"]) == len(d["bytes"]) and all(num(x) for x in d["bits"])
+                and all(isinstance(x, int) and x >= 0 for x in d["bytes"]))
+
+    ok = (isinstance(got, dict) and isinstance(got.get("key"), str) and isinstance(got.get("curve_tokens"), list)
+          and isinstance(got.get("curve_bpb"), list) and len(got["curve_tokens"]) == len(got["curve_bpb"])
+          and all(num(x) for x in got["curve_bpb"]) and isinstance(got.get("bpb"), dict)
+          and all(num(v) for v in got["bpb"].values()) and isinstance(got.get("docs"), dict)
+          and all(docs(v) for v in got["docs"].values()) and isinstance(got.get("curve_docs"), list)
+          and all(docs(v) for v in got["curve_docs"]))
+    if not ok:
+        raise PolymemError(f"{str(path)!r} is not a transfer result of this polymem (a field missing or of the wrong "
+                           "type: edited, cut short or older); remove it and run again")
+    return got
 
 
 def summarize(exp: Experiment, arms: Sequence[str], seeds: Sequence[int],

@@ -401,6 +401,18 @@ def test_transfer_arms_resume_and_summary(lms, donor, corpus_file, tmp_path, tex
         run_transfer(exp2, arms=["none"], seeds=[0], eval_at=[], out_dir=tmp_path / "runs")
     with pytest.raises(PolymemError, match="holds a result of other settings"):  # other curve points: other results
         run_transfer(exp, arms=["none"], seeds=[0], eval_at=[1, 3], out_dir=tmp_path / "runs")
+    # a result file edited or cut short is refused, naming it, never summarised
+    f = tmp_path / "runs" / "donor-seed0.json"
+    good = json.loads(f.read_text())
+    for bad in ([], {**good, "bpb": {"docs": "0.5"}}, {k: v for k, v in good.items() if k != "docs"},
+                {**good, "curve_bpb": good["curve_bpb"][:-1]}):
+        f.write_text(json.dumps(bad))
+        with pytest.raises(PolymemError, match="donor-seed0.json' is not a transfer result"):
+            run_transfer(exp, arms=ARMS, seeds=[1, 0], eval_at=[2], out_dir=tmp_path / "runs")
+    f.write_bytes(b"\xff{")
+    with pytest.raises(PolymemError, match="is not a readable result"):
+        run_transfer(exp, arms=ARMS, seeds=[1, 0], eval_at=[2], out_dir=tmp_path / "runs")
+    f.write_text(json.dumps(good))
     with pytest.raises(PolymemError, match="two scoring sets are named 'docs'"):
         Experiment(lm, donor["path"], [corpus_file], cfg=cfg, eval_corpora=[corpus_file])
 
