@@ -42,21 +42,26 @@ _REASONS = {
     errno.EROFS: "the file system is read-only",
     errno.ENOSPC: "no space left on the device",
     getattr(errno, "EDQUOT", -2): "the disk quota is exceeded",
+    errno.EFBIG: "the file is larger than this process may write (a file size limit: ulimit -f)",
     errno.ENOENT: "the directory cannot be created there",
     errno.EISDIR: "it is a directory",
     errno.EEXIST: "a part of the path is a file, not a directory",
 }
 
 
+def reason(exc: OSError) -> str:
+    """Why ``exc`` stopped a write, in words (its strerror where polymem has none of its own)."""
+    return _REASONS.get(exc.errno or -1, exc.strerror or type(exc).__name__)
+
+
 def output_error(path: str | os.PathLike[str], exc: OSError) -> OutputError:
     """A one-line OutputError for ``exc`` met while writing ``path`` (naming the blocking part of the path)."""
-    reason = _REASONS.get(exc.errno or -1, exc.strerror or type(exc).__name__)
-    where = ""
+    why, where = reason(exc), ""
     blocker = _file_in_parents(Path(path))
     if blocker is not None:
-        reason, where = "a part of the path is a file, not a directory", f" ({str(blocker)!r} is a file)"
+        why, where = "a part of the path is a file, not a directory", f" ({str(blocker)!r} is a file)"
     return OutputError.for_path(
-        path, f"cannot write {str(path)!r}: {reason}{where}; choose an output path in a writable directory",
+        path, f"cannot write {str(path)!r}: {why}{where}; choose an output path in a writable directory",
         errno=exc.errno)
 
 

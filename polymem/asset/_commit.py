@@ -23,6 +23,7 @@ and an overwrite holds the old asset's writer lock across the swap.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -180,19 +181,34 @@ def recover(root: Path) -> list[str]:
     return done
 
 
+_OUT_OF_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", -2)}
+
+
 @contextmanager
 def building(dest: Path, kind: str = "tmp") -> Iterator[Path]:
     """A fresh ``.NAME.<kind>-*`` directory beside ``dest`` to build the new asset (or copy) in, held by an flock
     while the writer runs (so `verify --repair` leaves it alone) and removed afterwards; once :func:`install`
     renamed it to ``dest`` there is nothing left to remove. A removal that fails leaves a stale directory,
-    which `verify --repair` removes."""
+    which `verify --repair` removes, and so does the next build of the same ``dest``: the ``.NAME.<kind>-*``
+    directories no live writer holds (a killed writer's) are removed first. A write that runs out of room (no
+    space, a quota, a file size limit) is one PolymemError naming ``dest``, the build directory removed."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
+        with _fs.stale_dirs(dest.parent, f".{dest.name}.{kind}-") as stale:
+            for p in stale:
+                _fs.rmtree(p)
         tmp, fd = _fs.locked_mkdtemp(f".{dest.name}.{kind}-", dest.parent)
     except OSError as e:
         raise PolymemError(f"cannot create {str(dest)!r}: {e.strerror} ({e.filename}); pick a writable directory") from None
     try:
         yield tmp
+    except OSError as e:
+        if e.errno not in _OUT_OF_ROOM:
+            raise
+        from polymem._io import reason
+
+        raise PolymemError(f"cannot write {str(dest)!r}: {reason(e)}; nothing was left behind (the "
+                           "partial build was removed); free some space, raise the limit, or write it elsewhere") from None
     finally:
         try:
             _fs.rmtree(tmp)

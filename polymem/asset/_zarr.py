@@ -47,7 +47,7 @@ def create_array_metadata(root: Path, geom: Geometry) -> None:
     import zarr
     from zarr.codecs import BytesCodec, Crc32cCodec
 
-    group = zarr.open_group(str(root), mode="w", zarr_format=3)
+    group = zarr.open_group(str(root), mode="w-", zarr_format=3)  # "w" would delete and re-create root: its flock is on the old inode
     # zarr imports NotRequired from typing (Python 3.11+), so mypy's 3.10 target reads "order" as required
     config: ArrayConfigParams = {"write_empty_chunks": True}  # type: ignore[typeddict-item]
     group.create_array(

@@ -172,6 +172,55 @@ def check_gguf_header(path: Path) -> None:
     if tensors * _GGUF_MIN_TENSOR_INFO + kvs * _GGUF_MIN_KV > size:
         raise PolymemError(f"{str(path)!r} claims {tensors:,} tensors and {kvs:,} metadata entries, more than its "
                            f"{size:,} bytes can hold; the file is damaged or not a model")
+    _check_gguf_metadata(path, kvs, size)
+
+
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+GGUF_MAX_ARRAY = 1 << 22  # elements of one metadata array: 16x the largest vocabulary shipped (262,144)
+
+
+def _check_gguf_metadata(path: Path, kvs: int, size: int) -> None:
+    """Walk the metadata entries without decoding them: every length inside the file, every array at most
+    GGUF_MAX_ARRAY elements. transformers turns each metadata array into a Python list (8 bytes and more per
+    element), so an array of 100M one-byte values would take GBs at load; it is refused here instead."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        pos = 24
+
+        def need(n: int, what: str) -> int:
+            nonlocal pos
+            if n > size - pos:
+                raise PolymemError(f"{str(path)!r}: its metadata claims {n:,} bytes for {what} at byte {pos:,}, past "
+                                   f"the end of the file ({size:,} bytes); the file is damaged or not a model")
+            at, pos = pos, pos + n
+            return at
+
+        def u(n: int, what: str) -> int:
+            return int.from_bytes(m[need(n, what):pos], "little")
+
+        for _ in range(kvs):
+            key_len = u(8, "a metadata key's length")
+            key = bytes(m[need(key_len, "a metadata key"):pos]).decode("utf-8", "replace")
+            kind = u(4, f"metadata {key!r}'s type")
+            count, elem = 1, kind
+            if kind == _GGUF_ARRAY:
+                elem, count = u(4, f"metadata {key!r}'s element type"), u(8, f"metadata {key!r}'s length")
+                if count > GGUF_MAX_ARRAY:
+                    raise PolymemError(f"{str(path)!r}: metadata {key!r} is an array of {count:,} elements; polymem "
+                                       f"loads at most {GGUF_MAX_ARRAY:,} per array (a model's vocabulary is under "
+                                       "300,000), as the loader turns each into a Python list in memory")
+            if elem in _GGUF_SCALAR_BYTES:
+                need(count * _GGUF_SCALAR_BYTES[elem], f"metadata {key!r}")
+            elif elem == _GGUF_STRING:
+                for _ in range(count):
+                    (n,) = struct.unpack_from("<Q", m, need(8, f"a string of metadata {key!r}"))
+                    need(n, f"a string of metadata {key!r}")
+            else:
+                raise PolymemError(f"{str(path)!r}: metadata {key!r} has value type {elem}; a model's GGUF uses "
+                                   "types 0-12 (arrays of arrays are not read)")
 
 
 def resolve_builtin(name: str) -> Path:

@@ -146,6 +146,47 @@ def test_a_gguf_header_that_cannot_be_a_model_is_one_line_before_hashing(tmp_pat
         load_model(_header(tmp_path / "bad.gguf", **case))
 
 
+def _kv_gguf(path: Path, kvs: bytes, n: int = 1) -> Path:
+    import struct
+
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, n) + kvs + b"\0" * 64)
+    return path
+
+
+def _key(name: str, kind: int) -> bytes:
+    import struct
+
+    return struct.pack("<Q", len(name)) + name.encode() + struct.pack("<I", kind)
+
+
+def test_a_huge_gguf_metadata_array_is_refused_before_any_parser_lists_it(tmp_path):
+    """transformers makes a Python list of every metadata array (>= 8 bytes per element); 5M one-byte values (a
+    5 MB file) would take 40+ MB, 100M would take GBs. Refused from the header walk, before the file is hashed."""
+    import struct
+    import tracemalloc
+
+    count = 5_000_000
+    f = _kv_gguf(tmp_path / "big.gguf", _key("x.big", 9) + struct.pack("<IQ", 0, count) + bytes(count))
+    tracemalloc.start()
+    with pytest.raises(PolymemError, match=r"metadata 'x\.big' is an array of 5,000,000 elements; polymem loads at "
+                                           r"most 4,194,304"):
+        load_model(f)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 << 20
+
+
+@pytest.mark.parametrize("kvs, says", [
+    (_key("s", 8) + (1 << 40).to_bytes(8, "little"), r"claims 1,099,511,627,776 bytes for a string of metadata 's'"),
+    (_key("a", 9) + (8).to_bytes(4, "little") + (3).to_bytes(8, "little") + (1 << 50).to_bytes(8, "little"),
+     r"bytes for a string of metadata 'a'"),
+    (_key("n", 9) + (9).to_bytes(4, "little") + (1).to_bytes(8, "little"), r"metadata 'n' has value type 9"),
+])
+def test_gguf_metadata_past_its_file_is_one_line(tmp_path, kvs, says):
+    with pytest.raises(PolymemError, match=says):
+        load_model(_kv_gguf(tmp_path / "bad.gguf", kvs))
+
+
 def test_a_fifo_named_gguf_is_refused_without_being_opened(tmp_path):
     import os
 
