@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path, help="`polymem transfer --model … --json` outputs, one per direction")
     p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--markdown", type=Path, help="also write the tables docs/real-models.md quotes")
     a = p.parse_args(argv)
     directions = []
     for f in a.runs:
@@ -38,7 +39,42 @@ def main(argv: list[str] | None = None) -> int:
         for line in d["verdicts"]:
             print(f"  {line}")
     print(f"wrote {a.out}")
+    if a.markdown:
+        a.markdown.write_text("\n\n".join(markdown(d) for d in directions) + "\n")
+        print(f"wrote {a.markdown}")
     return 0
+
+
+ARMS = ("none", "random", "null", "donor", "donor_finetune", "in_place")
+
+
+def _cell(v: list[float]) -> str:
+    m = sum(v) / len(v)
+    return f"{m:.4f}" if len(v) == 1 else f"{m:.4f} ({min(v):.4f}–{max(v):.4f})"
+
+
+def markdown(d: dict) -> str:
+    """One direction as a table: mean (min–max over seeds) bits per byte by recipient tokens, and the change out of
+    domain against the model alone."""
+    arms = [a for a in ARMS if a in d["arms"]]
+    budgets = [str(b) for b in d["budgets"]]
+    none_ood = {k: sum(v) / len(v) for k, v in d["arms"]["none"]["ood"].items()} if "none" in d["arms"] else {}
+    head = ["arm"] + [f"{int(b):,}" for b in budgets] + list(d["ood"])
+    rows = [f"**{d['donor']} → {d['recipient']}**, seeds {d['seeds']}, in domain {d['in_domain']}", "",
+            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm in arms:
+        c = d["arms"][arm]["curve"]
+        cells = [_cell(c[b]) if b in c and c[b] else "" for b in budgets]
+        for k in d["ood"]:
+            v = d["arms"][arm]["ood"].get(k) or []
+            if arm == "none" or not v or k not in none_ood:
+                cells.append(f"{sum(v) / len(v):.4f}" if v else "")
+            else:
+                ch = [100 * (x / none_ood[k] - 1) for x in v]
+                cells.append(f"{sum(ch) / len(ch):+.2f} % ({min(ch):+.2f}…{max(ch):+.2f})")
+        rows.append(f"| {arm} | " + " | ".join(cells) + " |")
+    rows += [""] + [f"- {line}" for line in d["verdicts"]]
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

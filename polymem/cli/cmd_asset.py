@@ -161,12 +161,19 @@ def quantize(
     to: Annotated[AssetDtype, typer.Option("--to", help="Target storage type.")] = AssetDtype("nf4"),
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing asset at OUTPUT.")] = False,
     storage_options: StorageOptionsOpt = None,
+    check_model: Annotated[Optional[str], typer.Option("--check-model", help="Score the model with its site over the table and over the quantized copy; refuse the copy if it loses more than --max-loss (needs polymem[models]).")] = None,
+    check_corpus: Annotated[Optional[list[Path]], typer.Option("--check-corpus", parser=local_path("a local corpus file or folder", exists=True), help="Held-out documents for --check-model; repeatable.")] = None,
+    check_site: Annotated[Optional[Path], typer.Option("--check-site", parser=local_path("a local site folder", exists=True), help="The site that reads this table (default: ASSET.site, as `polymem train --model` writes it).")] = None,
+    check_docs: Annotated[int, typer.Option("--check-docs", min=1, help="Documents scored at most.")] = 8,
+    max_loss: Annotated[Optional[float], typer.Option("--max-loss", min=0, help="Largest accepted bits-per-byte change, in percent (default: nf4 0.5, fp8 0.2, bf16/fp16 0.1).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Write the copy even if it loses more than --max-loss.")] = False,
 ) -> None:
-    """Convert an asset to another storage type (nf4: 4-bit codes + fp16 scale per head row); report the error per row."""
+    """Convert an asset to another storage type (nf4: 4-bit codes + fp16 scale per head row); report the error per
+    row, and with --check-model what the copy costs the model in held-out bits per byte."""
     check_needs("quantize", locals())
-    if output is None:
-        from polymem.errors import PolymemError
+    from polymem.errors import PolymemError
 
+    if output is None:
         raise PolymemError(f"quantize needs --output/-o, where to write the {to.value} copy: e.g. `polymem quantize "
                            f"{asset} --to {to.value} -o {Path(asset).stem}-{to.value}.pmem`")
 
@@ -177,7 +184,13 @@ def quantize(
     options = parse_storage_options(storage_options)
     check_outputs_not_inputs({"--output": output}, [("asset", asset)])
     src = MemoryAsset.open(asset, storage_options=options)
-    out, err = src.quantize(output, to=to.value, overwrite=overwrite, storage_options=options)
+    if check_model is None and (check_corpus or check_site or max_loss is not None or force):
+        raise PolymemError("--check-corpus, --check-site, --max-loss and --force go with --check-model MODEL")
+    if check_model is not None:
+        out, err = _checked_quantize(src, asset, output, to.value, overwrite, check_model, check_corpus or [],
+                                     check_site, check_docs, max_loss, force)
+    else:
+        out, err = src.quantize(output, to=to.value, overwrite=overwrite, storage_options=options)
     t = Table(title=f"{escape(str(asset))} ({src.dtype}) -> {escape(str(output))} ({out.dtype})", title_justify="left")
     t.add_column("per-row reconstruction error")
     t.add_column("mean", justify="right")
@@ -190,6 +203,48 @@ def quantize(
         f"{err.rows:,} rows; pages {_human(g0.num_chunks * g0.chunk_bytes)} -> {_human(g1.num_chunks * g1.chunk_bytes)}",
         highlight=False,
     )
+
+
+def _checked_quantize(src, asset: str, output: str, to: str, overwrite: bool, model: str, corpus: list[Path],
+                      site: Path | None, docs: int, max_loss: float | None, force: bool):
+    """Quantize into a build folder beside OUTPUT, score the model with its site over both tables, and install the
+    copy only if it loses at most ``max_loss`` percent (or ``force``); nothing is written otherwise."""
+    from polymem import MemoryAsset
+    from polymem.asset import _commit
+    from polymem.errors import PolymemError
+    from polymem.models import load_model
+    from polymem.models.quality import MAX_LOSS, quantization_loss
+    from polymem.recipes.data import read_named_documents
+
+    if is_url(output) or is_url(asset):
+        raise PolymemError("--check-model works on local assets; quantize and check locally, then copy the result")
+    if not corpus:
+        raise PolymemError("--check-model needs --check-corpus: held-out text the table's model was not trained on")
+    site = site if site is not None else Path(f"{asset}.site")
+    if not (site / "site.json").is_file():
+        raise PolymemError(f"no site at {str(site)!r} (site.json); pass --check-site, the site trained with this table")
+    limit = MAX_LOSS[to] if max_loss is None else max_loss / 100
+    texts = [t for _, t in read_named_documents(corpus)][:docs]
+    dest = Path(output)
+    if dest.exists() and not overwrite:
+        raise PolymemError(f"{str(dest)!r} already exists; pass --overwrite or pick another path")
+    console.print(f"loading {escape(model)} …", highlight=False)
+    lm = load_model(model)
+    console.print(escape(lm.load_line()), highlight=False)
+    with _commit.building(dest, "check") as tmp:
+        out, err = src.quantize(tmp / "asset", to=to)
+        q = quantization_loss(lm, site, src, out, texts)
+        verdict = "within" if q["loss"] <= limit else "beyond"
+        console.print(f"{escape(model)} with {escape(str(site))}, {q['documents']} documents ({q['bytes']:,} bytes): "
+                      f"{q['bpb_reference']:.4f} bits per byte over {src.dtype}, {q['bpb_quantized']:.4f} over {to} "
+                      f"({100 * q['loss']:+.3f} %, {verdict} the {100 * limit:.2f} % limit)", highlight=False, soft_wrap=True)
+        if q["loss"] > limit and not force:
+            raise PolymemError(f"the {to} copy loses {100 * q['loss']:+.3f} % bits per byte, more than --max-loss "
+                               f"{100 * limit:.2f} %; nothing was written. Keep the {src.dtype} table, try another "
+                               "--to, or pass --force to write it anyway")
+        out.close()
+        _commit.install(tmp / "asset", dest, overwrite=overwrite, lock_timeout=None)
+    return MemoryAsset.open(dest), err
 
 
 def upgrade(

@@ -1,17 +1,14 @@
 """``attach``: hook memory sites into a Hugging Face (or any) causal LM.
 
-``attach(model, table_or_asset, tokenizer, layers=[1], train="projection")`` registers forward pre-hooks:
-one on the model (captures ``input_ids``, keeps the last N−1 ids of each row for incremental decoding with a
-KV cache) and one per chosen block (adds the site's output to the block's input hidden states). It returns an
-:class:`AttachHandle` (``detach``, ``trainable_parameters``, ``save``; :func:`load_attached`
-is the inverse).
-"""
+``attach(model, table_or_asset, tokenizer, layers=[1], train="projection")`` registers forward pre-hooks: one on
+the model (captures ``input_ids``, keeps the last N−1 ids of each row for incremental decoding with a KV cache)
+and one per chosen block (adds the site's output to the block's input hidden states). It returns an
+:class:`AttachHandle` (``detach``, ``trainable_parameters``, ``save``; :func:`load_attached` is the inverse)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -23,6 +20,7 @@ import torch.nn as nn
 from polymem.errors import FormatError, PolymemError, SpecMismatchError
 from polymem.hash.layout import LAYOUT_KINDS, Layout
 from polymem.hash.spec import HashSpec
+from polymem.torch._grads import hold_grads, release_grads
 from polymem.torch.hash import TorchTokenHashes
 from polymem.torch.modelinfo import check_vocab, find_blocks, hidden_size
 from polymem.torch.site import MemorySite, SiteConfig
@@ -46,44 +44,6 @@ class AttachReport:
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 
-@dataclass
-class _GradState:
-    """The model's own requires_grad flags, saved by the first attach, and which live handles freeze it."""
-
-    original: dict[str, bool]
-    freezers: dict[int, bool] = field(default_factory=dict)  # id(handle) -> does it freeze the model
-
-
-# One entry per model with live handles; weak, so a model dropped without detach is not kept alive.
-_GRAD_STATES: "weakref.WeakKeyDictionary[nn.Module, _GradState]" = weakref.WeakKeyDictionary()
-
-
-def _hold_grads(model: nn.Module, handle: Any, freeze: bool) -> None:
-    state = _GRAD_STATES.get(model)
-    if state is None:
-        state = _GRAD_STATES[model] = _GradState({n: p.requires_grad for n, p in model.named_parameters()})
-    state.freezers[id(handle)] = freeze
-    _apply_grads(model, state)
-
-
-def _release_grads(model: nn.Module, handle: Any) -> None:
-    """Drop ``handle``'s hold: a parameter trains again iff it did before the first attach and no live handle
-    freezes the model, whatever order the handles are detached in."""
-    state = _GRAD_STATES.get(model)
-    if state is None or state.freezers.pop(id(handle), None) is None:
-        return
-    _apply_grads(model, state)
-    if not state.freezers:
-        del _GRAD_STATES[model]
-
-
-def _apply_grads(model: nn.Module, state: _GradState) -> None:
-    frozen = any(state.freezers.values())
-    for name, p in model.named_parameters():
-        if name in state.original:
-            p.requires_grad_(state.original[name] and not frozen)
-
-
 def _resolve_table(table_or_asset: Any, spec: HashSpec | None, in_memory: bool, trainable: bool,
                    serving: dict[str, Any] | None = None) -> MemoryTable:
     if isinstance(table_or_asset, MemoryTable):
@@ -103,10 +63,9 @@ def _resolve_table(table_or_asset: Any, spec: HashSpec | None, in_memory: bool, 
     if type(asset.spec).__name__ != "IdHashSpec":
         _check_usable(asset.spec, asset.layout, where=str(getattr(asset, "path", "asset")))
     if in_memory or trainable:
-        t: MemoryTable = TrainableTable(
-            asset.to_numpy(), spec=asset.spec, layout=asset.layout, orders=tuple(asset.orders), trainable=trainable,
-            source={"kind": "asset", "path": str(getattr(asset, "path", "")), "dtype": str(getattr(asset, "dtype", ""))},
-        )
+        source = {"kind": "asset", "path": str(getattr(asset, "path", "")), "dtype": str(getattr(asset, "dtype", ""))}
+        t: MemoryTable = TrainableTable(asset.to_numpy(), spec=asset.spec, layout=asset.layout,
+                                        orders=tuple(asset.orders), trainable=trainable, source=source)
     else:
         t = AssetTable(asset, **(serving or {}))
     t._counts_source = asset  # read only by a gate="count" site (:func:`_load_counts`)
@@ -292,6 +251,18 @@ class AttachHandle:
         fn = getattr(self.table, "stats", None)
         return fn() if fn is not None else {}
 
+    def swap_table(self, table_or_asset: Any, *, in_memory: bool = True) -> MemoryTable:
+        """Read the sites' rows from another copy of their table (e.g. quantized): same spec and layout, checked;
+        not the fingerprint (a quantized copy has its own). Returns the old table."""
+        new = _resolve_table(table_or_asset, self.table.spec, in_memory, trainable=False)
+        if new.spec != self.table.spec or new.layout != self.table.layout:
+            raise SpecMismatchError(f"the new table's layout {new.layout.to_dict()} or hash spec is not the sites' "
+                                    f"({self.table.layout.to_dict()}); pass a copy of the same table")
+        if any(s.cfg.gate == "count" for s in self.sites.values()):
+            _load_counts(new, self.report)
+        old, self.table, self._rows = self.table, new, None
+        return old
+
     def detach(self) -> None:
         """Remove every hook and restore the model's requires_grad flags; the model is as before attach.
         An asset-backed table stops using its page service (its reader threads stop when no table uses it)."""
@@ -301,7 +272,7 @@ class AttachHandle:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        _release_grads(self.model, self)
+        release_grads(self.model, self)
         self._rows = self._history = None
 
     def __enter__(self) -> "AttachHandle":
@@ -531,7 +502,7 @@ def _hook(model: nn.Module, table: MemoryTable, sites: nn.ModuleDict, names: lis
     handle.to(dev)
     freeze = (train != "all") if freeze_model is None else bool(freeze_model)
     handle.freeze_model = freeze
-    _hold_grads(model, handle, freeze)
+    hold_grads(model, handle, freeze)
     handle._install()
     return handle
 
@@ -553,7 +524,7 @@ def load_attached(
             "pass that asset as table_or_asset"
         )
     else:
-        table = _resolve_table(table_or_asset, spec, kw.get("in_memory", True), trainable=False)
+        table = _resolve_table(table_or_asset, spec, kw.get("in_memory", True), False, kw.get("serving"))
         _check_usable(table.spec, table.layout, where="table")
         if table.spec != spec or table.layout != layout:
             raise SpecMismatchError(

@@ -115,3 +115,36 @@ def test_model_names_are_tokenizer_specs(builtin, tmp_path):
     cov = json.loads((tmp_path / "cov.json").read_text())
     assert cov["target"]["name"] == "smollm2-135m" and cov["reference"]["name"] == "gemma3-270m", cov["target"]
     assert 0.5 < cov["occurrence_weighted"][0] <= 1.0
+
+
+def test_generate_from_a_table_on_disk_gives_the_tokens_of_memory_and_of_a_full_forward(builtin, corpus, tmp_path):
+    """Each builtin model with a table trained for it (three steps): greedy decoding over the KV cache with the table
+    in memory, the same with it read from disk through the page service, and a full forward of the whole sequence
+    at every step all pick the same tokens."""
+    from polymem.models.generate import Decoding, generate
+    from polymem.recipes.frozen import FrozenTrainConfig, train_table
+    from polymem.torch.attach import load_attached
+
+    prompts = ["def read_config(path):", "The table is stored on disk in pages of"]
+    for name, lm in builtin.items():
+        cfg = FrozenTrainConfig(steps=3, batch_size=2, block_size=64, layers=(2,), params=200_000, heads=4, head_dim=16)
+        train_table(lm, [corpus], tmp_path / f"{name}.pmem", cfg=cfg, eval_tokens=256)
+        got = {}
+        for in_memory in (True, False):
+            h = load_attached(lm.model, tmp_path / f"{name}.pmem.site", tmp_path / f"{name}.pmem",
+                              tokenizer=lm.tokenizer, in_memory=in_memory)
+            try:
+                got[in_memory] = [r.new_ids for r in generate(lm, prompts, Decoding(max_new_tokens=8), handle=h)["results"]]
+                ref = []
+                for p in prompts:
+                    ids = ([lm.bos_id] if lm.bos_id is not None else []) + lm.tokenizer.encode(p).tolist()
+                    out: list[int] = []
+                    for _ in range(8):
+                        h.reset()
+                        with torch.no_grad():
+                            out.append(int(lm.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax()))
+                    ref.append(out)
+            finally:
+                h.detach()
+            assert got[in_memory] == [r[:len(g)] for r, g in zip(ref, got[in_memory])], (name, in_memory)
+        assert got[True] == got[False], name
