@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"error: {f} is not a `polymem transfer --model --json` result ({type(e).__name__}: {e})", file=sys.stderr)
             return 2
+    directions = merge_directions(directions)
     atomic_write_json(a.out, {"directions": directions}, indent=1)
     for d in directions:
         print(f"{d['donor']} -> {d['recipient']}: seeds {d['seeds']}, budgets {d['budgets']}")
@@ -45,12 +46,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def merge_directions(records: list[dict]) -> list[dict]:
+    """Runs of one direction over different arms and seeds (e.g. three arms on three seeds, all six on seed 0) as
+    one record: each arm from the run with the most seeds of it (``arm_seeds`` says which), the verdicts of all."""
+    out: dict[tuple[str, str], dict] = {}
+    for r in records:
+        key = (r["donor"], r["recipient"])
+        r = {**r, "arm_seeds": {arm: list(r["seeds"]) for arm in r["arms"]}}
+        if key not in out:
+            out[key] = r
+            continue
+        m = out[key]
+        if r["budgets"] != m["budgets"] or r["ood"] != m["ood"]:
+            raise ValueError(f"{key}: runs with other budgets or scoring sets cannot be merged")
+        for arm, v in r["arms"].items():
+            if len(r["seeds"]) > len(m["arm_seeds"].get(arm, [])):
+                m["arms"][arm], m["arm_seeds"][arm] = v, list(r["seeds"])
+        m["seeds"] = sorted(set(m["seeds"]) | set(r["seeds"]))
+        m["verdicts"] = m["verdicts"] + [v for v in r["verdicts"] if v not in m["verdicts"]]
+        m["comparisons"] = m["comparisons"] + r["comparisons"]
+    return list(out.values())
+
+
 ARMS = ("none", "random", "null", "donor", "donor_finetune", "in_place")
 
 
 def _cell(v: list[float]) -> str:
     m = sum(v) / len(v)
-    return f"{m:.4f}" if len(v) == 1 else f"{m:.4f} ({min(v):.4f}–{max(v):.4f})"
+    return f"{m:.4f}" if len(v) == 1 or min(v) == max(v) else f"{m:.4f} ({min(v):.4f}–{max(v):.4f})"
 
 
 def markdown(d: dict) -> str:
@@ -60,7 +83,9 @@ def markdown(d: dict) -> str:
     budgets = [str(b) for b in d["budgets"]]
     none_ood = {k: sum(v) / len(v) for k, v in d["arms"]["none"]["ood"].items()} if "none" in d["arms"] else {}
     head = ["arm"] + [f"{int(b):,}" for b in budgets] + list(d["ood"])
-    rows = [f"**{d['donor']} → {d['recipient']}**, seeds {d['seeds']}, in domain {d['in_domain']}", "",
+    seeds = d.get("arm_seeds", {})
+    rows = [f"**{d['donor']} → {d['recipient']}**, in domain {d['in_domain']}; seeds per arm: "
+            + ", ".join(f"{arm} {seeds.get(arm, d['seeds'])}" for arm in arms), "",
             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm in arms:
         c = d["arms"][arm]["curve"]
