@@ -52,7 +52,9 @@ def merge_directions(records: list[dict]) -> list[dict]:
     out: dict[tuple[str, str], dict] = {}
     for r in records:
         key = (r["donor"], r["recipient"])
-        r = {**r, "arm_seeds": {arm: list(r["seeds"]) for arm in r["arms"]}}
+        tag = f"[seeds {','.join(str(x) for x in r['seeds'])}] "
+        r = {**r, "arm_seeds": {arm: list(r["seeds"]) for arm in r["arms"]},
+             "verdicts": [tag + v for v in r["verdicts"]]}
         if key not in out:
             out[key] = r
             continue
