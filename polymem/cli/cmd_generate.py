@@ -107,14 +107,14 @@ def generate_cmd(
         console.print(f"wrote {escape(str(json_out))}", highlight=False)
 
 
-def _summary(res: dict, stats: dict, table: str | None) -> dict:
-    """The closing figures: tokens/s over the decoding steps, and for a table its read costs."""
+def _summary(res: dict, svc: dict, table: str | None) -> dict:
+    """The closing figures: tokens/s over the decoding steps, and for a table on disk its read costs (``svc``: the
+    page service's counters, AttachHandle.stats)."""
     n, tps = res["new_tokens"], res["tokens_per_s"]
     out = {"new_tokens": n, "prompt_tokens": res["prompt_tokens"], "prefill_s": res["prefill_s"],
            "decode_s": res["decode_s"], "tokens_per_s": tps, "table": table}
     line = (f"{n:,} tokens in {res['decode_s']:.2f} s after a {res['prefill_s']:.2f} s prefill: "
             f"{tps:.1f} tokens/s" if tps else f"{n:,} decoded tokens (one step per prompt: no rate)")
-    svc = stats
     if table == "disk" and "hits" in svc:
         looked = svc["hits"] + svc["misses"] + svc.get("joined", 0)
         out.update(read_wait_s=svc["wait_s"], read_wait_ms_per_token=1e3 * svc["wait_s"] / max(n, 1),
