@@ -412,7 +412,7 @@ STAGES = [
     ("torch mechanism", ("polymem.torch",)),
     ("pretrained models", ("polymem.models",)),
     ("recipes", ("polymem.recipes",)),
-    ("cli", ("polymem.cli",)),
+    ("cli", ("polymem.cli", "polymem.__main__")),
 ]
 
 

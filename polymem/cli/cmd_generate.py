@@ -23,7 +23,7 @@ def generate_cmd(
     site: Annotated[Optional[Path], typer.Option("--site", parser=local_path("a local site folder", exists=True), help="A site folder (from `polymem train --model`, `polymem attach` or handle.save); without it, the model alone.")] = None,
     asset: Annotated[Optional[str], typer.Option("--asset", help="The table asset the site reads (default: the path the site records).")] = None,
     table: Annotated[str, typer.Option("--table", help="memory: the whole table in RAM; disk: read through the page service, pages prefetched ahead of each step.")] = "memory",
-    cache_mb: Annotated[float, typer.Option("--cache-mb", min=0, help="With --table disk: RAM for cached pages (MiB).")] = 256.0,
+    cache_mb: Annotated[float, typer.Option("--cache-mb", min=0, help="With --table disk: this process's own RAM for cached pages (MiB). Pages are read with pread, so the OS page cache holds one copy for every process on the host; 0 keeps none of the process's own (every read from the OS cache).")] = 256.0,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, max=1_000_000, help="New tokens per prompt at most (a row stops early at the model's EOS).")] = 64,
     temperature: Annotated[float, typer.Option(min=0, help="0: greedy; above 0: sampled from softmax(logits / T).")] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p", min=0, max=1, help="With --temperature > 0: nucleus sampling mass.")] = 1.0,
@@ -118,9 +118,13 @@ def _summary(res: dict, svc: dict, table: str | None) -> dict:
     if table == "disk" and "hits" in svc:
         looked = svc["hits"] + svc["misses"] + svc.get("joined", 0)
         out.update(read_wait_s=svc["wait_s"], read_wait_ms_per_token=1e3 * svc["wait_s"] / max(n, 1),
-                   page_cache_hit_rate=svc["hits"] / looked if looked else None, bytes_read=svc["bytes_read"])
+                   page_cache_hit_rate=svc["hits"] / looked if looked else None, bytes_read=svc["bytes_read"],
+                   reads_from_os_cache=svc["nowait_reads"] / svc["reads"] if svc.get("reads") else None,
+                   cache_peak_bytes=svc.get("cache_peak_bytes"))
         line += (f"; table on disk: waited {out['read_wait_ms_per_token']:.3f} ms per token on reads, page-cache hit "
                  f"rate {100 * (out['page_cache_hit_rate'] or 0):.1f} %, {svc['bytes_read'] / 2**20:,.1f} MiB read")
+        if out["reads_from_os_cache"] is not None:
+            line += f" ({100 * out['reads_from_os_cache']:.0f} % of it already in the OS page cache, shared by the host)"
     elif table == "memory":
         line += "; table in memory"
     out["line"] = line

@@ -5,7 +5,8 @@ Each prompt is tokenized alone (the model's tokenizer, no special tokens) and st
 where it has one. Prompts of one batch must be the same number of tokens: a memory site hashes the ids it is
 given, so left padding would put pad ids into the first n-grams of a shorter prompt and change its output.
 :func:`generate` therefore batches prompts of equal length together (up to ``batch`` rows) and decodes each
-group on its own. A row stops at the model's EOS token or after ``max_new_tokens``.
+group on its own. A row stops at the model's EOS token, after ``max_new_tokens``, or when the sequence fills the
+model's context (``max_position_embeddings``); a prompt that fills it alone is refused.
 
 Sampling: ``temperature`` 0 is greedy (argmax); above 0, logits / temperature, then nucleus (``top_p``) sampling
 from a ``torch.Generator`` seeded with ``seed``, so a run is reproducible on one machine.
@@ -56,7 +57,7 @@ class Generated:
     prompt_ids: list[int]
     new_ids: list[int] = field(default_factory=list)
     text: str = ""
-    stopped: str = "length"  # "length" | "eos"
+    stopped: str = "length"  # "length" | "eos" | "context" (the sequence filled the model's context)
 
 
 def next_token(logits: torch.Tensor, d: Decoding, gen: torch.Generator | None) -> torch.Tensor:
@@ -71,6 +72,12 @@ def next_token(logits: torch.Tensor, d: Decoding, gen: torch.Generator | None) -
         pick = torch.multinomial(sp / sp.sum(dim=-1, keepdim=True), 1, generator=gen).squeeze(-1)
         return si.gather(-1, pick.unsqueeze(-1)).squeeze(-1)
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+
+
+def context_length(model: Any) -> int | None:
+    """The model's context in tokens (its config's ``max_position_embeddings``), or None where it declares none."""
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
 
 
 def _groups(lengths: Sequence[int], batch: int) -> list[list[int]]:
@@ -102,6 +109,14 @@ def generate(lm: Any, prompts: Sequence[str], decoding: Decoding, *, batch: int 
         if not ids:
             raise PolymemError(f"prompt {p!r} has no tokens and the model has no BOS token to start from; give it text")
         results.append(Generated(p, ids))
+    ctx = context_length(model)
+    if ctx is not None:
+        longest = max(results, key=lambda r: len(r.prompt_ids))
+        if len(longest.prompt_ids) >= ctx:
+            raise PolymemError(
+                f"prompt {longest.prompt[:40]!r}… is {len(longest.prompt_ids):,} tokens, the model's context is "
+                f"{ctx:,} (max_position_embeddings): nothing is left to generate; shorten the prompt to under "
+                f"{ctx:,} tokens")
     token_bytes = tok.all_token_bytes()
     eos = lm.eos_id
     device = next(model.parameters()).device
@@ -119,7 +134,8 @@ def generate(lm: Any, prompts: Sequence[str], decoding: Decoding, *, batch: int 
         step_ids = torch.tensor([results[i].prompt_ids for i in group], dtype=torch.long, device=device)
         past = None
         t0 = time.perf_counter()
-        for step in range(d.max_new_tokens):
+        room = d.max_new_tokens if ctx is None else min(d.max_new_tokens, ctx - step_ids.shape[1])
+        for step in range(room):
             with torch.no_grad():
                 out = model(input_ids=step_ids, use_cache=True, **{cache_kw: past})
             past = getattr(out, "cache", None) or out.past_key_values
@@ -143,6 +159,10 @@ def generate(lm: Any, prompts: Sequence[str], decoding: Decoding, *, batch: int 
                 if on_text is not None and piece:
                     on_text(group[j], piece)
             if not live:
+                break
+            if step == room - 1 and room < d.max_new_tokens:
+                for j in live:
+                    results[group[j]].stopped = "context"  # the sequence filled the model's context
                 break
             step_ids = nxt.view(-1, 1).to(device)  # rows that stopped keep decoding (discarded): the batch stays whole
         for j, i in enumerate(group):

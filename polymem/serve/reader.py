@@ -255,3 +255,37 @@ def _close_fds(tab: np.ndarray) -> None:
 
 
 __all__ = ["ChunkReader"]
+
+
+def resident_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes of the file ``path`` held in the OS page cache now (``mincore`` over a read-only mapping): pages
+    every process reading the file with ``pread`` shares. 0 for an empty file; -1 where mincore is unavailable."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        c_mmap, c_mincore, c_munmap = libc.mmap, libc.mincore, libc.munmap
+    except (OSError, AttributeError):
+        return -1
+    c_mmap.restype = ctypes.c_void_p
+    c_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    c_mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    c_munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    vec = np.zeros((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE, dtype=np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = c_mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return -1
+        try:
+            if c_mincore(addr, size, vec.ctypes.data) != 0:
+                return -1
+        finally:
+            c_munmap(addr, size)
+    finally:
+        os.close(fd)
+    return int(np.count_nonzero(vec & 1)) * mmap.PAGESIZE

