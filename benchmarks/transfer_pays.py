@@ -21,7 +21,8 @@ from polymem.recipes.verdicts import direction_record
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", type=Path, help="`polymem transfer --model … --json` outputs, one per direction")
+    p.add_argument("runs", nargs="+", type=Path, help="`polymem transfer --model … --json` outputs (any number per "
+                   "direction), or a transfer-pays.json this script wrote (its runs merge with the new ones)")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--markdown", type=Path, help="also write the tables docs/real-models.md quotes")
     a = p.parse_args(argv)
@@ -29,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     for f in a.runs:
         try:
             s = json.loads(f.read_text())
-            directions.append(direction_record(s))
+            if "directions" in s:  # a record this script wrote: its directions merge with the runs
+                directions += s["directions"]
+            else:
+                directions.append(direction_record(s))
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"error: {f} is not a `polymem transfer --model --json` result ({type(e).__name__}: {e})", file=sys.stderr)
             return 2
@@ -47,26 +51,42 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def merge_directions(records: list[dict]) -> list[dict]:
-    """Runs of one direction over different arms and seeds (e.g. three arms on three seeds, all six on seed 0) as
-    one record: each arm from the run with the most seeds of it (``arm_seeds`` says which), the verdicts of all."""
+    """Runs of one direction over different arms and seeds (e.g. three arms on three seeds, the controls on other
+    seeds) as one record: each arm's values seed by seed (``arm_seeds`` says which seeds each arm has; a seed run
+    twice keeps its first value), the verdicts and comparisons of all. A record already merged (with
+    ``arm_seeds``) merges like a run, so new runs can be added to docs/results/transfer-pays.json."""
     out: dict[tuple[str, str], dict] = {}
     for r in records:
         key = (r["donor"], r["recipient"])
-        tag = f"[seeds {','.join(str(x) for x in r['seeds'])}] "
-        r = {**r, "arm_seeds": {arm: list(r["seeds"]) for arm in r["arms"]},
-             "verdicts": [tag + v for v in r["verdicts"]]}
+        if "arm_seeds" not in r:
+            tag = f"[seeds {','.join(str(x) for x in r['seeds'])}] "
+            r = {**r, "arm_seeds": {arm: list(r["seeds"]) for arm in r["arms"]},
+                 "verdicts": [tag + v for v in r["verdicts"]]}
         if key not in out:
-            out[key] = r
+            out[key] = json.loads(json.dumps(r))
             continue
         m = out[key]
         if r["budgets"] != m["budgets"] or r["ood"] != m["ood"]:
             raise ValueError(f"{key}: runs with other budgets or scoring sets cannot be merged")
         for arm, v in r["arms"].items():
-            if len(r["seeds"]) > len(m["arm_seeds"].get(arm, [])):
-                m["arms"][arm], m["arm_seeds"][arm] = v, list(r["seeds"])
+            have = m["arm_seeds"].get(arm, [])
+            if arm not in m["arms"]:
+                m["arms"][arm] = {"curve": {}, "ood": {}}
+            mine = m["arms"][arm]
+            for seed_i, seed in enumerate(r["arm_seeds"][arm]):
+                if seed in have:
+                    continue
+                for part in ("curve", "ood"):
+                    for k, vals in v[part].items():
+                        mine[part].setdefault(k, [])
+                        old = dict(zip(have, mine[part][k]))
+                        old[seed] = vals[seed_i]
+                        mine[part][k] = [old[x] for x in sorted(old)]
+                have = sorted({*have, seed})
+            m["arm_seeds"][arm] = have
         m["seeds"] = sorted(set(m["seeds"]) | set(r["seeds"]))
         m["verdicts"] = m["verdicts"] + [v for v in r["verdicts"] if v not in m["verdicts"]]
-        m["comparisons"] = m["comparisons"] + r["comparisons"]
+        m["comparisons"] = m["comparisons"] + [c for c in r["comparisons"] if c not in m["comparisons"]]
     return list(out.values())
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -88,6 +90,9 @@ def train(
                            "which brings its own tokenizer), not " + ("both" if model else "neither"))
     if threads:
         torch.set_num_threads(threads)
+    if model is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise PolymemError("train --model across processes is not built yet (the small-model mode is: --tokenizer); "
+                           "run train --model in one process")
     if model is not None:
         refuse_unused("with --model (a pretrained backbone, frozen, fp32)", {
             "conv": (conv, False), "lr": (lr, 2e-3), "table_lr_mult": (table_lr_mult, 70.0),
@@ -120,7 +125,23 @@ def train(
                        head_dim=head_dim, gate=gate.value, conv=conv)
     from polymem.torch.tables import check_table_memory
 
-    check_table_memory(mem.layout(), trainable=True)  # before the corpus is read and the model built
+    from polymem.torch.sharded import check_same_everywhere, init_from_env, page_bounds
+
+    if init_from_env(device):  # under torchrun: the table's rows sharded across the processes
+        import torch.distributed as dist
+
+        world = dist.get_world_size()
+        page_bounds(mem.layout(), world)  # a table too small for the world is refused here
+        check_same_everywhere({"--corpus": [[str(c), c.stat().st_size if c.exists() else None] for c in corpus],
+                               "--tokenizer": tokenizer, "table layout": mem.layout().to_dict(), "training": asdict(cfg),
+                               "memory": asdict(mem), "--out": str(out), "--hash": hash_kind.value})
+        if dist.get_rank() != 0:
+            console.quiet = True
+        console.print(f"{world} processes: the table's {mem.layout().num_rows:,} rows sharded by pages, each process "
+                      f"holding ~{mem.layout().num_rows // world:,} rows and their optimizer state; the global batch "
+                      f"of {batch_size} sequences split across them", highlight=False)
+    else:
+        check_table_memory(mem.layout(), trainable=True)  # before the corpus is read and the model built
     say_precision(cfg)
     with _progress() as prog:
         task = prog.add_task("train", total=steps, info="")
@@ -136,7 +157,7 @@ def train(
                               max_eval_tokens=max_eval_tokens, overwrite=overwrite, on_step=on_step,
                               on_phase=lambda s: prog.update(task, description=escape(s), info=""), hash=hash_kind.value)
     _print_summary(summary, cfg)
-    if json_out:
+    if json_out and not console.quiet:
         atomic_write_json(json_out, summary, indent=1)
     console.print(f"next: does the table help a model with another tokenizer? polymem transfer --asset "
                   f"{escape(str(summary['path']))} --tokenizer mistral-v1 --corpus ... (docs/transfer.md)",

@@ -197,10 +197,16 @@ def _optimizers(model, handle, cfg: TrainConfig):
     return opt, topt, dense
 
 
-def apply_step(loss: torch.Tensor, dense: list, grad_clip: float, opt: Any, topt: Any = None) -> None:
+def apply_step(loss: torch.Tensor, dense: list, grad_clip: float, opt: Any, topt: Any = None,
+               reduce: bool = False) -> None:
     """Backward, clip the dense parameters' gradient norm (when grad_clip > 0), step both optimizers (the table's
-    row-wise one may be None) and clear their gradients."""
+    row-wise one may be None) and clear their gradients. ``reduce``: sum the dense gradients over the processes
+    of torch.distributed first (each process's loss weighted by its share of the global batch)."""
     loss.backward()
+    if reduce:
+        from polymem.torch.sharded import all_reduce_grads
+
+        all_reduce_grads(dense)
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(dense, grad_clip)
     opt.step()
@@ -210,15 +216,58 @@ def apply_step(loss: torch.Tensor, dense: list, grad_clip: float, opt: Any, topt
         topt.zero_grad(set_to_none=True)
 
 
+def batch_share(batch_size: int) -> slice:
+    """This process's sequences of a global batch (torch.distributed: rank k of N takes [B·k/N, B·(k+1)/N))."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if batch_size < world:
+        raise PolymemError(f"--batch-size {batch_size} is the global batch and must be at least the number of "
+                           f"processes ({world}): each process needs a sequence")
+    return slice(batch_size * rank // world, batch_size * (rank + 1) // world)
+
+
+def global_sum(x: torch.Tensor) -> float:
+    import torch.distributed as dist
+
+    x = x.detach().float().clone()
+    dist.all_reduce(x)
+    return float(x)
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
 def train_loop(
     model, handle, data: TokenData, cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = None,
     rows_in_loader: bool = False, eval_every: int | None = None, on_eval: Callable[[int, int], None] | None = None,
+    distributed: bool = False,
 ) -> dict[str, Any]:
     """Train ``model`` (with ``handle``'s sites, if any) for cfg.steps on data.train. Returns losses and speed.
+
+    ``distributed``: one process of a torch.distributed group (data parallel: each takes its share of every global
+    batch of cfg.batch_size sequences, dense gradients summed; the table a :class:`polymem.torch.sharded.ShardedTable`
+    whose rows each process updates alone). Every process gets the same losses (the global batch's).
 
     With ``eval_every`` and ``on_eval``: ``on_eval(steps_done, tokens_seen)`` after every ``eval_every`` steps
     and after the last step (a learning curve); its time is not counted in ``tokens_per_s``."""
     opt, topt, dense = _optimizers(model, handle, cfg)
+    share = batch_share(cfg.batch_size) if distributed else slice(None)
     starts = batch_starts(data.train.size, block_size=cfg.block_size, batch_size=cfg.batch_size, steps=cfg.steps, seed=cfg.seed)
     dev = cfg.torch_device()
     model.train()
@@ -232,14 +281,16 @@ def train_loop(
         if topt is not None:
             for g in topt.param_groups:
                 g["lr"] = cfg.lr * cfg.table_lr_mult * f
-        x, y = get_batch(data.train, starts[step], cfg.block_size, dev)
+        x, y = get_batch(data.train, starts[step][share], cfg.block_size, dev)
         if rows_in_loader and handle is not None:  # hashing in the data loader (numba) instead of on device
             rows = data.cache.ngram_rows(x.cpu().numpy(), handle.table.layout, handle.max_n)
             handle.set_rows(torch.from_numpy(np.ascontiguousarray(rows)).to(dev))
         with _autocast(cfg):
             loss = model(x, y).mean()
-        apply_step(loss, dense, cfg.grad_clip, opt, topt)
-        losses.append(loss.item())
+        if distributed:  # this process's share of the global batch's mean
+            loss = loss * (x.shape[0] / cfg.batch_size)
+        apply_step(loss, dense, cfg.grad_clip, opt, topt, reduce=distributed)
+        losses.append(global_sum(loss.detach()) if distributed else loss.item())
         if on_step is not None:
             on_step(step, losses[-1])
         if on_eval is not None and eval_every and ((step + 1) % eval_every == 0 or step + 1 == cfg.steps):
@@ -250,7 +301,7 @@ def train_loop(
     el = time.perf_counter() - t0 - t_eval
     tokens = cfg.steps * cfg.batch_size * cfg.block_size
     out = {"losses": losses, "tokens": tokens, "elapsed_s": el, "tokens_per_s": tokens / max(el, 1e-9)}
-    if topt is not None:  # per-row update counts of the table (SparseRowRMS state), for the asset's counts array
+    if topt is not None and not distributed:  # per-row update counts of the table (SparseRowRMS state), for the asset's counts array
         st = topt.state.get(handle.table.weight, {})
         if "n" in st:
             out["row_counts"] = st["n"].detach().cpu().numpy().astype(np.uint32)
@@ -313,7 +364,8 @@ def train_donor(
     say("tokenizing")
     data = TokenData.build(tokenizer, train_texts, held_texts)
     model = build_model(data, cfg)
-    layout, table_in = mem.layout(), None
+    layout = mem.layout()
+    table_in: Any = None
     if hash == "xor":
         from polymem.torch.idrows import xor_spec_for
         from polymem.torch.tables import TrainableTable
@@ -323,12 +375,19 @@ def train_donor(
                              vocab_size=data.cache.vocab_size)
         layout = xspec.layout(mem.head_dim)
         table_in = TrainableTable(None, spec=xspec, layout=layout, orders=tuple(range(1, mem.max_n + 1)))
+    distributed = _distributed()
+    if distributed:  # rows sharded across the processes, each holding and updating its own
+        if table_in is not None:
+            raise PolymemError("hash='xor' tables are not trained across processes yet; use the byte hash (the default)")
+        from polymem.torch.sharded import ShardedTable
+
+        table_in = ShardedTable(spec=HashSpec(), layout=layout, orders=tuple(range(1, mem.max_n + 1)))
     handle = attach(model, table_in if table_in is not None else layout, data.cache, layers=list(mem.layers),
                     train="all", max_n=mem.max_n, gate=mem.gate, conv=mem.conv, init_seed=cfg.seed + 1000)
     handle.table.orders = tuple(range(1, mem.max_n + 1))
     precision, why = cfg.precision_choice()
     say("training")
-    res = train_loop(model, handle, data, cfg, on_step=on_step)
+    res = train_loop(model, handle, data, cfg, on_step=on_step, distributed=distributed)
     say("evaluating")
     bpb = evaluate_bpb(model, data, cfg, max_tokens=max_eval_tokens)
     with handle.disabled():
@@ -345,8 +404,14 @@ def train_donor(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     say("writing asset")
-    path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, mem.max_n + 1)),
-                      provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
+    if distributed and _rank() != 0:  # rank 0 writes the gathered table; the others wait for it
+        _barrier()
+        path = Path(out)
+    else:
+        path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, mem.max_n + 1)),
+                          provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
+        if distributed:
+            _barrier()
     extra = {"model": model, "handle": handle, "data": data} if return_model else {}
     if not return_model:
         handle.detach()

@@ -397,6 +397,8 @@ def _build_table(model: nn.Module, table_or_asset: Any, tokenizer: Any, train: s
         _check_usable(table.spec, table.layout, where="table")
     if isinstance(table, TrainableTable):
         table.set_trainable(train in ("table", "all"))
+    elif getattr(table, "weight", None) is not None and isinstance(table.weight, nn.Parameter):  # e.g. ShardedTable
+        table.weight.requires_grad_(train in ("table", "all"))
     elif train != "projection":
         raise PolymemError(f"train={train!r} needs the table in memory; an asset read page by page is frozen (in_memory=True)")
     tspec = table.spec

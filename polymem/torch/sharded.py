@@ -1,0 +1,180 @@
+"""A memory table sharded by rows across the processes of a ``torch.distributed`` group: :class:`ShardedTable`.
+
+Rank ``k`` of ``N`` holds the rows of pages ``[P·k/N, P·(k+1)/N)`` (whole pages, so a rank's rows are whole chunks of
+an asset and a world size that does not divide the rows still works) and only their optimizer state. A lookup is
+two all-to-all exchanges: each rank sends the distinct rows its batch reads to their owners and receives their
+vectors; in backward, each rank sends the gradient of those rows back to their owners, which hold it as the sparse
+gradient of their own rows. The owners then apply polymem's row-wise rule (:class:`polymem.torch.optim.SparseRowRMS`)
+to their rows alone: the update a row gets is the one a single process would give it (the gradient summed over
+the whole global batch), up to the order of float additions.
+
+Why not TorchRec's sharded embeddings: on a CPU their row-wise sharding runs only FBGEMM's fused kernels, whose
+CPU optimizers (exact SGD, Adagrad, row-wise Adagrad, EMA-in-place) are not polymem's rule, and the mode that
+hands the gradient back instead (``OptimType.NONE``) runs only on a GPU; a table trained with them would not be
+the table ``polymem train`` trains. docs/scale-out.md has the measurements.
+
+Every rank must call :meth:`ShardedTable.gather` (and backward) the same number of times with its own rows (an
+empty batch is fine): the exchanges are collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from polymem.errors import PolymemError
+from polymem.hash import HashSpec, Layout
+from polymem.torch.tables import MemoryTable
+
+
+def page_bounds(layout: Layout, world: int) -> list[int]:
+    """Row boundaries of ``world`` ranks: rank k holds rows [b[k], b[k+1]), whole pages, as even as pages allow."""
+    if not (isinstance(world, int) and world >= 1):
+        raise PolymemError(f"world size {world!r} must be a whole number >= 1")
+    pages, rpp = layout.pages, layout.rows_per_page
+    if world > pages:
+        raise PolymemError(f"a table of {pages:,} pages cannot be sharded over {world} processes (a rank holds whole "
+                           f"pages); use at most {pages} processes or a larger table")
+    return [(pages * k // world) * rpp for k in range(world + 1)]
+
+
+def _exchange(x: torch.Tensor, send: list[int], recv: list[int], group: Any) -> torch.Tensor:
+    """all_to_all_single of ``x``'s rows: ``send[k]`` rows to rank k, ``recv[k]`` rows from rank k."""
+    out = x.new_empty((sum(recv), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group)
+    return out
+
+
+class _ShardedGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, flat: torch.Tensor, table: "ShardedTable") -> torch.Tensor:
+        valid = flat >= 0
+        uniq, inv = torch.unique(flat[valid], sorted=True, return_inverse=True)  # ascending: grouped by owner
+        owner = torch.bucketize(uniq, table._inner, right=True)
+        send = torch.bincount(owner, minlength=table.world).tolist()
+        recv = _exchange(torch.tensor(send, dtype=torch.long), [1] * table.world, [1] * table.world, table.group).tolist()
+        asked = _exchange(uniq, send, recv, table.group) - table.lo  # [sum recv] my rows others read
+        got = _exchange(weight.detach().index_select(0, asked), recv, send, table.group)  # [len(uniq), r]
+        out = weight.new_zeros((flat.numel(), weight.shape[1]))
+        out[valid] = got.index_select(0, inv)
+        ctx.save_for_backward(valid, inv, asked)
+        ctx.splits, ctx.n_uniq, ctx.shape, ctx.table = (send, recv), uniq.numel(), weight.shape, table
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        valid, inv, asked = ctx.saved_tensors
+        send, recv = ctx.splits
+        g = grad_out.new_zeros((ctx.n_uniq, grad_out.shape[1])).index_add_(0, inv, grad_out[valid])
+        mine = _exchange(g.float(), send, recv, ctx.table.group)  # [sum recv, r]: gradients of my rows
+        return torch.sparse_coo_tensor(asked.unsqueeze(0), mine, ctx.shape, check_invariants=False), None, None
+
+
+class ShardedTable(MemoryTable):
+    """This rank's rows of a table sharded across ``group`` (default: the world). ``weight`` holds only rows
+    ``[lo, hi)``; :meth:`gather` takes global row ids, as every table does. ``local`` (float32 [hi - lo, r]) sets
+    this rank's rows; None starts them at zero (the rows of a fresh table)."""
+
+    def __init__(self, *, spec: HashSpec, layout: Layout, orders: tuple[int, ...] = (), local: Any = None,
+                 trainable: bool = True, group: Any = None) -> None:
+        super().__init__()
+        if not dist.is_initialized():
+            raise PolymemError("a ShardedTable needs torch.distributed initialised (torchrun, or "
+                               "torch.distributed.init_process_group); a single process uses TrainableTable")
+        self.group = group
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.bounds = page_bounds(layout, self.world)
+        self.lo, self.hi = self.bounds[self.rank], self.bounds[self.rank + 1]
+        self._inner = torch.tensor(self.bounds[1:-1], dtype=torch.long)
+        self.spec, self.layout, self.orders = spec, layout, tuple(orders)
+        self.source = {"kind": "sharded", "world": self.world}
+        shape = (self.hi - self.lo, layout.head_dim)
+        w = torch.zeros(shape) if local is None else torch.as_tensor(np.asarray(local, np.float32)).clone()
+        if tuple(w.shape) != shape:
+            raise PolymemError(f"rank {self.rank} holds rows [{self.lo:,}, {self.hi:,}) of width {layout.head_dim}: "
+                               f"{shape}; the rows given are {tuple(w.shape)}")
+        self.weight = nn.Parameter(w.contiguous(), requires_grad=trainable)
+
+    @property
+    def trainable(self) -> bool:
+        return self.weight.requires_grad
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        flat = rows.reshape(-1).to(torch.long)
+        if self.weight.requires_grad and torch.is_grad_enabled():
+            out = _ShardedGather.apply(self.weight, flat, self)
+        else:
+            with torch.no_grad():
+                out = _ShardedGather.apply(self.weight, flat, self)
+        return out.view(*rows.shape, self.layout.head_dim)
+
+    def to_numpy(self) -> np.ndarray:
+        """The whole table, gathered from every rank (collective; for checks and small tables)."""
+        sizes = [self.bounds[k + 1] - self.bounds[k] for k in range(self.world)]
+        most = max(sizes)  # gloo gathers equal shapes: pad each rank's rows to the largest share
+        mine = torch.zeros((most, self.layout.head_dim))
+        mine[: self.hi - self.lo] = self.weight.detach().float()
+        parts = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(parts, mine, group=self.group)
+        return torch.cat([p[:n] for p, n in zip(parts, sizes)]).numpy()
+
+    def fingerprint(self) -> str:
+        from polymem.torch.tables import table_fingerprint
+
+        return table_fingerprint(self.to_numpy(), self.spec, self.layout)
+
+    def local_bytes(self) -> int:
+        """Bytes this rank holds for its rows (weights)."""
+        return self.weight.numel() * self.weight.element_size()
+
+
+def all_reduce_grads(params: list) -> None:
+    """Sum the gradients of ``params`` over the world. Every process has the same model and batch shapes, so the
+    same parameters have a gradient everywhere (one without stays without, as it would in one process)."""
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+
+
+def init_from_env(device: str = "auto") -> bool:
+    """Join the torch.distributed group torchrun describes (``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR`` … in the
+    environment): gloo on a CPU, nccl on CUDA. False (nothing done) when not started by torchrun."""
+    import os
+
+    if "WORLD_SIZE" not in os.environ or dist.is_initialized():
+        return dist.is_initialized()
+    for k in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        if k not in os.environ:
+            raise PolymemError(f"WORLD_SIZE is set but {k} is not: start the processes with torchrun "
+                               "(torchrun --nproc-per-node N -m polymem train …), which sets both")
+    from polymem.torch.device import resolve_device
+
+    cuda = resolve_device(device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return True
+
+
+def check_same_everywhere(what: dict[str, Any]) -> None:
+    """Stop every process with one line when the processes were given different runs (corpora, table sizes,
+    settings): ``what`` maps a name to a JSON-able value that must be equal on every rank."""
+    import json
+
+    mine = json.dumps(what, sort_keys=True, default=str)
+    got: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(got, mine)
+    if all(g == mine for g in got):
+        return
+    first = json.loads(got[0])
+    for k, v in enumerate(got):
+        other = json.loads(v)
+        diff = [name for name in first if first[name] != other.get(name)]
+        if diff:
+            name = diff[0]
+            raise PolymemError(f"the processes were started with different runs: rank 0 has {name} = {first[name]!r}, "
+                               f"rank {k} has {other.get(name)!r}; start every process with the same flags and files")
