@@ -241,18 +241,6 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank()
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    dist.barrier()
-
-
 def train_loop(
     model, handle, data: TokenData, cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = None,
     rows_in_loader: bool = False, eval_every: int | None = None, on_eval: Callable[[int, int], None] | None = None,
@@ -301,10 +289,10 @@ def train_loop(
     el = time.perf_counter() - t0 - t_eval
     tokens = cfg.steps * cfg.batch_size * cfg.block_size
     out = {"losses": losses, "tokens": tokens, "elapsed_s": el, "tokens_per_s": tokens / max(el, 1e-9)}
-    if topt is not None and not distributed:  # per-row update counts of the table (SparseRowRMS state), for the asset's counts array
+    if topt is not None:  # per-row update counts of the table (SparseRowRMS state), for the asset's counts array
         st = topt.state.get(handle.table.weight, {})
-        if "n" in st:
-            out["row_counts"] = st["n"].detach().cpu().numpy().astype(np.uint32)
+        n = st.get("n", torch.zeros(handle.table.weight.shape[0], dtype=torch.int32))  # (this process's rows)
+        out["row_counts"] = n.detach().cpu() if distributed else n.detach().cpu().numpy().astype(np.uint32)
     return out
 
 
@@ -377,6 +365,9 @@ def train_donor(
         table_in = TrainableTable(None, spec=xspec, layout=layout, orders=tuple(range(1, mem.max_n + 1)))
     distributed = _distributed()
     if distributed:  # rows sharded across the processes, each holding and updating its own
+        if out.suffix == ".safetensors":
+            raise PolymemError(f"{str(out)!r}: a table trained across processes is written as an asset (each process "
+                               "writing its own rows); give --out a name without .safetensors")
         if table_in is not None:
             raise PolymemError("hash='xor' tables are not trained across processes yet; use the byte hash (the default)")
         from polymem.torch.sharded import ShardedTable
@@ -392,8 +383,11 @@ def train_donor(
     bpb = evaluate_bpb(model, data, cfg, max_tokens=max_eval_tokens)
     with handle.disabled():
         bpb_off = evaluate_bpb(model, data, cfg, max_tokens=max_eval_tokens)
-    table = handle.table.to_numpy()
-    touched = int((np.abs(table).sum(1) > 0).sum())
+    if distributed:  # no process ever holds the whole table
+        table, touched = None, handle.table.rows_touched()
+    else:
+        table = handle.table.to_numpy()
+        touched = int((np.abs(table).sum(1) > 0).sum())
     prov = {
         "tokenizer": {"name": data.name, "fingerprint": data.cache.fingerprint},
         "corpus": ", ".join(str(p) for p in corpus), "heldout_every": heldout_every,
@@ -404,14 +398,13 @@ def train_donor(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     say("writing asset")
-    if distributed and _rank() != 0:  # rank 0 writes the gathered table; the others wait for it
-        _barrier()
+    if distributed:  # each process writes the shards of its own rows into the one asset
+        handle.table.write_asset(out, provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
         path = Path(out)
     else:
+        assert table is not None
         path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, mem.max_n + 1)),
                           provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
-        if distributed:
-            _barrier()
     extra = {"model": model, "handle": handle, "data": data} if return_model else {}
     if not return_model:
         handle.detach()

@@ -31,15 +31,17 @@ from polymem.hash import HashSpec, Layout
 from polymem.torch.tables import MemoryTable
 
 
-def page_bounds(layout: Layout, world: int) -> list[int]:
-    """Row boundaries of ``world`` ranks: rank k holds rows [b[k], b[k+1]), whole pages, as even as pages allow."""
+def page_bounds(layout: Layout, world: int, unit: int = 1) -> list[int]:
+    """Row boundaries of ``world`` ranks: rank k holds rows [b[k], b[k+1]), whole units of ``unit`` pages (an
+    asset's shard: each rank then writes whole shards of its own), as even as units allow."""
     if not (isinstance(world, int) and world >= 1):
         raise PolymemError(f"world size {world!r} must be a whole number >= 1")
     pages, rpp = layout.pages, layout.rows_per_page
-    if world > pages:
+    units = -(-pages // unit)
+    if world > units:
         raise PolymemError(f"a table of {pages:,} pages cannot be sharded over {world} processes (a rank holds whole "
-                           f"pages); use at most {pages} processes or a larger table")
-    return [(pages * k // world) * rpp for k in range(world + 1)]
+                           f"shards of {unit} pages); use at most {units} processes or a larger table")
+    return [min(pages, (units * k // world) * unit) * rpp for k in range(world + 1)]
 
 
 def _exchange(x: torch.Tensor, send: list[int], recv: list[int], group: Any) -> torch.Tensor:
@@ -81,13 +83,16 @@ class ShardedTable(MemoryTable):
 
     def __init__(self, *, spec: HashSpec, layout: Layout, orders: tuple[int, ...] = (), local: Any = None,
                  trainable: bool = True, group: Any = None) -> None:
+        from polymem.asset._together import shard_pages
+
         super().__init__()
         if not dist.is_initialized():
             raise PolymemError("a ShardedTable needs torch.distributed initialised (torchrun, or "
                                "torch.distributed.init_process_group); a single process uses TrainableTable")
         self.group = group
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.bounds = page_bounds(layout, self.world)
+        self.chunks_per_shard, unit = shard_pages(layout, self.world)
+        self.bounds = page_bounds(layout, self.world, unit)
         self.lo, self.hi = self.bounds[self.rank], self.bounds[self.rank + 1]
         self._inner = torch.tensor(self.bounds[1:-1], dtype=torch.long)
         self.spec, self.layout, self.orders = spec, layout, tuple(orders)
@@ -114,18 +119,53 @@ class ShardedTable(MemoryTable):
 
     def to_numpy(self) -> np.ndarray:
         """The whole table, gathered from every rank (collective; for checks and small tables)."""
+        return self._gather_rows(self.weight.detach().float())
+
+    def _gather_rows(self, local: torch.Tensor) -> np.ndarray:
+        """Every rank's [its rows, ...] tensor, concatenated in row order, on every rank (collective)."""
         sizes = [self.bounds[k + 1] - self.bounds[k] for k in range(self.world)]
-        most = max(sizes)  # gloo gathers equal shapes: pad each rank's rows to the largest share
-        mine = torch.zeros((most, self.layout.head_dim))
-        mine[: self.hi - self.lo] = self.weight.detach().float()
+        mine = local.new_zeros((max(sizes), *local.shape[1:]))  # gloo gathers equal shapes: pad to the largest share
+        mine[: self.hi - self.lo] = local
         parts = [torch.zeros_like(mine) for _ in range(self.world)]
         dist.all_gather(parts, mine, group=self.group)
         return torch.cat([p[:n] for p, n in zip(parts, sizes)]).numpy()
+
+    def rows_touched(self) -> int:
+        """Rows with any non-zero entry, over every rank (collective)."""
+        n = torch.tensor((self.weight.detach().abs().sum(1) > 0).sum().item(), dtype=torch.long)
+        dist.all_reduce(n, group=self.group)
+        return int(n)
 
     def fingerprint(self) -> str:
         from polymem.torch.tables import table_fingerprint
 
         return table_fingerprint(self.to_numpy(), self.spec, self.layout)
+
+    def write_asset(self, path: Any, *, provenance: dict[str, Any] | None = None, overwrite: bool = False,
+                    row_counts: torch.Tensor | None = None) -> Any:
+        """Write the table as one asset, each rank writing the shards of its own rows (no rank ever holds another's
+        rows; rank 0 writes the metadata and installs). ``row_counts``: this rank's rows' update counts.
+        Collective. Returns the opened asset."""
+        from polymem.asset import MemoryAsset
+        from polymem.asset._format import geometry
+        from polymem.asset._together import write_together
+
+        geom = geometry(self.layout, "float32", self.chunks_per_shard)
+        rpp, lo_page = self.layout.rows_per_page, self.lo // self.layout.rows_per_page
+        per = geom.chunks_per_shard * geom.pages_per_chunk
+        mine = [s for s in range(geom.num_shards) if self.lo <= s * per * rpp < self.hi]
+        w = self.weight.detach().float()
+
+        def source(a: int, b: int) -> np.ndarray:
+            return w[(a - lo_page) * rpp:(b - lo_page) * rpp].numpy().reshape(b - a, rpp, self.layout.head_dim)
+
+        counts = None
+        if row_counts is not None:  # 4 bytes a row (1/head_dim of the rows' bytes): gathered to rank 0
+            local = row_counts.detach().to(torch.int64).cpu()
+            counts = lambda: self._gather_rows(local).astype(np.uint32)  # noqa: E731
+        return write_together(MemoryAsset, path, self.spec, self.layout, source, shards=mine,
+                              chunks_per_shard=self.chunks_per_shard, comm=_Comm(self.group), orders=self.orders,
+                              provenance=provenance, overwrite=overwrite, row_counts=counts)
 
     def local_bytes(self) -> int:
         """Bytes this rank holds for its rows (weights)."""
@@ -178,3 +218,21 @@ def check_same_everywhere(what: dict[str, Any]) -> None:
             name = diff[0]
             raise PolymemError(f"the processes were started with different runs: rank 0 has {name} = {first[name]!r}, "
                                f"rank {k} has {other.get(name)!r}; start every process with the same flags and files")
+
+
+class _Comm:
+    """The few objects :func:`polymem.asset._together.write_together` exchanges, over torch.distributed."""
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+
+    def broadcast(self, obj: Any) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(out, obj, group=self.group)
+        return out

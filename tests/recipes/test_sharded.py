@@ -33,7 +33,8 @@ def _run(corpus: Path, out: Path, steps: int, nproc: int | None, batch: int = 4)
                "127.0.0.1", "--master-port", str(_free_port()), *script]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    lines = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    return {"ranks": sorted(lines, key=lambda d: d["rank"]), **lines[0]}
 
 
 def _rows(path: Path) -> np.ndarray:
@@ -42,10 +43,19 @@ def _rows(path: Path) -> np.ndarray:
     return np.asarray(open_table(path).to_numpy(), np.float32)
 
 
-def test_two_processes_train_the_table_one_process_trains(corpus, tmp_path):
-    one = _run(corpus, tmp_path / "one.safetensors", 20, None)
-    two = _run(corpus, tmp_path / "two.safetensors", 20, 2)
-    a, b = _rows(tmp_path / "one.safetensors"), _rows(tmp_path / "two.safetensors")
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_processes_train_the_table_one_process_trains(corpus, tmp_path, nproc):
+    """N processes (61 pages: N does not divide the rows) against one, same seed and global batch, 20 steps."""
+    from polymem import MemoryAsset
+
+    one = _run(corpus, tmp_path / "one.pmem", 20, None)
+    two = _run(corpus, tmp_path / "two.pmem", 20, nproc)
+    shares = [r["local_rows"] for r in two["ranks"]]
+    assert len(shares) == nproc and sum(shares) == two["rows"] and max(shares) - min(shares) <= two["rows"] // 10
+    assert MemoryAsset.open(tmp_path / "two.pmem").problems() == []
+    ca, cb = (MemoryAsset.open(tmp_path / f"{n}.pmem").row_counts() for n in ("one", "two"))
+    assert ca is not None and np.array_equal(ca, cb)  # each row's update count, written by its own process
+    a, b = _rows(tmp_path / "one.pmem"), _rows(tmp_path / "two.pmem")
     assert a.shape == b.shape and one["rows_touched"] == two["rows_touched"] > 0
     norm = np.linalg.norm(a, axis=1)
     live = norm > 0
@@ -53,3 +63,14 @@ def test_two_processes_train_the_table_one_process_trains(corpus, tmp_path):
     rel = np.linalg.norm(a - b, axis=1)[live] / norm[live]
     assert rel.max() <= 1e-4, rel.max()
     assert abs(one["heldout_bpb"] - two["heldout_bpb"]) <= 1e-3
+
+
+def test_processes_started_with_different_runs_all_stop_with_one_line():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), str(HERE / "dist_train.py"), "--check", "docs"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = [json.loads(ln)["error"] for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert len(said) == 2 and said[0] == said[1]
+    assert said[0] == ("the processes were started with different runs: rank 0 has --corpus = 'docs-0.jsonl.gz', rank 1 "
+                       "has 'docs-1.jsonl.gz'; start every process with the same flags and files")
