@@ -5,8 +5,8 @@ Used by tests/test_docs.py, and by hand to check one doc: ``python tests/docbloc
 
 A ```console block's commands are its ``$ `` lines (the other lines are output the doc shows); a ```bash / ```sh
 block's commands are its lines; ``\\`` continues a line, ``#`` starts a comment. A command is ``polymem …``,
-``python benchmarks/<script>.py …`` (the working dir links ``benchmarks/`` to the repository's, as a clone has it)
-or ``dask scheduler`` / ``dask worker`` (servers: started in the background, waited for, stopped at the end). One
+``python benchmarks/<script>.py …`` (the working dir links ``benchmarks/`` to the repository's, as a clone has it),
+``torchrun …`` (on 127.0.0.1, a free port) or ``dask scheduler`` / ``dask worker`` (servers: started in the background, waited for, stopped at the end). One
 command per line; no shell operators.
 
 The line right before a fence may mark the block:
@@ -292,6 +292,14 @@ def _start_dask(words: list[str], cwd: Path, env: dict[str, str], world: World) 
     return log.read_text(errors="replace")
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def run_commands(steps: list[tuple[str, list[str]]], cwd: Path, *, small: bool = False, world: World | None = None,
                  echo: bool = False) -> list[str]:
     """Run each command in ``cwd``; return each one's output (stdout + stderr). A command must exit 0, unless the
@@ -320,8 +328,11 @@ def run_commands(steps: list[tuple[str, list[str]]], cwd: Path, *, small: bool =
             argv = [*entry_point(), *words[1:]]
         elif words[0] == "python" and len(words) > 1 and words[1].startswith("benchmarks/"):
             argv = [sys.executable, *words[1:]]
+        elif words[0] == "torchrun":  # processes of one run on this host: a free port on 127.0.0.1
+            argv = [sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1", "--master-port",
+                    str(_free_port()), *words[1:]]
         else:
-            raise AssertionError(f"{cmd!r}: only polymem, python benchmarks/… and dask scheduler/worker run here")
+            raise AssertionError(f"{cmd!r}: only polymem, torchrun, python benchmarks/… and dask scheduler/worker run here")
         r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
         out = r.stdout + r.stderr
         took = time.monotonic() - start

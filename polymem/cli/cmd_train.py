@@ -132,7 +132,7 @@ def train(
 
         world = dist.get_world_size()
         page_bounds(mem.layout(), world)  # a table too small for the world is refused here
-        check_same_everywhere({"--corpus": [[str(c), c.stat().st_size if c.exists() else None] for c in corpus],
+        check_same_everywhere({"--corpus": [[str(c), os.path.getsize(c) if os.path.isfile(c) else None] for c in corpus],
                                "--tokenizer": tokenizer, "table layout": mem.layout().to_dict(), "training": asdict(cfg),
                                "memory": asdict(mem), "--out": str(out), "--hash": hash_kind.value})
         if dist.get_rank() != 0:
@@ -180,6 +180,10 @@ def _print_summary(summary: dict, cfg) -> None:
                  ("training speed", f"{s['tokens_per_s']:,.0f} tokens/s ({s['precision']})"),
                  ("time", f"{s['elapsed_s']:.0f} s")):
         t.add_row(k, v)
+    mem = s.get("process_memory") or []
+    for i, m in enumerate(mem if len(mem) > 1 else []):
+        t.add_row(f"process {i}: rows held + their optimizer state, peak RSS",
+                  f"{m['table_bytes'] / 2**20:,.1f} + {m['optimizer_bytes'] / 2**20:,.1f} MiB, {m['peak_rss_bytes'] / 2**20:,.0f} MiB")
     console.print(t)
     verdict = "lowers" if on < off else "does not lower"
     console.print(f"verdict: the table {verdict} held-out bits per byte: {on - off:+.4f} ({(on - off) / off:+.2%}) "

@@ -241,6 +241,23 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def process_memory(table: Any, optimizer_bytes: int, distributed: bool) -> list[dict[str, int]]:
+    """Per process (rank order): the bytes of table rows it holds, of their optimizer state, and its peak RSS."""
+    import resource
+
+    w = getattr(table, "weight", None)
+    mine = {"table_bytes": int(w.numel() * w.element_size()) if isinstance(w, torch.Tensor) else 0,
+            "optimizer_bytes": int(optimizer_bytes),
+            "peak_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+    if not distributed:
+        return [mine]
+    import torch.distributed as dist
+
+    got: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(got, mine)
+    return got
+
+
 def train_loop(
     model, handle, data: TokenData, cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = None,
     rows_in_loader: bool = False, eval_every: int | None = None, on_eval: Callable[[int, int], None] | None = None,
@@ -291,6 +308,7 @@ def train_loop(
     out = {"losses": losses, "tokens": tokens, "elapsed_s": el, "tokens_per_s": tokens / max(el, 1e-9)}
     if topt is not None:  # per-row update counts of the table (SparseRowRMS state), for the asset's counts array
         st = topt.state.get(handle.table.weight, {})
+        out["table_state_bytes"] = sum(t.numel() * t.element_size() for t in st.values() if isinstance(t, torch.Tensor))
         n = st.get("n", torch.zeros(handle.table.weight.shape[0], dtype=torch.int32))  # (this process's rows)
         out["row_counts"] = n.detach().cpu() if distributed else n.detach().cpu().numpy().astype(np.uint32)
     return out
@@ -405,6 +423,7 @@ def train_donor(
         assert table is not None
         path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, mem.max_n + 1)),
                           provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
+    memory = process_memory(handle.table, res.get("table_state_bytes", 0), distributed)
     extra = {"model": model, "handle": handle, "data": data} if return_model else {}
     if not return_model:
         handle.detach()
@@ -414,4 +433,4 @@ def train_donor(
             "heldout_bpb": bpb, "heldout_bpb_memory_off": bpb_off, "rows_touched": touched,
             "rows": layout.num_rows, "tokens_per_s": res["tokens_per_s"], "train_s": res["elapsed_s"],
             "final_loss": prov["loss"], "precision": precision, "precision_reason": why, "elapsed_s": time.perf_counter() - t0,
-            "hash": hash, **extra}
+            "hash": hash, "process_memory": memory, **extra}
