@@ -24,7 +24,9 @@ def check(what: str) -> None:
         print(json.dumps({"rank": dist.get_rank(), "error": None}))
     except PolymemError as e:
         print(json.dumps({"rank": dist.get_rank(), "error": str(e)}))
-    dist.destroy_process_group()
+    from polymem.torch.sharded import finish
+
+    finish()
 
 
 def main() -> None:
@@ -48,10 +50,9 @@ def main() -> None:
     t = s["handle"].table
     print(json.dumps({"rank": rank, "local_rows": int(t.weight.shape[0]), "rows": t.layout.num_rows,
                       **{k: s[k] for k in ("heldout_bpb", "heldout_bpb_memory_off", "rows_touched", "final_loss")}}))
-    if "WORLD_SIZE" in os.environ:
-        import torch.distributed as dist
+    from polymem.torch.sharded import finish
 
-        dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

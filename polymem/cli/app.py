@@ -53,6 +53,13 @@ def main() -> None:
     except PolymemError as e:
         _error_line(str(e))
         sys.exit(2)
+    except (MemoryError, RuntimeError) as e:
+        if not isinstance(e, MemoryError) and "can't allocate memory" not in str(e):
+            raise
+        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        _error_line(f"out of memory ({first}); pass a smaller --params or --batch-size, or train across processes "
+                    "(torchrun --nproc-per-node N -m polymem train …: each holds 1/N of the table's rows)")
+        sys.exit(2)
     except OSError as e:
         where = f": {e.filename!r}" if getattr(e, "filename", None) else ""
         _error_line(f"{e.strerror or str(e) or 'I/O error'}{where} ({type(e).__name__})")

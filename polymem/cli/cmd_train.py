@@ -162,6 +162,9 @@ def train(
     console.print(f"next: does the table help a model with another tokenizer? polymem transfer --asset "
                   f"{escape(str(summary['path']))} --tokenizer mistral-v1 --corpus ... (docs/transfer.md)",
                   highlight=False, soft_wrap=True)
+    from polymem.torch.sharded import finish
+
+    finish()
 
 
 def _print_summary(summary: dict, cfg) -> None:

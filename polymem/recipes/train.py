@@ -242,13 +242,17 @@ def _distributed() -> bool:
 
 
 def process_memory(table: Any, optimizer_bytes: int, distributed: bool) -> list[dict[str, int]]:
-    """Per process (rank order): the bytes of table rows it holds, of their optimizer state, and its peak RSS."""
+    """Per process (rank order): the bytes of table rows it holds, of their optimizer state, its peak RSS and its
+    peak address space (VmPeak)."""
     import resource
 
     w = getattr(table, "weight", None)
     mine = {"table_bytes": int(w.numel() * w.element_size()) if isinstance(w, torch.Tensor) else 0,
             "optimizer_bytes": int(optimizer_bytes),
             "peak_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+    from polymem.torch.tables import _proc_field
+
+    mine["peak_vm_bytes"] = _proc_field("/proc/self/status", "VmPeak") or 0  # what an address-space limit counts
     if not distributed:
         return [mine]
     import torch.distributed as dist
@@ -404,8 +408,9 @@ def train_donor(
     if distributed:  # no process ever holds the whole table
         table, touched = None, handle.table.rows_touched()
     else:
-        table = handle.table.to_numpy()
-        touched = int((np.abs(table).sum(1) > 0).sum())
+        table = handle.table.weight.detach().cpu().numpy()  # the rows themselves, not a copy: held once
+        touched = sum(int(np.count_nonzero(np.any(table[a:a + (1 << 20)] != 0, axis=1)))  # in blocks: no copy
+                      for a in range(0, table.shape[0], 1 << 20))
     prov = {
         "tokenizer": {"name": data.name, "fingerprint": data.cache.fingerprint},
         "corpus": ", ".join(str(p) for p in corpus), "heldout_every": heldout_every,

@@ -97,6 +97,9 @@ class ShardedTable(MemoryTable):
         self._inner = torch.tensor(self.bounds[1:-1], dtype=torch.long)
         self.spec, self.layout, self.orders = spec, layout, tuple(orders)
         self.source = {"kind": "sharded", "world": self.world}
+        from polymem.torch.tables import check_table_memory
+
+        check_table_memory(layout, trainable=trainable, copy=local is not None, rows=self.hi - self.lo)
         shape = (self.hi - self.lo, layout.head_dim)
         w = torch.zeros(shape) if local is None else torch.as_tensor(np.asarray(local, np.float32)).clone()
         if tuple(w.shape) != shape:
@@ -121,18 +124,26 @@ class ShardedTable(MemoryTable):
         """The whole table, gathered from every rank (collective; for checks and small tables)."""
         return self._gather_rows(self.weight.detach().float())
 
-    def _gather_rows(self, local: torch.Tensor) -> np.ndarray:
-        """Every rank's [its rows, ...] tensor, concatenated in row order, on every rank (collective)."""
+    def _gather_rows(self, local: torch.Tensor, to: int | None = None) -> Any:
+        """Every rank's [its rows, ...] tensor, concatenated in row order: on every rank, or only on rank ``to``
+        (the others get None). Collective."""
         sizes = [self.bounds[k + 1] - self.bounds[k] for k in range(self.world)]
         mine = local.new_zeros((max(sizes), *local.shape[1:]))  # gloo gathers equal shapes: pad to the largest share
         mine[: self.hi - self.lo] = local
-        parts = [torch.zeros_like(mine) for _ in range(self.world)]
-        dist.all_gather(parts, mine, group=self.group)
+        if to is None:
+            parts = [torch.zeros_like(mine) for _ in range(self.world)]
+            dist.all_gather(parts, mine, group=self.group)
+        else:
+            parts = [torch.zeros_like(mine) for _ in range(self.world)] if self.rank == to else None
+            dist.gather(mine, parts, dst=to, group=self.group)
+            if parts is None:
+                return None
         return torch.cat([p[:n] for p, n in zip(parts, sizes)]).numpy()
 
     def rows_touched(self) -> int:
         """Rows with any non-zero entry, over every rank (collective)."""
-        n = torch.tensor((self.weight.detach().abs().sum(1) > 0).sum().item(), dtype=torch.long)
+        w = self.weight.detach()
+        n = torch.tensor(sum(int((w[a:a + (1 << 20)] != 0).any(1).sum()) for a in range(0, w.shape[0], 1 << 20)))
         dist.all_reduce(n, group=self.group)
         return int(n)
 
@@ -160,9 +171,9 @@ class ShardedTable(MemoryTable):
             return w[(a - lo_page) * rpp:(b - lo_page) * rpp].numpy().reshape(b - a, rpp, self.layout.head_dim)
 
         counts = None
-        if row_counts is not None:  # 4 bytes a row (1/head_dim of the rows' bytes): gathered to rank 0
-            local = row_counts.detach().to(torch.int64).cpu()
-            counts = lambda: self._gather_rows(local).astype(np.uint32)  # noqa: E731
+        if row_counts is not None:  # 4 bytes a row (1/head_dim of the rows' bytes): gathered to rank 0 only
+            local = row_counts.detach().to(torch.int32).cpu()
+            counts = lambda: self._gather_rows(local, to=0)  # noqa: E731
         return write_together(MemoryAsset, path, self.spec, self.layout, source, shards=mine,
                               chunks_per_shard=self.chunks_per_shard, comm=_Comm(self.group), orders=self.orders,
                               provenance=provenance, overwrite=overwrite, row_counts=counts)
@@ -236,3 +247,11 @@ class _Comm:
         out: list[Any] = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(out, obj, group=self.group)
         return out
+
+
+def finish() -> None:
+    """Leave the torch.distributed group together (a barrier first: a process that tears its connections down
+    while another still uses them aborts it)."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

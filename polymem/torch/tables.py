@@ -104,33 +104,58 @@ class MemoryTable(nn.Module):
         raise NotImplementedError
 
 
-def available_memory() -> int | None:
-    """Bytes of memory this machine can give a new allocation now (MemAvailable), or None where unknown."""
+def _proc_field(path: str, key: str) -> int | None:
+    """``key:  N kB`` of a /proc file, in bytes."""
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
 
 
-def check_table_memory(layout: Layout, *, trainable: bool, copy: bool = False) -> None:
-    """Refuse, before allocating, a table that does not fit this machine's memory: its fp32 rows, a copy of the
+def available_memory() -> int | None:
+    """Bytes of memory a new allocation of this process can get now, or None where unknown: the machine's
+    MemAvailable, and less where this process has a limit — its address-space limit (``ulimit -v``, RLIMIT_AS)
+    less what it has mapped, its cgroup's ``memory.max`` less ``memory.current``."""
+    import resource
+
+    known = [_proc_field("/proc/meminfo", "MemAvailable")]
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY:
+        used = _proc_field("/proc/self/status", "VmSize")
+        known.append(max(0, soft - used) if used is not None else None)
+    try:
+        cap = open("/sys/fs/cgroup/memory.max", encoding="ascii").read().strip()
+        if cap != "max":
+            known.append(max(0, int(cap) - int(open("/sys/fs/cgroup/memory.current", encoding="ascii").read())))
+    except (OSError, ValueError):
+        pass
+    have = [k for k in known if k is not None]
+    return min(have) if have else None
+
+
+def check_table_memory(layout: Layout, *, trainable: bool, copy: bool = False, rows: int | None = None) -> None:
+    """Refuse, before allocating, a table that does not fit this process's memory: its fp32 rows, a copy of the
     given weights while they are taken over (``copy``), and, when it trains, the row-wise optimizer's state (a
-    float and a count per row). Names both numbers and the way out."""
-    rows = int(layout.num_rows)
+    float and a count per row). ``rows``: only that many of the table's rows (one process's share of a sharded
+    table). Names both numbers and the ways out."""
+    share = rows is not None
+    rows = int(layout.num_rows) if rows is None else int(rows)
     table = rows * int(layout.head_dim) * 4
     need = table * (2 if copy else 1) + (rows * 8 if trainable else 0)
     avail = available_memory()
     if avail is not None and need > avail:
         gib = 2**30
+        what = "this process's share of the table" if share else "a table"
         raise PolymemError(
-            f"a table of {rows * int(layout.head_dim):,} scalars needs {need / gib:,.1f} GiB of memory "
+            f"{what} of {rows * int(layout.head_dim):,} scalars needs {need / gib:,.1f} GiB of memory "
             f"({table / gib:,.1f} GiB of fp32 rows{', a copy while it is taken over' if copy else ''}"
             f"{', optimizer state' if trainable else ''}) and {avail / gib:,.1f} GiB is available; pass a smaller "
-            "--params, or keep the table on disk (an asset read through the page service: attach(..., in_memory=False))")
+            "--params, train it across more processes (torchrun --nproc-per-node N -m polymem train …: each holds "
+            "1/N of the rows), or keep a frozen table on disk (attach(..., in_memory=False))")
 
 
 class TrainableTable(MemoryTable):

@@ -74,3 +74,44 @@ def test_processes_started_with_different_runs_all_stop_with_one_line():
     assert len(said) == 2 and said[0] == said[1]
     assert said[0] == ("the processes were started with different runs: rank 0 has --corpus = 'docs-0.jsonl.gz', rank 1 "
                        "has 'docs-1.jsonl.gz'; start every process with the same flags and files")
+
+
+def _train(out: Path, params: str, nproc: int, limit: int | None, tmp: Path) -> subprocess.CompletedProcess:
+    import resource
+
+    def cap() -> None:  # an address-space limit (ulimit -v) for the launcher and every process it starts
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    args = ["-m", "polymem", "train", "--tokenizer", "bytes", "--corpus", "sample:pydocs", "--out", str(out),
+            "--steps", "2", "--batch-size", "2", "--block-size", "32", "--n-layer", "2", "--d-model", "32",
+            "--n-head", "2", "--params", params, "--precision", "fp32", "--threads", "1",
+            "--json", str(out) + ".json"]
+    cmd = [sys.executable, *args] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+        "--master-port", str(_free_port()), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, preexec_fn=cap, cwd=tmp)
+
+
+@pytest.mark.slow
+def test_a_table_twice_what_one_process_may_hold_trains_in_two(tmp_path):
+    """Under an address-space limit that lets one process hold a 400M-scalar table (1.6 GB) but not an 800M one,
+    one process trains the smaller, refuses the larger with one line, and two processes train the larger."""
+    base = _train(tmp_path / "tiny.pmem", "2M", 2, None, tmp_path)
+    assert base.returncode == 0, base.stderr[-3000:]
+    peak = max(m["peak_vm_bytes"] for m in json.loads((tmp_path / "tiny.pmem.json").read_text())["process_memory"])
+    big = 800_000_000 * 4  # fp32 rows of the larger table
+    limit = peak + int(0.65 * big)
+    small = _train(tmp_path / "small.pmem", "400M", 1, limit, tmp_path)
+    assert small.returncode == 0, small.stderr[-3000:]
+    one = _train(tmp_path / "one.pmem", "800M", 1, limit, tmp_path)
+    assert one.returncode == 2 and "needs 3.2 GiB of memory" in one.stderr and "torchrun --nproc-per-node" in one.stderr
+    assert not (tmp_path / "one.pmem").exists()
+    two = _train(tmp_path / "two.pmem", "800M", 2, limit, tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    from polymem import MemoryAsset
+
+    a = MemoryAsset.open(tmp_path / "two.pmem")
+    assert a.layout.num_rows * a.layout.head_dim >= 800_000_000 and a.problems() == []
+    mem = json.loads((tmp_path / "two.pmem.json").read_text())["process_memory"]
+    assert all(m["peak_vm_bytes"] <= limit for m in mem) and all(m["table_bytes"] <= big * 0.51 for m in mem)
