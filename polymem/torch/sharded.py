@@ -130,6 +130,7 @@ class ShardedTable(MemoryTable):
         sizes = [self.bounds[k + 1] - self.bounds[k] for k in range(self.world)]
         mine = local.new_zeros((max(sizes), *local.shape[1:]))  # gloo gathers equal shapes: pad to the largest share
         mine[: self.hi - self.lo] = local
+        parts: list[torch.Tensor] | None
         if to is None:
             parts = [torch.zeros_like(mine) for _ in range(self.world)]
             dist.all_gather(parts, mine, group=self.group)
