@@ -73,11 +73,10 @@ def prompts_of(tok, n: int, length: int) -> list[str]:
 
 
 def cpu_flags() -> str:
-    try:
-        flags = next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "?"
-    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
+    from polymem.torch.precision import host_cpu_flags
+
+    flags = host_cpu_flags() or frozenset()
+    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags) or "?"
 
 
 def setup(args, model_name: str):
