@@ -90,9 +90,6 @@ def train(
                            "which brings its own tokenizer), not " + ("both" if model else "neither"))
     if threads:
         torch.set_num_threads(threads)
-    if model is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise PolymemError("train --model across processes is not built yet (the small-model mode is: --tokenizer); "
-                           "run train --model in one process")
     if model is not None:
         refuse_unused("with --model (a pretrained backbone, frozen, fp32)", {
             "conv": (conv, False), "lr": (lr, 2e-3), "table_lr_mult": (table_lr_mult, 70.0),
@@ -125,22 +122,9 @@ def train(
                        head_dim=head_dim, gate=gate.value, conv=conv)
     from polymem.torch.tables import check_table_memory
 
-    from polymem.torch.sharded import check_same_everywhere, init_from_env, page_bounds
-
-    if init_from_env(device):  # under torchrun: the table's rows sharded across the processes
-        import torch.distributed as dist
-
-        world = dist.get_world_size()
-        page_bounds(mem.layout(), world)  # a table too small for the world is refused here
-        check_same_everywhere({"--corpus": [[str(c), os.path.getsize(c) if os.path.isfile(c) else None] for c in corpus],
-                               "--tokenizer": tokenizer, "table layout": mem.layout().to_dict(), "training": asdict(cfg),
-                               "memory": asdict(mem), "--out": str(out), "--hash": hash_kind.value})
-        if dist.get_rank() != 0:
-            console.quiet = True
-        console.print(f"{world} processes: the table's {mem.layout().num_rows:,} rows sharded by pages, each process "
-                      f"holding ~{mem.layout().num_rows // world:,} rows and their optimizer state; the global batch "
-                      f"of {batch_size} sequences split across them", highlight=False)
-    else:
+    if not _join(device, {"--corpus": [[str(c), os.path.getsize(c) if os.path.isfile(c) else None] for c in corpus],
+                          "--tokenizer": tokenizer, "training": asdict(cfg), "memory": asdict(mem), "--out": str(out),
+                          "--hash": hash_kind.value}, mem.layout(), batch_size):
         check_table_memory(mem.layout(), trainable=True)  # before the corpus is read and the model built
     say_precision(cfg)
     with _progress() as prog:
@@ -183,10 +167,7 @@ def _print_summary(summary: dict, cfg) -> None:
                  ("training speed", f"{s['tokens_per_s']:,.0f} tokens/s ({s['precision']})"),
                  ("time", f"{s['elapsed_s']:.0f} s")):
         t.add_row(k, v)
-    mem = s.get("process_memory") or []
-    for i, m in enumerate(mem if len(mem) > 1 else []):
-        t.add_row(f"process {i}: rows held + their optimizer state, peak RSS",
-                  f"{m['table_bytes'] / 2**20:,.1f} + {m['optimizer_bytes'] / 2**20:,.1f} MiB, {m['peak_rss_bytes'] / 2**20:,.0f} MiB")
+    _process_rows(t, s)
     console.print(t)
     verdict = "lowers" if on < off else "does not lower"
     console.print(f"verdict: the table {verdict} held-out bits per byte: {on - off:+.4f} ({(on - off) / off:+.2%}) "
@@ -215,7 +196,14 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
     from polymem.torch.tables import check_table_memory
 
     dev = resolve_device(device)  # a missing CUDA device is said before the model loads
-    check_table_memory(cfg.layout(), trainable=True)  # and a table that cannot fit
+    if _join(device, {"--model": model, "--corpus": [[str(c), os.path.getsize(c) if os.path.isfile(c) else None]
+                                                     for c in corpus], "training": asdict(cfg), "--out": str(out),
+                      "--heldout-every": heldout_every, "--eval-tokens": eval_tokens}, cfg.layout(), cfg.batch_size):
+        if checkpoint_every:
+            console.print("note: checkpoints are not written across processes yet; an interrupted run starts again",
+                          highlight=False)
+    else:
+        check_table_memory(cfg.layout(), trainable=True)  # and a table that cannot fit
 
     console.print(f"loading {escape(model)} … (backbone frozen; table {cfg.params:,} scalars, site before block(s) "
                   f"{', '.join(map(str, cfg.layers))}, training softmax: {cfg.softmax})", highlight=False)
@@ -246,9 +234,42 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
         rows.append(("continued from", f"the checkpoint at step {summary['resumed_at_step']} of {cfg.steps}"))
     for k, v in rows:
         t.add_row(k, v)
+    _process_rows(t, summary)
     console.print(t)
-    if json_out:
+    if json_out and not console.quiet:
         atomic_write_json(json_out, summary, indent=1)
+    from polymem.torch.sharded import finish
+
+    finish()
+
+
+def _join(device: str, run: dict, layout, batch_size: int) -> bool:
+    """Under torchrun: join the processes' group, check they were all given this run, and print how the table
+    is split (process 0 only: the others' console goes quiet). False (nothing done) in a single process."""
+    from polymem.torch.sharded import check_same_everywhere, init_from_env, page_bounds
+
+    if not init_from_env(device):
+        return False
+    import torch.distributed as dist
+
+    from polymem.asset._together import shard_pages
+
+    world = dist.get_world_size()
+    page_bounds(layout, world, shard_pages(layout, world)[1])  # a table too small for the world is refused here
+    check_same_everywhere(run)
+    if dist.get_rank() != 0:
+        console.quiet = True
+    console.print(f"{world} processes: the table's {layout.num_rows:,} rows sharded by shards of the asset, each "
+                  f"process holding ~{layout.num_rows // world:,} rows and their optimizer state; the global batch of "
+                  f"{batch_size} sequences split across them", highlight=False)
+    return True
+
+
+def _process_rows(t, summary: dict) -> None:
+    mem = summary.get("process_memory") or []
+    for i, m in enumerate(mem if len(mem) > 1 else []):
+        t.add_row(f"process {i}: rows held + their optimizer state, peak RSS",
+                  f"{m['table_bytes'] / 2**20:,.1f} + {m['optimizer_bytes'] / 2**20:,.1f} MiB, {m['peak_rss_bytes'] / 2**20:,.0f} MiB")
 
 
 def register(app: typer.Typer) -> None:

@@ -185,14 +185,18 @@ def site_optimizers(handle: Any, cfg: FrozenTrainConfig):
 def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig, *,
                on_step: Callable[[int, float], None] | None = None, eval_at: Sequence[int] = (),
                on_eval: Callable[[int, int], None] | None = None, checkpoint: Path | None = None,
-               checkpoint_every: int = 0, checkpoint_key: str = "") -> dict[str, Any]:
+               checkpoint_every: int = 0, checkpoint_key: str = "", distributed: bool = False) -> dict[str, Any]:
     """Train ``handle``'s sites (and table, when trainable) on ``stream`` with the model frozen.
 
     ``on_eval(steps_done, tokens_seen)`` runs after each step in ``eval_at`` (not counted in tokens_per_s).
     ``checkpoint``: a folder the state is written to every ``checkpoint_every`` steps and continued from when it
-    is there (:mod:`polymem.recipes.checkpoint`; ``checkpoint_key`` names the settings it belongs to)."""
+    is there (:mod:`polymem.recipes.checkpoint`; ``checkpoint_key`` names the settings it belongs to).
+    ``distributed``: one process of a torch.distributed group (its share of each global batch, the sites'
+    gradients summed, the table a :class:`polymem.torch.sharded.ShardedTable`), as in ``train_loop``."""
     from polymem.models.evaluate import token_nats
-    from polymem.recipes.train import apply_step
+    from polymem.recipes.train import apply_step, batch_share, global_sum
+
+    share = batch_share(cfg.batch_size) if distributed else slice(None)
 
     if any(p.requires_grad for p in lm.model.parameters()):
         raise PolymemError("the model has trainable weights; train_site trains only the memory (load the model "
@@ -218,14 +222,16 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
         if topt is not None:
             for g in topt.param_groups:
                 g["lr"] = cfg.table_lr * f
-        x, y = window_batch(stream, starts[step], cfg.block_size, lm.bos_id)
+        x, y = window_batch(stream, starts[step][share], cfg.block_size, lm.bos_id)
         if cut is None:
             loss = token_nats(lm.model, x.to(dev), y.to(dev)).mean()
         else:
             with cut as remap:
                 loss = token_nats(lm.model, x.to(dev), remap[y].to(dev)).mean()
-        apply_step(loss, site, cfg.grad_clip, opt, topt)
-        losses.append(float(loss.detach()))
+        if distributed:  # this process's share of the global batch's mean
+            loss = loss * (x.shape[0] / cfg.batch_size)
+        apply_step(loss, site, cfg.grad_clip, opt, topt, reduce=distributed)
+        losses.append(global_sum(loss) if distributed else float(loss.detach()))
         if on_step is not None:
             on_step(step, losses[-1])
         if on_eval is not None and step + 1 in evals:
@@ -240,7 +246,10 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
                            "resumed_at": first}
     if topt is not None:
         st = topt.state.get(handle.table.weight, {})
-        if "n" in st and st["n"].numel() == handle.table.layout.num_rows:
+        out["table_state_bytes"] = sum(t.numel() * t.element_size() for t in st.values() if isinstance(t, torch.Tensor))
+        if distributed:  # this process's rows' counts
+            out["row_counts"] = st.get("n", torch.zeros(handle.table.weight.shape[0], dtype=torch.int32)).detach().cpu()
+        elif "n" in st and st["n"].numel() == handle.table.layout.num_rows:
             out["row_counts"] = st["n"].detach().cpu().numpy().astype(np.uint32)
     return out
 
@@ -273,22 +282,37 @@ def train_table(
     scorer = Scorer(lm, held, window=window)
     before = scorer.score()
     layout = cfg.layout()
-    handle = attach(lm.model, layout, lm.tokenizer, layers=list(cfg.layers), train="table", max_n=cfg.max_n,
+    from polymem.recipes.train import _distributed
+
+    distributed = _distributed()
+    table_in: Any = layout
+    if distributed:  # rows sharded across the processes, each holding and updating its own
+        from polymem.hash.spec import HashSpec
+        from polymem.torch.sharded import ShardedTable
+
+        table_in = ShardedTable(spec=HashSpec(), layout=layout, orders=tuple(range(1, cfg.max_n + 1)))
+    handle = attach(lm.model, table_in, lm.tokenizer, layers=list(cfg.layers), train="table", max_n=cfg.max_n,
                     gate=cfg.gate, init_seed=1000 + cfg.seed)
     try:
         handle.table.orders = tuple(range(1, cfg.max_n + 1))
         ckpt = out.with_name(out.name + ".ckpt")
         key = _checkpoint_key(lm, cfg, data.train, heldout_every)
+        if distributed:
+            checkpoint_every = 0  # not across processes yet: a run of several processes starts from step 0
         if checkpoint_every > 0 and ckpt.exists():
             say("training (continuing from the checkpoint)")
         else:
             say("training")
         res = train_site(lm, handle, data.train, cfg, on_step=on_step, checkpoint=ckpt if checkpoint_every > 0 else None,
-                         checkpoint_every=checkpoint_every, checkpoint_key=key)
+                         checkpoint_every=checkpoint_every, checkpoint_key=key, distributed=distributed)
         say("scoring with the table")
         after = scorer.score()
-        table = handle.table.to_numpy()
-        touched = int((np.abs(table).sum(1) > 0).sum())
+        if distributed:  # no process ever holds the whole table
+            table, touched = None, handle.table.rows_touched()
+        else:
+            table = handle.table.weight.detach().cpu().numpy()  # the rows themselves: held once
+            touched = sum(int(np.count_nonzero(np.any(table[a:a + (1 << 20)] != 0, axis=1)))
+                          for a in range(0, table.shape[0], 1 << 20))
         prov = {
             "created_by": "polymem train --model", "model": lm.describe(),
             "tokenizer": {"name": lm.tokenizer.name, "fingerprint": lm.tokenizer.fingerprint},
@@ -301,8 +325,13 @@ def train_table(
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         say("writing asset")
-        path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, cfg.max_n + 1)),
-                          provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
+        if distributed:  # each process writes the shards of its own rows; process 0 the site
+            handle.table.write_asset(out, provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
+            path = out
+        else:
+            assert table is not None
+            path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, cfg.max_n + 1)),
+                              provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
         _save_site(handle, site_dir, overwrite, path)
         if checkpoint_every > 0 and ckpt.exists():
             import shutil
@@ -310,7 +339,10 @@ def train_table(
             shutil.rmtree(ckpt)  # the asset is whole: the run is done
     finally:
         handle.detach()
-    return {"path": str(path), "site": str(site_dir), "model": lm.name, "tokenizer": lm.tokenizer.name,
+    from polymem.recipes.train import process_memory
+
+    return {"process_memory": process_memory(handle.table, res.get("table_state_bytes", 0), distributed),
+            "path": str(path), "site": str(site_dir), "model": lm.name, "tokenizer": lm.tokenizer.name,
             "rows": layout.num_rows, "rows_touched": touched, "tokens_seen": res["tokens"],
             "heldout_bpb_before": before["bpb"], "heldout_bpb_after": after["bpb"],
             "heldout_bytes": after["bytes"], "final_loss": prov["loss"], "tokens_per_s": res["tokens_per_s"],
@@ -333,15 +365,18 @@ def _save_site(handle: Any, site_dir: Path, overwrite: bool, asset_path: Path) -
     """The site (projection, gate) as a frozen-table site file naming the asset just written."""
     import shutil
 
-    from polymem.torch.tables import TrainableTable
+    import torch.distributed as dist
 
-    if site_dir.exists() and overwrite:
+    lead = not dist.is_initialized() or dist.get_rank() == 0
+    if lead and site_dir.exists() and overwrite:
         shutil.rmtree(site_dir)
-    handle.table.set_trainable(False)  # the site file names the table by fingerprint; the asset holds the rows
+    handle.table.weight.requires_grad_(False)  # the site file names the table by fingerprint; the asset holds the rows
     handle.table.source = {"kind": "asset", "path": str(Path(asset_path).resolve()), "dtype": "float32"}
     handle.train = "projection"  # re-attached, the asset's table is read frozen
-    assert isinstance(handle.table, TrainableTable)
-    handle.save(site_dir)
+    if lead:
+        handle.save(site_dir)
+    if dist.is_initialized():
+        dist.barrier()
 
 
 def _bounded_texts(lm: Any, texts: Sequence[str], max_tokens: int | None, *, doc_tokens: int | None = None) -> list[str]:

@@ -148,7 +148,13 @@ class ShardedTable(MemoryTable):
         dist.all_reduce(n, group=self.group)
         return int(n)
 
+    _fp: str | None = None
+
     def fingerprint(self) -> str:
+        """The whole table's fingerprint: read back from the asset :meth:`write_asset` wrote (one block of pages at
+        a time), else gathered (collective)."""
+        if self._fp is not None:
+            return self._fp
         from polymem.torch.tables import table_fingerprint
 
         return table_fingerprint(self.to_numpy(), self.spec, self.layout)
@@ -175,9 +181,12 @@ class ShardedTable(MemoryTable):
         if row_counts is not None:  # 4 bytes a row (1/head_dim of the rows' bytes): gathered to rank 0 only
             local = row_counts.detach().to(torch.int32).cpu()
             counts = lambda: self._gather_rows(local, to=0)  # noqa: E731
-        return write_together(MemoryAsset, path, self.spec, self.layout, source, shards=mine,
-                              chunks_per_shard=self.chunks_per_shard, comm=_Comm(self.group), orders=self.orders,
-                              provenance=provenance, overwrite=overwrite, row_counts=counts)
+        comm = _Comm(self.group)
+        asset = write_together(MemoryAsset, path, self.spec, self.layout, source, shards=mine,
+                               chunks_per_shard=self.chunks_per_shard, comm=comm, orders=self.orders,
+                               provenance=provenance, overwrite=overwrite, row_counts=counts)
+        self._fp = comm.broadcast(_stream_fingerprint(asset, self.spec, self.layout) if self.rank == 0 else None)
+        return asset
 
     def local_bytes(self) -> int:
         """Bytes this rank holds for its rows (weights)."""
@@ -256,3 +265,16 @@ def finish() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _stream_fingerprint(asset: Any, spec: Any, layout: Layout, block: int = 4096) -> str:
+    """:func:`polymem.torch.tables.table_fingerprint` of an asset's rows, read ``block`` pages at a time."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    h.update(json.dumps({"spec": spec.to_dict(), "layout": layout.to_dict()}, sort_keys=True).encode())
+    for a in range(0, layout.pages, block):
+        pages = np.asarray(asset.read_pages(np.arange(a, min(layout.pages, a + block))), dtype=np.float32)
+        h.update(np.ascontiguousarray(pages).tobytes())
+    return h.hexdigest()[:32]

@@ -115,3 +115,51 @@ def test_a_table_twice_what_one_process_may_hold_trains_in_two(tmp_path):
     assert a.layout.num_rows * a.layout.head_dim >= 800_000_000 and a.problems() == []
     mem = json.loads((tmp_path / "two.pmem.json").read_text())["process_memory"]
     assert all(m["peak_vm_bytes"] <= limit for m in mem) and all(m["table_bytes"] <= big * 0.51 for m in mem)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny Llama checkpoint folder (random weights; the tiny GGUF's tokenizer), as tests/models/test_generate.py."""
+    pytest.importorskip("transformers")
+    import torch
+    from tinygguf import write_tiny_gguf
+
+    from polymem.models import load_model
+
+    d = tmp_path_factory.mktemp("tinymodel")
+    src = load_model(write_tiny_gguf(d / "tiny.gguf", seed=3), cache=False)
+    cfg = src.model.config
+    cfg.vocab_size = len(src.hf_tokenizer)
+    cfg.max_position_embeddings = 1024  # train --model scores windows of 512 tokens
+    torch.manual_seed(3)
+    type(src.model)(cfg).save_pretrained(d / "tiny")
+    src.hf_tokenizer.save_pretrained(d / "tiny")
+    return d / "tiny"
+
+
+def test_processes_train_a_table_on_a_frozen_model_as_one_process_does(tiny_model, corpus, tmp_path):
+    from polymem import MemoryAsset
+
+    args = ["-m", "polymem", "train", "--model", str(tiny_model), "--corpus", str(corpus), "--steps", "12",
+            "--batch-size", "4", "--block-size", "32", "--layers", "1", "--params", str(61 * 4 * 4 * 8), "--heads",
+            "4", "--slots", "4", "--head-dim", "8", "--eval-tokens", "512", "--table-lr", "0.05", "--threads", "1"]
+    runs = {}
+    for name, launch in (("one", [sys.executable]), ("two", [sys.executable, "-m", "torch.distributed.run",
+                         "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port())])):
+        out = tmp_path / f"{name}.pmem"
+        r = subprocess.run([*launch, *args, "--out", str(out), "--json", str(out) + ".json"], capture_output=True,
+                           text=True, timeout=600, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[name] = json.loads((tmp_path / f"{name}.pmem.json").read_text())
+    a, b = (np.asarray(MemoryAsset.open(tmp_path / f"{n}.pmem").to_numpy()) for n in ("one", "two"))
+    norm = np.linalg.norm(a, axis=1)
+    live = norm > 0
+    assert live.sum() == runs["two"]["rows_touched"] > 0 and not np.any(b[~live])
+    assert (np.linalg.norm(a - b, axis=1)[live] / norm[live]).max() <= 1e-4
+    assert abs(runs["one"]["heldout_bpb_after"] - runs["two"]["heldout_bpb_after"]) <= 1e-3
+    assert len(runs["two"]["process_memory"]) == 2
+    # the site process 0 wrote names the asset the processes wrote together: it attaches and scores the same
+    r = subprocess.run([sys.executable, "-m", "polymem", "eval", "--model", str(tiny_model), "--site",
+                        str(tmp_path / "two.pmem.site"), "--corpus", str(corpus), "--max-docs", "2", "--window", "256"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
