@@ -1,8 +1,9 @@
 """A memory table sharded by rows across the processes of a ``torch.distributed`` group: :class:`ShardedTable`.
 
-Rank ``k`` of ``N`` holds the rows of pages ``[P·k/N, P·(k+1)/N)`` (whole pages, so a rank's rows are whole chunks of
-an asset and a world size that does not divide the rows still works) and only their optimizer state. A lookup is
-two all-to-all exchanges: each rank sends the distinct rows its batch reads to their owners and receives their
+Rank ``k`` of ``N`` holds the rows of whole shards of the table's asset (``N`` does not need to divide the rows;
+:func:`polymem.asset._together.shard_pages` shrinks the shards where there are fewer than ranks), so each rank
+writes the asset's shards of its own rows; it holds those rows and their optimizer state, nothing else of the
+table. A lookup is two all-to-all exchanges: each rank sends the distinct rows its batch reads to their owners and receives their
 vectors; in backward, each rank sends the gradient of those rows back to their owners, which hold it as the sparse
 gradient of their own rows. The owners then apply polymem's row-wise rule (:class:`polymem.torch.optim.SparseRowRMS`)
 to their rows alone: the update a row gets is the one a single process would give it (the gradient summed over
