@@ -64,7 +64,7 @@ def train(
     site_lr: Annotated[float, typer.Option(min=0.0, help="With --model: AdamW learning rate of the site's projection and gate.")] = 1e-3,
     softmax: Annotated[Softmax, typer.Option(help="With --model: the training loss over the ids the corpus uses (corpus; fast on large vocabularies) or the whole vocabulary (full). Scores are always exact.")] = Softmax("corpus"),
     eval_tokens: Annotated[int, typer.Option(min=1, help="With --model: held-out tokens scored before and after training.")] = 16384,
-    checkpoint_every: Annotated[int, typer.Option(min=0, help="With --model: write the training state to OUT.ckpt every this many steps (0: never); a run started again with the same flags continues from it, and it is removed once OUT is written.")] = 50,
+    checkpoint_every: Annotated[int, typer.Option(min=0, help="Write the training state to OUT.ckpt every this many steps (0: never); a run started again with the same flags continues from it, with any number of processes (torchrun), and it is removed once OUT is written.")] = 50,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
     json_out: JsonOut = None,
 ) -> None:
@@ -108,8 +108,7 @@ def train(
                      overwrite=overwrite, json_out=json_out, device=device)
         return
     refuse_unused("without --model", {"site": (site, None), "table_lr": (table_lr, 0.14), "site_lr": (site_lr, 1e-3),
-                                      "softmax": (softmax, "corpus"), "eval_tokens": (eval_tokens, 16384),
-                                      "checkpoint_every": (checkpoint_every, 50)})
+                                      "softmax": (softmax, "corpus"), "eval_tokens": (eval_tokens, 16384)})
     steps = steps or 620
     batch_size = batch_size or 8
     layers = layers or "1"
@@ -124,7 +123,7 @@ def train(
 
     if not _join(device, {"--corpus": [[str(c), os.path.getsize(c) if os.path.isfile(c) else None] for c in corpus],
                           "--tokenizer": tokenizer, "training": asdict(cfg), "memory": asdict(mem), "--out": str(out),
-                          "--hash": hash_kind.value}, mem.layout(), batch_size):
+                          "--hash": hash_kind.value, "--checkpoint-every": checkpoint_every}, mem.layout(), batch_size):
         check_table_memory(mem.layout(), trainable=True)  # before the corpus is read and the model built
     say_precision(cfg)
     with _progress() as prog:
@@ -139,7 +138,8 @@ def train(
 
         summary = train_donor(tokenizer, corpus, out, cfg=cfg, mem=mem, heldout_every=heldout_every,
                               max_eval_tokens=max_eval_tokens, overwrite=overwrite, on_step=on_step,
-                              on_phase=lambda s: prog.update(task, description=escape(s), info=""), hash=hash_kind.value)
+                              on_phase=lambda s: prog.update(task, description=escape(s), info=""), hash=hash_kind.value,
+                              checkpoint_every=checkpoint_every)
     _print_summary(summary, cfg)
     if json_out and not console.quiet:
         atomic_write_json(json_out, summary, indent=1)
@@ -167,6 +167,8 @@ def _print_summary(summary: dict, cfg) -> None:
                  ("training speed", f"{s['tokens_per_s']:,.0f} tokens/s ({s['precision']})"),
                  ("time", f"{s['elapsed_s']:.0f} s")):
         t.add_row(k, v)
+    if s.get("resumed_at_step"):
+        t.add_row("continued from", f"the checkpoint at step {s['resumed_at_step']} of {cfg.steps}")
     _process_rows(t, s)
     console.print(t)
     verdict = "lowers" if on < off else "does not lower"
@@ -196,13 +198,10 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
     from polymem.torch.tables import check_table_memory
 
     dev = resolve_device(device)  # a missing CUDA device is said before the model loads
-    if _join(device, {"--model": model, "--corpus": [[str(c), os.path.getsize(c) if os.path.isfile(c) else None]
-                                                     for c in corpus], "training": asdict(cfg), "--out": str(out),
-                      "--heldout-every": heldout_every, "--eval-tokens": eval_tokens}, cfg.layout(), cfg.batch_size):
-        if checkpoint_every:
-            console.print("note: checkpoints are not written across processes yet; an interrupted run starts again",
-                          highlight=False)
-    else:
+    if not _join(device, {"--model": model, "--corpus": [[str(c), os.path.getsize(c) if os.path.isfile(c) else None]
+                                                         for c in corpus], "training": asdict(cfg), "--out": str(out),
+                          "--heldout-every": heldout_every, "--eval-tokens": eval_tokens,
+                          "--checkpoint-every": checkpoint_every}, cfg.layout(), cfg.batch_size):
         check_table_memory(cfg.layout(), trainable=True)  # and a table that cannot fit
 
     console.print(f"loading {escape(model)} … (backbone frozen; table {cfg.params:,} scalars, site before block(s) "

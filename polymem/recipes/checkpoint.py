@@ -1,99 +1,266 @@
-"""Resumable training on a frozen backbone: the state of :func:`polymem.recipes.frozen.train_site` every few steps.
+"""Resumable training: the state of a training run every few steps, in one process or across the processes of a
+torch.distributed group (:class:`Checkpoints`).
 
-A checkpoint is a folder (``<out>.ckpt`` beside the asset ``polymem train --model`` writes): ``state.safetensors``
-(the table's rows when they train, the sites' weights, AdamW's moments, the row-wise optimizer's per-row state)
-and ``state.json`` (format, the step reached, the losses so far, the training seconds, and a key of everything
-that determines the run). It is written to a temporary folder and renamed over the previous one, so a run killed
-at any moment leaves the last whole checkpoint. A run started again with the same settings continues from it and
-ends with the same table, bit for bit, as one that never stopped (the data order is a function of the seed and
-the step); a checkpoint of other settings is refused. Nothing is unpickled.
+A checkpoint is a folder (``<out>.ckpt`` beside the asset ``polymem train`` writes):
 
-Not here: the training step (:mod:`polymem.recipes.frozen`).
+* ``table/``: the table's rows as an ordinary float32 asset (when the table trains). Across processes each process
+  writes the shards of its own rows into it (:meth:`polymem.torch.sharded.ShardedTable.write_asset`: no process
+  ever holds another's rows); one process can open it like any asset.
+* ``rows-<lo>-<hi>.safetensors``: the row-wise optimizer's state (``v``, ``n``) of rows [lo, hi), one file per
+  process that wrote it.
+* ``dense.safetensors``: the dense weights (the model's when it trains, the sites') and AdamW's moments: the
+  same in every process (data parallel), written by process 0.
+* ``state.json``, written last: format, the step reached, the losses so far, the training seconds, how many
+  processes wrote it, and a key of everything that determines the run (not the number of processes).
+
+It is built in a temporary folder and renamed over the previous one, so a run killed at any moment (a process
+of several included) leaves the last whole checkpoint. A run started again with the same settings continues from
+it — with any number of processes: each reads its rows from the asset and the row files that overlap them —
+and, with the same number of processes, ends with the same table, bit for bit, as one that never stopped (the
+data order is a function of the seed and the step). A checkpoint of other settings is refused. Nothing is
+unpickled. Across machines, the folder must be on a file system every process sees.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 from polymem.errors import FormatError, PolymemError
 
-FORMAT = "polymem.frozen-checkpoint"
+FORMAT = "polymem.training-checkpoint"
+VERSION = 2
+_ROWS = re.compile(r"rows-(\d{12})-(\d{12})\.safetensors")
 
 
-def save_checkpoint(path: Path, *, key: str, step: int, losses: list[float], train_s: float, handle: Any,
-                    opt: torch.optim.Optimizer, topt: Any) -> None:
-    """Write the state after ``step`` steps (see the module docstring); the previous checkpoint is replaced whole."""
-    from safetensors.torch import save_file
+class Checkpoints:
+    """The checkpoints of one run at ``path``: :meth:`resume` before the first step, :meth:`after` every step.
 
-    from polymem._io import atomic_write_json
+    ``modules``: name -> module whose ``state_dict`` is the dense state (identical in every process); ``opt``:
+    their AdamW; ``table``: the trained table (a :class:`~polymem.torch.sharded.ShardedTable` across processes:
+    then every call is collective); ``topt``: its row-wise optimizer or None."""
 
-    tensors: dict[str, torch.Tensor] = {f"sites.{k}": v.detach().cpu().contiguous()
-                                        for k, v in handle.sites.state_dict().items()}
-    if handle.table.trainable:
-        tensors["table"] = handle.table.weight.detach().cpu().contiguous()
-    sd = opt.state_dict()
-    for i, st in sd["state"].items():
-        for k, v in st.items():
-            tensors[f"adam.{i}.{k}"] = torch.as_tensor(v).detach().cpu().contiguous()
-    if topt is not None:
-        st = topt.state.get(handle.table.weight, {})
-        for k, v in st.items():
-            tensors[f"rows.{k}"] = v.detach().cpu().contiguous()
-    tmp = path.with_name(path.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_file(tensors, str(tmp / "state.safetensors"))
-    atomic_write_json(tmp / "state.json", {"format": FORMAT, "version": 1, "key": key, "step": int(step),
-                                            "losses": [float(x) for x in losses], "train_s": float(train_s)}, fsync=True)
-    old = path.with_name(path.name + ".old")
-    if path.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        path.rename(old)
-    tmp.rename(path)
-    if old.exists():
-        shutil.rmtree(old)
+    def __init__(self, path: Path, *, every: int, key: str, modules: Mapping[str, torch.nn.Module],
+                 opt: torch.optim.Optimizer, table: Any, topt: Any) -> None:
+        from polymem.torch.sharded import ShardedTable
 
+        self.path, self.every, self.key = Path(path), int(every), key
+        self.modules, self.opt, self.table, self.topt = dict(modules), opt, table, topt
+        self.sharded = isinstance(table, ShardedTable)
+        self.rank = table.rank if self.sharded else 0
+        self.world = table.world if self.sharded else 1
+        self.lo: int = int(table.lo) if self.sharded else 0
+        self.hi: int = int(table.hi) if self.sharded else int(table.weight.shape[0])
 
-def load_checkpoint(path: Path, *, key: str, handle: Any, opt: torch.optim.Optimizer, topt: Any) -> dict[str, Any] | None:
-    """Restore the state into ``handle`` and the optimizers; returns ``{"step", "losses", "train_s"}``, or None when
-    there is no checkpoint. A checkpoint of other settings, or a damaged one, is refused with the way out."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    # -------------------------------------------------------------------------------------------- writing
+    def after(self, done: int, steps: int, losses: list[float], train_s: float) -> bool:
+        """Write a checkpoint when ``done`` steps (of ``steps``) call for one; True when it was written."""
+        if self.every <= 0 or done % self.every or done >= steps:
+            return False
+        self.save(done, losses, train_s)
+        return True
 
-    if not path.exists():
-        old = path.with_name(path.name + ".old")  # a writer stopped between its two renames
-        if not old.exists():
+    def save(self, step: int, losses: list[float], train_s: float) -> None:
+        """Write the state after ``step`` steps; the previous checkpoint is replaced whole (collective)."""
+        from safetensors.torch import save_file
+
+        from polymem._io import atomic_write_json
+        from polymem.asset._fs import fsync_dir
+
+        lead, tmp = self.rank == 0, self._aside(".tmp")
+        problem = None
+        if lead:
+            try:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir(parents=True)
+            except OSError as e:
+                problem = f"cannot write the checkpoint {str(tmp)!r}: {e}"
+        self._agree(problem)
+        if self.table.trainable:
+            self._write_rows(tmp / "table")
+        try:
+            st = self._row_state()
+            if st:  # every process, even one whose rows have had no update yet: the files tile the rows
+                save_file({k: v.detach().cpu().contiguous() for k, v in st.items()},
+                          str(tmp / f"rows-{self.lo:012d}-{self.hi:012d}.safetensors"))
+            if lead:
+                save_file(self._dense(), str(tmp / "dense.safetensors"))
+        except OSError as e:
+            problem = f"rank {self.rank}: cannot write the checkpoint {str(tmp)!r}: {e}"
+        self._agree(problem)
+        if lead:
+            try:
+                atomic_write_json(tmp / "state.json", {
+                    "format": FORMAT, "version": VERSION, "key": self.key, "step": int(step), "world": self.world,
+                    "losses": [float(x) for x in losses], "train_s": float(train_s)}, fsync=True)
+                fsync_dir(tmp)
+                old = self._aside(".old")
+                if self.path.exists():
+                    if old.exists():
+                        shutil.rmtree(old)
+                    self.path.rename(old)
+                tmp.rename(self.path)
+                if old.exists():
+                    shutil.rmtree(old)
+            except OSError as e:
+                problem = f"cannot install the checkpoint {str(self.path)!r}: {e}"
+        self._agree(problem)
+
+    def _write_rows(self, dest: Path) -> None:
+        if self.sharded:
+            self.table.write_asset(dest, provenance={"created_by": "polymem train (checkpoint)"}, fingerprint=False)
+            return
+        from polymem.asset import MemoryAsset
+
+        t = self.table
+        MemoryAsset.from_array(dest, t.weight.detach().cpu().numpy(), t.spec, t.layout, orders=tuple(t.orders) or (1,),
+                               dtype="float32", provenance={"created_by": "polymem train (checkpoint)"})
+
+    def _row_state(self) -> dict[str, torch.Tensor]:
+        """The row-wise optimizer's state of this process's rows (zeros, as the optimizer starts them, for rows
+        that have had no update yet)."""
+        if self.topt is None:
+            return {}
+        st = self.topt.state.get(self.table.weight, {})
+        n = self.hi - self.lo
+        return {"v": st.get("v", torch.zeros(n, dtype=torch.float32)), "n": st.get("n", torch.zeros(n, dtype=torch.int32))}
+
+    def _dense(self) -> dict[str, torch.Tensor]:
+        out = {f"{name}.{k}": v.detach().cpu().contiguous().clone()
+               for name, m in self.modules.items() for k, v in m.state_dict().items()}
+        for i, st in self.opt.state_dict()["state"].items():
+            for k, v in st.items():
+                out[f"adam.{i}.{k}"] = torch.as_tensor(v).detach().cpu().contiguous().clone()
+        return out
+
+    # -------------------------------------------------------------------------------------------- reading
+    def resume(self) -> dict[str, Any] | None:
+        """Restore the last checkpoint into the modules, optimizers and this process's rows; returns
+        ``{"step", "losses", "train_s", "world"}``, or None when there is none. A checkpoint of other settings,
+        or a damaged one, is refused with the way out (collective)."""
+        problem = None
+        if self.rank == 0 and not self.path.exists() and self._aside(".old").exists():
+            try:  # a writer stopped between its two renames
+                self._aside(".old").rename(self.path)
+            except OSError as e:
+                problem = f"cannot restore the checkpoint {str(self.path)!r}: {e}"
+        self._agree(problem)
+        if not self.path.exists():
             return None
-        old.rename(path)
-    try:
-        head = json.loads((path / "state.json").read_text())
-        tensors = load_file(str(path / "state.safetensors"))
-    except (OSError, ValueError, SafetensorError) as e:
-        raise FormatError(f"{str(path)!r} is not a readable checkpoint ({e}); remove it to start over") from None
-    if not isinstance(head, dict) or head.get("format") != FORMAT:
-        raise FormatError(f"{str(path)!r} is not a polymem training checkpoint; remove it to start over")
-    if head.get("key") != key:
-        raise PolymemError(f"{str(path)!r} is a checkpoint of other settings (model, corpus, table or budget); remove "
-                           "it to start over, or run with the settings it was made with")
-    try:
-        handle.sites.load_state_dict({k[len("sites."):]: v for k, v in tensors.items() if k.startswith("sites.")})
-        if handle.table.trainable:
-            with torch.no_grad():
-                handle.table.weight.copy_(tensors["table"])
-        sd = opt.state_dict()
-        for i in sd["state"].keys() | {int(k.split(".")[1]) for k in tensors if k.startswith("adam.")}:
-            sd["state"][i] = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"adam.{i}.")}
-        opt.load_state_dict(sd)
-        if topt is not None and "rows.v" in tensors:
-            dev = handle.table.weight.device
-            topt.state[handle.table.weight] = {"v": tensors["rows.v"].to(dev), "n": tensors["rows.n"].to(dev)}
-    except (KeyError, RuntimeError, ValueError) as e:
-        raise FormatError(f"{str(path)!r} does not fit this run ({type(e).__name__}: {e}); remove it to start over") from None
-    return {"step": int(head["step"]), "losses": list(head["losses"]), "train_s": float(head["train_s"])}
+        head: Any = None
+        try:
+            head = self._head()
+            self._restore()
+        except PolymemError as e:
+            if not self.sharded:
+                raise
+            problem = str(e)
+        self._agree(problem)
+        return {"step": int(head["step"]), "losses": list(head["losses"]), "train_s": float(head["train_s"]),
+                "world": int(head.get("world", 1))}
+
+    def _head(self) -> dict[str, Any]:
+        p = self.path
+        try:
+            head = json.loads((p / "state.json").read_text())
+        except (OSError, ValueError) as e:
+            raise FormatError(f"{str(p)!r} is not a readable checkpoint ({e}); remove it to start over") from None
+        if not isinstance(head, dict) or head.get("format") != FORMAT or head.get("version") != VERSION:
+            raise FormatError(f"{str(p)!r} is not a polymem training checkpoint this version reads (format "
+                              f"{FORMAT!r} version {VERSION}); remove it to start over")
+        if head.get("key") != self.key:
+            raise PolymemError(f"{str(p)!r} is a checkpoint of other settings (model, corpus, table or budget); remove "
+                               "it to start over, or run with the settings it was made with")
+        return head
+
+    def _restore(self) -> None:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        p = self.path
+        try:
+            dense = load_file(str(p / "dense.safetensors"))
+            for name, m in self.modules.items():
+                m.load_state_dict({k[len(name) + 1:]: v for k, v in dense.items() if k.startswith(name + ".")})
+            sd = self.opt.state_dict()
+            for i in sd["state"].keys() | {int(k.split(".")[1]) for k in dense if k.startswith("adam.")}:
+                sd["state"][i] = {k.split(".", 2)[2]: v for k, v in dense.items() if k.startswith(f"adam.{i}.")}
+            self.opt.load_state_dict(sd)
+            if self.table.trainable:
+                self._read_rows(p / "table")
+            if self.topt is not None:
+                dev = self.table.weight.device
+                self.topt.state[self.table.weight] = {k: v.to(dev) for k, v in self._read_row_state().items()}
+        except (OSError, KeyError, RuntimeError, ValueError, SafetensorError) as e:
+            raise FormatError(f"{str(p)!r} does not fit this run ({type(e).__name__}: {e}); remove it to start "
+                              "over") from None
+
+    def _read_rows(self, src: Path) -> None:
+        """This process's rows [lo, hi) from the checkpoint's asset, a block of pages at a time."""
+        from polymem.asset import MemoryAsset
+
+        a = MemoryAsset.open(src)
+        t = self.table
+        if a.layout.to_dict() != t.layout.to_dict() or a.spec.to_dict() != t.spec.to_dict():
+            raise ValueError(f"its table has layout {a.layout.to_dict()}, this run's {t.layout.to_dict()}")
+        rpp, block = t.layout.rows_per_page, 4096
+        w = t.weight
+        with torch.no_grad():
+            for pa in range(self.lo // rpp, self.hi // rpp, block):
+                pb = min(self.hi // rpp, pa + block)
+                rows = np.asarray(a.read_pages(np.arange(pa, pb)), np.float32).reshape(-1, t.layout.head_dim)
+                w[pa * rpp - self.lo:pb * rpp - self.lo].copy_(torch.from_numpy(rows))
+
+    def _read_row_state(self) -> dict[str, torch.Tensor]:
+        """The row-wise state of rows [lo, hi) from the row files that overlap them (written by any number of
+        processes)."""
+        from safetensors import safe_open
+
+        files = sorted((int(m[1]), int(m[2]), f) for f in self.path.iterdir() if (m := _ROWS.fullmatch(f.name)))
+        edges = [files[0][0] if files else -1] + [b for _, b, _ in files]
+        if edges[0] != 0 or any(a != e for (a, _, _), e in zip(files, edges)) or edges[-1] != self.table.layout.num_rows:
+            raise ValueError(f"its row files cover {[(a, b) for a, b, _ in files]}, not rows [0, {self.table.layout.num_rows})")
+        out: dict[str, list[torch.Tensor]] = {}
+        for a, b, f in files:
+            lo, hi = max(a, self.lo), min(b, self.hi)
+            if lo >= hi:
+                continue
+            with safe_open(str(f), framework="pt") as g:
+                for k in g.keys():
+                    out.setdefault(k, []).append(g.get_slice(k)[lo - a:hi - a])
+        return {k: torch.cat(v) for k, v in out.items()}
+
+    # -------------------------------------------------------------------------------------------- helpers
+    def _aside(self, suffix: str) -> Path:
+        return self.path.with_name(self.path.name + suffix)
+
+    def _agree(self, problem: str | None) -> None:
+        """Raise in every process when any has a problem (the first one's words); across processes, a barrier."""
+        if self.sharded:
+            import torch.distributed as dist
+
+            got: list[Any] = [None] * self.world
+            dist.all_gather_object(got, problem, group=self.table.group)
+            problem = next((g for g in got if g), None)
+        if problem:
+            raise PolymemError(problem)
+
+
+def remove_checkpoint(path: Path, distributed: bool = False) -> None:
+    """Remove a run's checkpoint once its asset is written (across processes: process 0, after every process)."""
+    if distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+        if dist.get_rank() != 0:
+            return
+    for p in (path, path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")):
+        if p.exists():
+            shutil.rmtree(p)

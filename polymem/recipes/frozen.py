@@ -209,10 +209,13 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
     cut = restricted_head(lm.model, np.unique(stream)) if cfg.softmax == "corpus" else None
     t0, t_eval = time.perf_counter(), 0.0
     first, before_s = 0, 0.0
+    ck = None
     if checkpoint is not None:
-        from polymem.recipes.checkpoint import load_checkpoint, save_checkpoint
+        from polymem.recipes.checkpoint import Checkpoints
 
-        got = load_checkpoint(checkpoint, key=checkpoint_key, handle=handle, opt=opt, topt=topt)
+        ck = Checkpoints(checkpoint, every=checkpoint_every, key=checkpoint_key, modules={"sites": handle.sites},
+                         opt=opt, table=handle.table, topt=topt)
+        got = ck.resume()
         if got is not None:
             first, losses, before_s = got["step"], got["losses"], got["train_s"]
     for step in range(first, cfg.steps):
@@ -238,9 +241,10 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
             te = time.perf_counter()
             on_eval(step + 1, (step + 1) * cfg.batch_size * cfg.block_size)  # the full output layer is back
             t_eval += time.perf_counter() - te
-        if checkpoint is not None and checkpoint_every > 0 and (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
-            save_checkpoint(checkpoint, key=checkpoint_key, step=step + 1, losses=losses,
-                            train_s=before_s + time.perf_counter() - t0 - t_eval, handle=handle, opt=opt, topt=topt)
+        if ck is not None:
+            tc = time.perf_counter()
+            if ck.after(step + 1, cfg.steps, losses, before_s + tc - t0 - t_eval):
+                t_eval += time.perf_counter() - tc  # writing a checkpoint is not training
     el = before_s + time.perf_counter() - t0 - t_eval
     out: dict[str, Any] = {"losses": losses, "tokens": cfg.tokens, "train_s": el, "tokens_per_s": cfg.tokens / max(el, 1e-9),
                            "resumed_at": first}
@@ -297,8 +301,6 @@ def train_table(
         handle.table.orders = tuple(range(1, cfg.max_n + 1))
         ckpt = out.with_name(out.name + ".ckpt")
         key = _checkpoint_key(lm, cfg, data.train, heldout_every)
-        if distributed:
-            checkpoint_every = 0  # not across processes yet: a run of several processes starts from step 0
         if checkpoint_every > 0 and ckpt.exists():
             say("training (continuing from the checkpoint)")
         else:
@@ -333,10 +335,10 @@ def train_table(
             path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, cfg.max_n + 1)),
                               provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
         _save_site(handle, site_dir, overwrite, path)
-        if checkpoint_every > 0 and ckpt.exists():
-            import shutil
+        if checkpoint_every > 0:  # the asset is whole: the run is done
+            from polymem.recipes.checkpoint import remove_checkpoint
 
-            shutil.rmtree(ckpt)  # the asset is whole: the run is done
+            remove_checkpoint(ckpt, distributed)
     finally:
         handle.detach()
     from polymem.recipes.train import process_memory

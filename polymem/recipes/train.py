@@ -265,9 +265,13 @@ def process_memory(table: Any, optimizer_bytes: int, distributed: bool) -> list[
 def train_loop(
     model, handle, data: TokenData, cfg: TrainConfig, *, on_step: Callable[[int, float], None] | None = None,
     rows_in_loader: bool = False, eval_every: int | None = None, on_eval: Callable[[int, int], None] | None = None,
-    distributed: bool = False,
+    distributed: bool = False, checkpoint: Path | None = None, checkpoint_every: int = 0, checkpoint_key: str = "",
 ) -> dict[str, Any]:
     """Train ``model`` (with ``handle``'s sites, if any) for cfg.steps on data.train. Returns losses and speed.
+
+    ``checkpoint``: a folder the state is written to every ``checkpoint_every`` steps and continued from when it
+    is there, with any number of processes (:mod:`polymem.recipes.checkpoint`; ``checkpoint_key`` names the
+    settings it belongs to).
 
     ``distributed``: one process of a torch.distributed group (data parallel: each takes its share of every global
     batch of cfg.batch_size sequences, dense gradients summed; the table a :class:`polymem.torch.sharded.ShardedTable`
@@ -282,8 +286,17 @@ def train_loop(
     model.train()
     losses: list[float] = []
     t0 = time.perf_counter()
-    t_eval = 0.0
-    for step in range(cfg.steps):
+    t_eval, first, before_s = 0.0, 0, 0.0
+    ck = None
+    if checkpoint is not None and handle is not None:
+        from polymem.recipes.checkpoint import Checkpoints
+
+        ck = Checkpoints(checkpoint, every=checkpoint_every, key=checkpoint_key,
+                         modules={"model": model, "sites": handle.sites}, opt=opt, table=handle.table, topt=topt)
+        got = ck.resume()
+        if got is not None:
+            first, losses, before_s = got["step"], got["losses"], got["train_s"]
+    for step in range(first, cfg.steps):
         f = cfg.lr_factor(step)
         for g in opt.param_groups:
             g["lr"] = cfg.lr * f
@@ -307,9 +320,14 @@ def train_loop(
             on_eval(step + 1, (step + 1) * cfg.batch_size * cfg.block_size)
             model.train()
             t_eval += time.perf_counter() - te
-    el = time.perf_counter() - t0 - t_eval
+        if ck is not None:
+            tc = time.perf_counter()
+            if ck.after(step + 1, cfg.steps, losses, before_s + tc - t0 - t_eval):
+                t_eval += time.perf_counter() - tc  # writing a checkpoint is not training
+    el = before_s + time.perf_counter() - t0 - t_eval
     tokens = cfg.steps * cfg.batch_size * cfg.block_size
-    out = {"losses": losses, "tokens": tokens, "elapsed_s": el, "tokens_per_s": tokens / max(el, 1e-9)}
+    out = {"losses": losses, "tokens": tokens, "elapsed_s": el, "tokens_per_s": tokens / max(el, 1e-9),
+           "resumed_at": first}
     if topt is not None:  # per-row update counts of the table (SparseRowRMS state), for the asset's counts array
         st = topt.state.get(handle.table.weight, {})
         out["table_state_bytes"] = sum(t.numel() * t.element_size() for t in st.values() if isinstance(t, torch.Tensor))
@@ -352,13 +370,16 @@ def train_donor(
     mem: MemoryConfig = MemoryConfig(), heldout_every: int = 10, max_eval_tokens: int | None = None,
     overwrite: bool = False, on_step: Callable[[int, float], None] | None = None,
     on_phase: Callable[[str], None] | None = None, hash: str = "bytes", return_model: bool = False,
+    checkpoint_every: int = 0,
 ) -> dict[str, Any]:
     """Train a backbone with a fresh all-zero table from scratch and write the table to ``out`` (an asset,
     or a ``.safetensors`` table file). Returns a summary (held-out bpb with and without memory, speed).
 
     ``hash="xor"``: an Engram-style tokenizer-bound table (token-id XOR hash, a prime modulus per (order, head),
     independent heads; :mod:`polymem.torch.idrows`) instead of the byte hash. ``return_model``: the summary
-    also holds ``model``, ``handle`` and ``data`` (for experiments)."""
+    also holds ``model``, ``handle`` and ``data`` (for experiments). ``checkpoint_every``: write the training
+    state to ``out`` + ``.ckpt`` every this many steps; a run started again with the same settings (and any
+    number of processes) continues from it; it is removed once ``out`` is written."""
     if hash not in HASHES:
         raise PolymemError(f"hash {hash!r} is unknown; accepted: bytes (tokenizer-agnostic), xor (Engram, tokenizer-bound)")
     from polymem.torch.attach import attach
@@ -399,8 +420,11 @@ def train_donor(
                     train="all", max_n=mem.max_n, gate=mem.gate, conv=mem.conv, init_seed=cfg.seed + 1000)
     handle.table.orders = tuple(range(1, mem.max_n + 1))
     precision, why = cfg.precision_choice()
-    say("training")
-    res = train_loop(model, handle, data, cfg, on_step=on_step, distributed=distributed)
+    ckpt = out.with_name(out.name + ".ckpt")
+    say("training (continuing from the checkpoint)" if checkpoint_every > 0 and ckpt.exists() else "training")
+    res = train_loop(model, handle, data, cfg, on_step=on_step, distributed=distributed,
+                     checkpoint=ckpt if checkpoint_every > 0 else None, checkpoint_every=checkpoint_every,
+                     checkpoint_key=_checkpoint_key(cfg, mem, hash, data, heldout_every))
     say("evaluating")
     bpb = evaluate_bpb(model, data, cfg, max_tokens=max_eval_tokens)
     with handle.disabled():
@@ -428,6 +452,10 @@ def train_donor(
         assert table is not None
         path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, mem.max_n + 1)),
                           provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
+    if checkpoint_every > 0:  # the asset is whole: the run is done
+        from polymem.recipes.checkpoint import remove_checkpoint
+
+        remove_checkpoint(ckpt, distributed)
     memory = process_memory(handle.table, res.get("table_state_bytes", 0), distributed)
     extra = {"model": model, "handle": handle, "data": data} if return_model else {}
     if not return_model:
@@ -438,4 +466,17 @@ def train_donor(
             "heldout_bpb": bpb, "heldout_bpb_memory_off": bpb_off, "rows_touched": touched,
             "rows": layout.num_rows, "tokens_per_s": res["tokens_per_s"], "train_s": res["elapsed_s"],
             "final_loss": prov["loss"], "precision": precision, "precision_reason": why, "elapsed_s": time.perf_counter() - t0,
-            "hash": hash, "process_memory": memory, **extra}
+            "hash": hash, "process_memory": memory, "resumed_at_step": res["resumed_at"], **extra}
+
+
+def _checkpoint_key(cfg: TrainConfig, mem: MemoryConfig, hash: str, data: TokenData, heldout_every: int) -> str:
+    """What a checkpoint of :func:`train_donor` belongs to: the configs, the hash, the tokenizer and the training
+    stream (not the device or the number of processes)."""
+    import hashlib
+    import json
+
+    run = {k: v for k, v in asdict(cfg).items() if k not in ("device", "eval_batch")}
+    h = hashlib.sha256(json.dumps({"cfg": run, "mem": asdict(mem), "hash": hash, "tokenizer": data.cache.fingerprint,
+                                   "heldout_every": heldout_every}, sort_keys=True, default=str).encode())
+    h.update(hashlib.sha256(np.ascontiguousarray(data.train).tobytes()).digest())
+    return h.hexdigest()[:24]

@@ -161,10 +161,11 @@ class ShardedTable(MemoryTable):
         return table_fingerprint(self.to_numpy(), self.spec, self.layout)
 
     def write_asset(self, path: Any, *, provenance: dict[str, Any] | None = None, overwrite: bool = False,
-                    row_counts: torch.Tensor | None = None) -> Any:
+                    row_counts: torch.Tensor | None = None, fingerprint: bool = True) -> Any:
         """Write the table as one asset, each rank writing the shards of its own rows (no rank ever holds another's
         rows; rank 0 writes the metadata and installs). ``row_counts``: this rank's rows' update counts.
-        Collective. Returns the opened asset."""
+        ``fingerprint``: read the written table back for :meth:`fingerprint` (process 0). Collective. Returns the
+        opened asset."""
         from polymem.asset import MemoryAsset
         from polymem.asset._format import geometry
         from polymem.asset._together import write_together
@@ -186,7 +187,8 @@ class ShardedTable(MemoryTable):
         asset = write_together(MemoryAsset, path, self.spec, self.layout, source, shards=mine,
                                chunks_per_shard=self.chunks_per_shard, comm=comm, orders=self.orders,
                                provenance=provenance, overwrite=overwrite, row_counts=counts)
-        self._fp = comm.broadcast(_stream_fingerprint(asset, self.spec, self.layout) if self.rank == 0 else None)
+        if fingerprint:
+            self._fp = comm.broadcast(_stream_fingerprint(asset, self.spec, self.layout) if self.rank == 0 else None)
         return asset
 
     def local_bytes(self) -> int:

@@ -24,14 +24,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(corpus: Path, out: Path, steps: int, nproc: int | None, batch: int = 4) -> dict:
-    script = [str(HERE / "dist_train.py"), str(corpus), str(out), str(steps), str(batch)]
+def _cmd(corpus: Path, out: Path, steps: int, nproc: int | None, batch: int = 4, every: int = 0,
+         pause: float = 0.0) -> list[str]:
+    script = [str(HERE / "dist_train.py"), str(corpus), str(out), str(steps), str(batch), str(every), str(pause)]
     if nproc is None:
-        cmd = [sys.executable, *script]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-               "127.0.0.1", "--master-port", str(_free_port()), *script]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        return [sys.executable, *script]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+            "127.0.0.1", "--master-port", str(_free_port()), *script]
+
+
+def _run(corpus: Path, out: Path, steps: int, nproc: int | None, batch: int = 4, every: int = 0) -> dict:
+    r = subprocess.run(_cmd(corpus, out, steps, nproc, batch, every), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
     return {"ranks": sorted(lines, key=lambda d: d["rank"]), **lines[0]}
@@ -63,6 +66,53 @@ def test_processes_train_the_table_one_process_trains(corpus, tmp_path, nproc):
     rel = np.linalg.norm(a - b, axis=1)[live] / norm[live]
     assert rel.max() <= 1e-4, rel.max()
     assert abs(one["heldout_bpb"] - two["heldout_bpb"]) <= 1e-3
+
+
+def _close_to(a: np.ndarray, b: np.ndarray) -> float:
+    """Max per-row relative difference over the rows ``a`` wrote (rows it never wrote must be zero in ``b``)."""
+    norm = np.linalg.norm(a, axis=1)
+    live = norm > 0
+    assert live.any() and not np.any(b[~live])
+    return float((np.linalg.norm(a - b, axis=1)[live] / norm[live]).max())
+
+
+@pytest.mark.parametrize("again", [1, 3])
+def test_a_run_whose_process_is_killed_resumes_from_its_checkpoint_with_another_number(corpus, tmp_path, again):
+    """Two processes checkpoint every 4 steps; one is killed (SIGKILL) mid-run: the last checkpoint is whole (an
+    asset one process opens, written by both), and a run started again with ``again`` processes continues from it
+    and ends with the table one uninterrupted process trains."""
+    import os
+    import signal
+    import time
+
+    from polymem import MemoryAsset
+
+    one = _run(corpus, tmp_path / "one.pmem", 20, None)
+    out, ckpt = tmp_path / "cut.pmem", tmp_path / "cut.pmem.ckpt"
+    p = subprocess.Popen(_cmd(corpus, out, 20, 2, every=4, pause=0.4), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (ckpt / "state.json").exists() or json.loads((ckpt / "state.json").read_text())["step"] < 8:
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1][-3000:]
+            time.sleep(0.05)
+        os.kill(int((tmp_path / "cut.pmem.pid1").read_text()), signal.SIGKILL)
+        _, err = p.communicate(timeout=300)
+    finally:
+        p.kill()
+    assert p.returncode != 0 and not out.exists(), err[-3000:]
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["world"] == 2 and state["step"] in (8, 12, 16) and len(state["losses"]) == state["step"]
+    table = MemoryAsset.open(ckpt / "table")
+    assert table.problems() == [] and table.layout.num_rows == one["rows"]
+    assert sorted(f.name for f in ckpt.glob("rows-*")) and (ckpt / "dense.safetensors").is_file()
+
+    resumed = _run(corpus, out, 20, None if again == 1 else again, every=4)
+    assert resumed["resumed_at_step"] == state["step"] and not ckpt.exists()
+    assert _close_to(_rows(tmp_path / "one.pmem"), _rows(out)) <= 1e-4
+    assert abs(one["heldout_bpb"] - resumed["heldout_bpb"]) <= 1e-3
+    ca, cb = (MemoryAsset.open(tmp_path / n).row_counts() for n in ("one.pmem", "cut.pmem"))
+    assert np.array_equal(ca, cb)
 
 
 def test_processes_started_with_different_runs_all_stop_with_one_line():
@@ -163,3 +213,46 @@ def test_processes_train_a_table_on_a_frozen_model_as_one_process_does(tiny_mode
                         str(tmp_path / "two.pmem.site"), "--corpus", str(corpus), "--max-docs", "2", "--window", "256"],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_a_frozen_model_run_stopped_in_one_process_continues_in_two(tiny_model, corpus, tmp_path):
+    """``train --model``: a run stopped at step 7 of 12 in one process (its checkpoint of step 6) is continued by
+    two processes under torchrun, and ends with the table one uninterrupted process trains."""
+    import torch
+
+    from polymem import MemoryAsset
+    from polymem.models import load_model
+    from polymem.recipes.frozen import FrozenTrainConfig, train_table
+
+    args = ["--steps", "12", "--batch-size", "4", "--block-size", "32", "--layers", "1", "--params",
+            str(61 * 4 * 4 * 8), "--heads", "4", "--slots", "4", "--head-dim", "8", "--eval-tokens", "512",
+            "--table-lr", "0.05", "--threads", "1", "--checkpoint-every", "3"]
+    base = [sys.executable, "-m", "polymem", "train", "--model", str(tiny_model), "--corpus", str(corpus), *args]
+    r = subprocess.run([*base, "--out", str(tmp_path / "one.pmem")], capture_output=True, text=True, timeout=600,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    def stop(i: int, loss: float) -> None:
+        if i == 6:
+            raise KeyboardInterrupt
+
+    cfg = FrozenTrainConfig(steps=12, batch_size=4, block_size=32, layers=(1,), params=61 * 4 * 4 * 8, heads=4,
+                            slots=4, head_dim=8, table_lr=0.05)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the processes: the same float order
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_table(load_model(str(tiny_model)), [corpus], tmp_path / "cut.pmem", cfg=cfg, eval_tokens=512,
+                        checkpoint_every=3, on_step=stop)
+    finally:
+        torch.set_num_threads(threads)
+    assert json.loads((tmp_path / "cut.pmem.ckpt" / "state.json").read_text())["step"] == 6
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                        "127.0.0.1", "--master-port", str(_free_port()), *base[1:], "--out", str(tmp_path / "cut.pmem"),
+                        "--json", str(tmp_path / "cut.json")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "cut.json").read_text())
+    assert summary["resumed_at_step"] == 6 and len(summary["process_memory"]) == 2
+    assert "continued from" in r.stdout and not (tmp_path / "cut.pmem.ckpt").exists()
+    a, b = (np.asarray(MemoryAsset.open(tmp_path / n).to_numpy()) for n in ("one.pmem", "cut.pmem"))
+    assert _close_to(a, b) <= 1e-4

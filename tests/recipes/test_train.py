@@ -115,3 +115,39 @@ def test_training_lowers_the_loss_and_writes_exactly_the_trained_rows(tmp_path):
     addressed = set(cache.ngram_rows(train_ids, asset.layout, 3).ravel().tolist()) - {-1}
     assert nonzero <= addressed
     assert len(nonzero) > 0.5 * len(addressed)  # most addressed rows were read by some window and updated
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint_bit_for_bit(corpus, tmp_path):
+    """Stopped after step 5 of 7, a run continues from the checkpoint of step 4 (its table an asset, the row-wise
+    state and dense state beside it) and ends with the table, row counts and score of a run that never stopped;
+    the checkpoint is gone once the asset is written. A damaged checkpoint is refused with one line."""
+    from polymem import MemoryAsset
+    from polymem.errors import PolymemError
+
+    cfg = TrainConfig(**{**TINY, "steps": 7})
+    whole = train_donor("bytes", [corpus], tmp_path / "whole.pmem", cfg=cfg, mem=TINY_MEM)
+
+    def stop(i: int, loss: float) -> None:
+        if i == 4:
+            raise KeyboardInterrupt
+
+    out, ckpt = tmp_path / "cut.pmem", tmp_path / "cut.pmem.ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        train_donor("bytes", [corpus], out, cfg=cfg, mem=TINY_MEM, checkpoint_every=2, on_step=stop)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert not out.exists() and state["step"] == 4 and state["world"] == 1
+    assert MemoryAsset.open(ckpt / "table").problems() == []
+    with pytest.raises(PolymemError, match="checkpoint of other settings"):  # another seed: not this run's state
+        train_donor("bytes", [corpus], out, cfg=TrainConfig(**{**TINY, "steps": 7, "seed": 1}), mem=TINY_MEM,
+                    checkpoint_every=2)
+    rows = next(ckpt.glob("rows-*.safetensors"))
+    rows.rename(tmp_path / rows.name)
+    with pytest.raises(PolymemError, match="does not fit this run .* row files cover .*remove it to start over"):
+        train_donor("bytes", [corpus], out, cfg=cfg, mem=TINY_MEM, checkpoint_every=2)
+    (tmp_path / rows.name).rename(rows)
+    again = train_donor("bytes", [corpus], out, cfg=cfg, mem=TINY_MEM, checkpoint_every=2)
+    assert again["resumed_at_step"] == 4 and whole["resumed_at_step"] == 0 and not ckpt.exists()
+    a, b = MemoryAsset.open(whole["path"]), MemoryAsset.open(again["path"])
+    assert np.array_equal(np.asarray(a.to_numpy()), np.asarray(b.to_numpy()))
+    assert np.array_equal(a.row_counts(), b.row_counts())
+    assert again["heldout_bpb"] == whole["heldout_bpb"] and again["final_loss"] == whole["final_loss"]
