@@ -1,5 +1,5 @@
 """A small `train_donor` run, in one process or as one rank under torchrun (tests/recipes/test_sharded.py starts
-it): ``python tests/dist_train.py CORPUS OUT STEPS [BATCH [CHECKPOINT_EVERY [PAUSE_S]]]``. Prints each rank's figures as a JSON line. ``--check NAME``: each rank
+it): ``python tests/dist_train.py CORPUS OUT STEPS [BATCH [CHECKPOINT_EVERY [PAUSE_S [HASH]]]]``. Prints each rank's figures as a JSON line. ``--check NAME``: each rank
 claims another corpus (the start-of-run check must stop them all)."""
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def main() -> None:
     batch = int(sys.argv[4]) if len(sys.argv) > 4 else 4
     every = int(sys.argv[5]) if len(sys.argv) > 5 else 0  # checkpoint every this many steps
     pause = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0  # seconds after each step (time for a test to kill)
+    hash_kind = sys.argv[7] if len(sys.argv) > 7 else "bytes"
     torch.set_num_threads(1)
     rank = 0
     if "WORLD_SIZE" in os.environ:
@@ -57,7 +58,7 @@ def main() -> None:
     with open(f"{out}.pid{rank}", "w") as f:  # the test that kills a process finds it here
         f.write(str(os.getpid()))
     s = train_donor("bytes", [corpus], out, cfg=cfg, mem=mem, heldout_every=3, return_model=True,
-                    checkpoint_every=every, on_step=lambda i, loss: time.sleep(pause))
+                    checkpoint_every=every, on_step=lambda i, loss: time.sleep(pause), hash=hash_kind)
     t = s["handle"].table
     _say({"rank": rank, "local_rows": int(t.weight.shape[0]), "rows": t.layout.num_rows,
           "resumed_at_step": s["resumed_at_step"],

@@ -405,17 +405,17 @@ def train_donor(
                              tokenizer={"name": data.name, "fingerprint": data.cache.fingerprint},
                              vocab_size=data.cache.vocab_size)
         layout = xspec.layout(mem.head_dim)
-        table_in = TrainableTable(None, spec=xspec, layout=layout, orders=tuple(range(1, mem.max_n + 1)))
     distributed = _distributed()
+    if hash == "xor" and not distributed:
+        table_in = TrainableTable(None, spec=xspec, layout=layout, orders=tuple(range(1, mem.max_n + 1)))
     if distributed:  # rows sharded across the processes, each holding and updating its own
         if out.suffix == ".safetensors":
             raise PolymemError(f"{str(out)!r}: a table trained across processes is written as an asset (each process "
                                "writing its own rows); give --out a name without .safetensors")
-        if table_in is not None:
-            raise PolymemError("hash='xor' tables are not trained across processes yet; use the byte hash (the default)")
         from polymem.torch.sharded import ShardedTable
 
-        table_in = ShardedTable(spec=HashSpec(), layout=layout, orders=tuple(range(1, mem.max_n + 1)))
+        table_in = ShardedTable(spec=xspec if hash == "xor" else HashSpec(), layout=layout,
+                                orders=tuple(range(1, mem.max_n + 1)))
     handle = attach(model, table_in if table_in is not None else layout, data.cache, layers=list(mem.layers),
                     train="all", max_n=mem.max_n, gate=mem.gate, conv=mem.conv, init_seed=cfg.seed + 1000)
     handle.table.orders = tuple(range(1, mem.max_n + 1))

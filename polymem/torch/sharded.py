@@ -29,6 +29,7 @@ from torch import nn
 
 from polymem.errors import PolymemError
 from polymem.hash import HashSpec, Layout
+from polymem.hash.idhash import IdHashSpec
 from polymem.torch.tables import MemoryTable
 
 
@@ -82,7 +83,7 @@ class ShardedTable(MemoryTable):
     ``[lo, hi)``; :meth:`gather` takes global row ids, as every table does. ``local`` (float32 [hi - lo, r]) sets
     this rank's rows; None starts them at zero (the rows of a fresh table)."""
 
-    def __init__(self, *, spec: HashSpec, layout: Layout, orders: tuple[int, ...] = (), local: Any = None,
+    def __init__(self, *, spec: HashSpec | IdHashSpec, layout: Layout, orders: tuple[int, ...] = (), local: Any = None,
                  trainable: bool = True, group: Any = None) -> None:
         from polymem.asset._together import shard_pages
 

@@ -25,16 +25,18 @@ def _free_port() -> int:
 
 
 def _cmd(corpus: Path, out: Path, steps: int, nproc: int | None, batch: int = 4, every: int = 0,
-         pause: float = 0.0) -> list[str]:
-    script = [str(HERE / "dist_train.py"), str(corpus), str(out), str(steps), str(batch), str(every), str(pause)]
+         pause: float = 0.0, hash: str = "bytes") -> list[str]:
+    script = [str(HERE / "dist_train.py"), str(corpus), str(out), str(steps), str(batch), str(every), str(pause), hash]
     if nproc is None:
         return [sys.executable, *script]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
             "127.0.0.1", "--master-port", str(_free_port()), *script]
 
 
-def _run(corpus: Path, out: Path, steps: int, nproc: int | None, batch: int = 4, every: int = 0) -> dict:
-    r = subprocess.run(_cmd(corpus, out, steps, nproc, batch, every), capture_output=True, text=True, timeout=600)
+def _run(corpus: Path, out: Path, steps: int, nproc: int | None, batch: int = 4, every: int = 0,
+         hash: str = "bytes") -> dict:
+    r = subprocess.run(_cmd(corpus, out, steps, nproc, batch, every, hash=hash), capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
     return {"ranks": sorted(lines, key=lambda d: d["rank"]), **lines[0]}
@@ -65,6 +67,19 @@ def test_processes_train_the_table_one_process_trains(corpus, tmp_path, nproc):
     assert not np.any(b[~live])  # rows one process never wrote stay zero
     rel = np.linalg.norm(a - b, axis=1)[live] / norm[live]
     assert rel.max() <= 1e-4, rel.max()
+    assert abs(one["heldout_bpb"] - two["heldout_bpb"]) <= 1e-3
+
+
+def test_processes_train_an_engram_xor_table_as_one_process_does(corpus, tmp_path):
+    """``--hash xor`` (token-id rows, a prime modulus per head): two processes give one process's table."""
+    from polymem import MemoryAsset
+
+    one = _run(corpus, tmp_path / "one.pmem", 12, None, hash="xor")
+    two = _run(corpus, tmp_path / "two.pmem", 12, 2, hash="xor")
+    a, b = MemoryAsset.open(tmp_path / "one.pmem"), MemoryAsset.open(tmp_path / "two.pmem")
+    assert b.problems() == [] and b.spec.to_dict() == a.spec.to_dict() and "xor" in json.dumps(a.spec.to_dict()).lower()
+    assert _close_to(np.asarray(a.to_numpy()), np.asarray(b.to_numpy())) <= 1e-4
+    assert np.array_equal(a.row_counts(), b.row_counts()) and one["rows_touched"] == two["rows_touched"] > 0
     assert abs(one["heldout_bpb"] - two["heldout_bpb"]) <= 1e-3
 
 
