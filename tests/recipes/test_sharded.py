@@ -83,6 +83,31 @@ def test_processes_train_an_engram_xor_table_as_one_process_does(corpus, tmp_pat
     assert abs(one["heldout_bpb"] - two["heldout_bpb"]) <= 1e-3
 
 
+def test_two_launchers_join_as_two_machines_through_the_rendezvous(corpus, tmp_path):
+    """``torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:PORT`` started twice (two machines, here both
+    on 127.0.0.1, one process each): the processes find each other and train one process's table."""
+    from polymem import MemoryAsset
+
+    one = _run(corpus, tmp_path / "one.pmem", 12, None)
+    script = _cmd(corpus, tmp_path / "two.pmem", 12, None)[1:]
+    port = _free_port()
+    launchers = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+                                   "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+                                   "polymem-test", "--node-rank", str(k), *script], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for k in range(2)]
+    try:
+        outs = [p.communicate(timeout=600) for p in launchers]
+    finally:
+        for p in launchers:
+            p.kill()
+    assert all(p.returncode == 0 for p in launchers), [e[-2000:] for _, e in outs]
+    ranks = sorted((json.loads(ln) for o, _ in outs for ln in o.splitlines() if ln.startswith("{")), key=lambda d: d["rank"])
+    assert [r["rank"] for r in ranks] == [0, 1] and sum(r["local_rows"] for r in ranks) == one["rows"]
+    a, b = MemoryAsset.open(tmp_path / "one.pmem"), MemoryAsset.open(tmp_path / "two.pmem")
+    assert b.problems() == [] and _close_to(np.asarray(a.to_numpy()), np.asarray(b.to_numpy())) <= 1e-4
+    assert abs(one["heldout_bpb"] - ranks[0]["heldout_bpb"]) <= 1e-3
+
+
 def _close_to(a: np.ndarray, b: np.ndarray) -> float:
     """Max per-row relative difference over the rows ``a`` wrote (rows it never wrote must be zero in ``b``)."""
     norm = np.linalg.norm(a, axis=1)
