@@ -10,7 +10,8 @@ Arms, taking turns in every round (the small-model mode, the sample pydocs corpu
 Per arm: tokens/s (training steps only, from the run's JSON), and per process the bytes of table rows it holds,
 of their optimizer state (the row-wise rule's two numbers per row) and its peak RSS. The figures: per-process
 rows + state at N = 2 against half of N = 1's (goal: within 5 %), and the tokens/s ratio two / one (median over
-rounds). Both arms write their asset; the two tables are compared row by row (max relative difference).
+rounds). Each run writes one checkpoint half way (--checkpoint-every STEPS/2): its seconds, one against two
+processes (each writing its own rows). Both arms write their asset; the two tables are compared row by row (max relative difference).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def run(arm: str, args, work: Path) -> dict:
     out, js = work / f"{arm}.pmem", work / f"{arm}.json"
     train = ["-m", "polymem", "train", "--tokenizer", "bytes", "--corpus", "sample:pydocs", "--out", str(out),
              "--overwrite", "--steps", str(args.steps), "--params", args.params, "--batch-size", "8",
-             "--block-size", "128", "--precision", "fp32", "--json", str(js)]
+             "--block-size", "128", "--precision", "fp32", "--json", str(js),
+             "--checkpoint-every", str(max(1, args.steps // 2))]
     if arm == "one":
         cmd = [sys.executable, *train, "--threads", "2"]
     else:
@@ -55,7 +57,8 @@ def run(arm: str, args, work: Path) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"{arm} failed:\n{r.stderr[-3000:]}")
     s = json.loads(js.read_text())
-    return {"tokens_per_s": s["tokens_per_s"], "process_memory": s["process_memory"], "heldout_bpb": s["heldout_bpb"]}
+    return {"tokens_per_s": s["tokens_per_s"], "process_memory": s["process_memory"], "heldout_bpb": s["heldout_bpb"],
+            "checkpoint_s": s["checkpoints"]["seconds"]}
 
 
 def main() -> None:
@@ -90,6 +93,9 @@ def main() -> None:
         "peak_rss_bytes": {"one": one_m["peak_rss_bytes"], "two": [m["peak_rss_bytes"] for m in two_m]},
         "tokens_per_s": {arm: statistics.median(r["tokens_per_s"] for r in v) for arm, v in res.items()},
         "two_over_one": statistics.median(t["tokens_per_s"] / o["tokens_per_s"] for t, o in zip(res["two"], res["one"])),
+        "checkpoint_s": {arm: statistics.median(r["checkpoint_s"] for r in v) for arm, v in res.items()},
+        "checkpoint_two_over_one": statistics.median(t["checkpoint_s"] / o["checkpoint_s"]
+                                                     for t, o in zip(res["two"], res["one"])),
         "max_row_relative_difference": rel,
         "heldout_bpb": {arm: v[-1]["heldout_bpb"] for arm, v in res.items()},
     }

@@ -167,8 +167,7 @@ def _print_summary(summary: dict, cfg) -> None:
                  ("training speed", f"{s['tokens_per_s']:,.0f} tokens/s ({s['precision']})"),
                  ("time", f"{s['elapsed_s']:.0f} s")):
         t.add_row(k, v)
-    if s.get("resumed_at_step"):
-        t.add_row("continued from", f"the checkpoint at step {s['resumed_at_step']} of {cfg.steps}")
+    _checkpoint_rows(t, s, cfg.steps)
     _process_rows(t, s)
     console.print(t)
     verdict = "lowers" if on < off else "does not lower"
@@ -229,10 +228,9 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
                        f"({(summary['heldout_bpb_after'] - summary['heldout_bpb_before']) / summary['heldout_bpb_before']:+.2%})"),
             ("held-out bytes scored", f"{summary['heldout_bytes']:,}"),
             ("training speed", f"{summary['tokens_per_s']:.0f} tokens/s"), ("time", f"{summary['elapsed_s']:.0f} s")]
-    if summary.get("resumed_at_step"):
-        rows.append(("continued from", f"the checkpoint at step {summary['resumed_at_step']} of {cfg.steps}"))
     for k, v in rows:
         t.add_row(k, v)
+    _checkpoint_rows(t, summary, cfg.steps)
     _process_rows(t, summary)
     console.print(t)
     if json_out and not console.quiet:
@@ -262,6 +260,14 @@ def _join(device: str, run: dict, layout, batch_size: int) -> bool:
                   f"process holding ~{layout.num_rows // world:,} rows and their optimizer state; the global batch of "
                   f"{batch_size} sequences split across them", highlight=False)
     return True
+
+
+def _checkpoint_rows(t, summary: dict, steps: int) -> None:
+    if summary.get("resumed_at_step"):
+        t.add_row("continued from", f"the checkpoint at step {summary['resumed_at_step']} of {steps}")
+    ck = summary.get("checkpoints") or {}
+    if ck.get("written"):
+        t.add_row("checkpoints written (not counted in the speed)", f"{ck['written']}, {ck['seconds']:.1f} s")
 
 
 def _process_rows(t, summary: dict) -> None:

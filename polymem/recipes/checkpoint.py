@@ -55,6 +55,7 @@ class Checkpoints:
         self.sharded = isinstance(table, ShardedTable)
         self.rank = table.rank if self.sharded else 0
         self.world = table.world if self.sharded else 1
+        self.written, self.write_s = 0, 0.0  # checkpoints written by this run, and their seconds
         self.lo: int = int(table.lo) if self.sharded else 0
         self.hi: int = int(table.hi) if self.sharded else int(table.weight.shape[0])
 
@@ -63,7 +64,11 @@ class Checkpoints:
         """Write a checkpoint when ``done`` steps (of ``steps``) call for one; True when it was written."""
         if self.every <= 0 or done % self.every or done >= steps:
             return False
+        import time
+
+        t = time.perf_counter()
         self.save(done, losses, train_s)
+        self.written, self.write_s = self.written + 1, self.write_s + time.perf_counter() - t
         return True
 
     def save(self, step: int, losses: list[float], train_s: float) -> None:

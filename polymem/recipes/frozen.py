@@ -247,7 +247,8 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
                 t_eval += time.perf_counter() - tc  # writing a checkpoint is not training
     el = before_s + time.perf_counter() - t0 - t_eval
     out: dict[str, Any] = {"losses": losses, "tokens": cfg.tokens, "train_s": el, "tokens_per_s": cfg.tokens / max(el, 1e-9),
-                           "resumed_at": first}
+                           "resumed_at": first,
+                           "checkpoints": {"written": ck.written if ck else 0, "seconds": ck.write_s if ck else 0.0}}
     if topt is not None:
         st = topt.state.get(handle.table.weight, {})
         out["table_state_bytes"] = sum(t.numel() * t.element_size() for t in st.values() if isinstance(t, torch.Tensor))
@@ -348,7 +349,8 @@ def train_table(
             "rows": layout.num_rows, "rows_touched": touched, "tokens_seen": res["tokens"],
             "heldout_bpb_before": before["bpb"], "heldout_bpb_after": after["bpb"],
             "heldout_bytes": after["bytes"], "final_loss": prov["loss"], "tokens_per_s": res["tokens_per_s"],
-            "train_s": res["train_s"], "elapsed_s": time.perf_counter() - t0, "resumed_at_step": res["resumed_at"]}
+            "train_s": res["train_s"], "elapsed_s": time.perf_counter() - t0, "resumed_at_step": res["resumed_at"],
+            "checkpoints": res["checkpoints"]}
 
 
 def _checkpoint_key(lm: Any, cfg: FrozenTrainConfig, stream: np.ndarray, heldout_every: int) -> str:

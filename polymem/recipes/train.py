@@ -327,7 +327,8 @@ def train_loop(
     el = before_s + time.perf_counter() - t0 - t_eval
     tokens = cfg.steps * cfg.batch_size * cfg.block_size
     out = {"losses": losses, "tokens": tokens, "elapsed_s": el, "tokens_per_s": tokens / max(el, 1e-9),
-           "resumed_at": first}
+           "resumed_at": first,
+           "checkpoints": {"written": ck.written if ck else 0, "seconds": ck.write_s if ck else 0.0}}
     if topt is not None:  # per-row update counts of the table (SparseRowRMS state), for the asset's counts array
         st = topt.state.get(handle.table.weight, {})
         out["table_state_bytes"] = sum(t.numel() * t.element_size() for t in st.values() if isinstance(t, torch.Tensor))
@@ -466,7 +467,8 @@ def train_donor(
             "heldout_bpb": bpb, "heldout_bpb_memory_off": bpb_off, "rows_touched": touched,
             "rows": layout.num_rows, "tokens_per_s": res["tokens_per_s"], "train_s": res["elapsed_s"],
             "final_loss": prov["loss"], "precision": precision, "precision_reason": why, "elapsed_s": time.perf_counter() - t0,
-            "hash": hash, "process_memory": memory, "resumed_at_step": res["resumed_at"], **extra}
+            "hash": hash, "process_memory": memory, "resumed_at_step": res["resumed_at"],
+            "checkpoints": res["checkpoints"], **extra}
 
 
 def _checkpoint_key(cfg: TrainConfig, mem: MemoryConfig, hash: str, data: TokenData, heldout_every: int) -> str:
