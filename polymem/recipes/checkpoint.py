@@ -157,7 +157,17 @@ class Checkpoints:
             except OSError as e:
                 problem = f"cannot restore the checkpoint {str(self.path)!r}: {e}"
         self._agree(problem)
-        if not self.path.exists():
+        here = self.path.exists()
+        if self.sharded:
+            import torch.distributed as dist
+
+            seen: list[Any] = [None] * self.world
+            dist.all_gather_object(seen, here, group=self.table.group)
+            if len(set(seen)) > 1:
+                self._agree(f"the checkpoint {str(self.path)!r} is there for processes {[k for k, s in enumerate(seen) if s]} "
+                            f"and not for {[k for k, s in enumerate(seen) if not s]}: put --out on a file system every "
+                            "process sees (on several machines, a shared one)")
+        if not here:
             return None
         head: Any = None
         try:

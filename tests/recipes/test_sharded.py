@@ -155,6 +155,34 @@ def test_a_run_whose_process_is_killed_resumes_from_its_checkpoint_with_another_
     assert np.array_equal(ca, cb)
 
 
+def test_torchrun_restarts_a_killed_process_and_the_run_continues_from_its_checkpoint(corpus, tmp_path):
+    """``torchrun --max-restarts 1``: one of two processes killed after a checkpoint, torchrun starts both again and
+    they continue from it (no step is trained twice into the table) to the table one uninterrupted process trains."""
+    import os
+    import signal
+    import time
+
+    one = _run(corpus, tmp_path / "one.pmem", 20, None)
+    out, ckpt = tmp_path / "cut.pmem", tmp_path / "cut.pmem.ckpt"
+    cmd = _cmd(corpus, out, 20, 2, every=4, pause=0.4)
+    cmd.insert(cmd.index("--nproc-per-node"), "--max-restarts=1")
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (ckpt / "state.json").exists():
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1][-3000:]
+            time.sleep(0.05)
+        os.kill(int((tmp_path / "cut.pmem.pid1").read_text()), signal.SIGKILL)
+        stdout, err = p.communicate(timeout=600)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err[-3000:]
+    ranks = [json.loads(ln) for ln in stdout.splitlines() if ln.startswith("{")]
+    assert len(ranks) == 2 and all(r["resumed_at_step"] in (4, 8, 12, 16) for r in ranks), ranks
+    assert not ckpt.exists() and _close_to(_rows(tmp_path / "one.pmem"), _rows(out)) <= 1e-4
+    assert abs(one["heldout_bpb"] - ranks[0]["heldout_bpb"]) <= 1e-3
+
+
 def test_processes_started_with_different_runs_all_stop_with_one_line():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(_free_port()), str(HERE / "dist_train.py"), "--check", "docs"]
