@@ -24,7 +24,9 @@ def check(what: str) -> None:
     from polymem.errors import PolymemError
     from polymem.torch.sharded import check_same_everywhere
 
-    dist.init_process_group("gloo")
+    from polymem.torch.sharded import init_from_env
+
+    init_from_env("cpu")
     try:
         check_same_everywhere({"--steps": 20, "--corpus": f"{what}-{dist.get_rank()}.jsonl.gz"})
         _say({"rank": dist.get_rank(), "error": None})
@@ -49,7 +51,9 @@ def main() -> None:
     if "WORLD_SIZE" in os.environ:
         import torch.distributed as dist
 
-        dist.init_process_group("gloo")
+        from polymem.torch.sharded import init_from_env
+
+        init_from_env("cpu")  # as `polymem train` joins: a restarted group gets store keys of its own
         rank = dist.get_rank()
     from polymem.recipes.train import MemoryConfig, TrainConfig, train_donor
 

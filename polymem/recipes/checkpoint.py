@@ -93,10 +93,12 @@ class Checkpoints:
         try:
             st = self._row_state()
             if st:  # every process, even one whose rows have had no update yet: the files tile the rows
-                save_file({k: v.detach().cpu().contiguous() for k, v in st.items()},
-                          str(tmp / f"rows-{self.lo:012d}-{self.hi:012d}.safetensors"))
+                f = tmp / f"rows-{self.lo:012d}-{self.hi:012d}.safetensors"
+                save_file({k: v.detach().cpu().contiguous() for k, v in st.items()}, str(f))
+                _fsync(f)
             if lead:
                 save_file(self._dense(), str(tmp / "dense.safetensors"))
+                _fsync(tmp / "dense.safetensors")
         except OSError as e:
             problem = f"rank {self.rank}: cannot write the checkpoint {str(tmp)!r}: {e}"
         self._agree(problem)
@@ -266,6 +268,16 @@ class Checkpoints:
             problem = next((g for g in got if g), None)
         if problem:
             raise PolymemError(problem)
+
+
+def _fsync(path: Path) -> None:
+    import os
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def remove_checkpoint(path: Path, distributed: bool = False) -> None:

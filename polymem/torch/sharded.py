@@ -58,9 +58,10 @@ class _ShardedGather(torch.autograd.Function):
     def forward(ctx, weight: torch.Tensor, flat: torch.Tensor, table: "ShardedTable") -> torch.Tensor:
         valid = flat >= 0
         uniq, inv = torch.unique(flat[valid], sorted=True, return_inverse=True)  # ascending: grouped by owner
-        owner = torch.bucketize(uniq, table._inner, right=True)
+        owner = torch.bucketize(uniq, table._inner.to(uniq.device), right=True)
         send = torch.bincount(owner, minlength=table.world).tolist()
-        recv = _exchange(torch.tensor(send, dtype=torch.long), [1] * table.world, [1] * table.world, table.group).tolist()
+        counts = torch.tensor(send, dtype=torch.long, device=flat.device)  # nccl exchanges device tensors only
+        recv = _exchange(counts, [1] * table.world, [1] * table.world, table.group).tolist()
         asked = _exchange(uniq, send, recv, table.group) - table.lo  # [sum recv] my rows others read
         got = _exchange(weight.detach().index_select(0, asked), recv, send, table.group)  # [len(uniq), r]
         out = weight.new_zeros((flat.numel(), weight.shape[1]))
@@ -141,12 +142,13 @@ class ShardedTable(MemoryTable):
             dist.gather(mine, parts, dst=to, group=self.group)
             if parts is None:
                 return None
-        return torch.cat([p[:n] for p, n in zip(parts, sizes)]).numpy()
+        return torch.cat([p[:n] for p, n in zip(parts, sizes)]).cpu().numpy()
 
     def rows_touched(self) -> int:
         """Rows with any non-zero entry, over every rank (collective)."""
         w = self.weight.detach()
-        n = torch.tensor(sum(int((w[a:a + (1 << 20)] != 0).any(1).sum()) for a in range(0, w.shape[0], 1 << 20)))
+        n = torch.tensor(sum(int((w[a:a + (1 << 20)] != 0).any(1).sum()) for a in range(0, w.shape[0], 1 << 20)),
+                         device=w.device)
         dist.all_reduce(n, group=self.group)
         return int(n)
 
@@ -178,11 +180,12 @@ class ShardedTable(MemoryTable):
         w = self.weight.detach().float()
 
         def source(a: int, b: int) -> np.ndarray:
-            return w[(a - lo_page) * rpp:(b - lo_page) * rpp].numpy().reshape(b - a, rpp, self.layout.head_dim)
+            part = w[(a - lo_page) * rpp:(b - lo_page) * rpp].cpu()  # a block at a time off a device
+            return part.numpy().reshape(b - a, rpp, self.layout.head_dim)
 
         counts = None
         if row_counts is not None:  # 4 bytes a row (1/head_dim of the rows' bytes): gathered to rank 0 only
-            local = row_counts.detach().to(torch.int32).cpu()
+            local = row_counts.detach().to(torch.int32)  # on the rows' device: nccl gathers device tensors
             counts = lambda: self._gather_rows(local, to=0)  # noqa: E731
         comm = _Comm(self.group)
         asset = write_together(MemoryAsset, path, self.spec, self.layout, source, shards=mine,
@@ -210,7 +213,12 @@ def init_from_env(device: str = "auto") -> bool:
     environment): gloo on a CPU, nccl on CUDA. False (nothing done) when not started by torchrun."""
     import os
 
-    if "WORLD_SIZE" not in os.environ or dist.is_initialized():
+    if "WORLD_SIZE" not in os.environ:
+        return False
+    if not dist.is_available():
+        raise PolymemError("WORLD_SIZE is set (started by torchrun) but this torch has no torch.distributed; install "
+                           "a build that has it: pip install torch==2.13.0 (the wheels from pytorch.org have it)")
+    if dist.is_initialized():
         return dist.is_initialized()
     for k in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
         if k not in os.environ:
@@ -221,7 +229,13 @@ def init_from_env(device: str = "auto") -> bool:
     cuda = resolve_device(device).type == "cuda"
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo")
+    # torchrun --max-restarts starts the processes again against the same store (its static rendezvous keeps
+    # one), where the killed group's addresses still stand: each attempt gets keys of its own, or a restarted
+    # process connects to a dead one's port ("Gloo connectFullMesh failed ... Connection refused").
+    store, rank, world = next(dist.rendezvous("env://"))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore(f"polymem-attempt-{attempt}", store),
+                            rank=rank, world_size=world)
     return True
 
 
