@@ -64,7 +64,7 @@ def train(
     site_lr: Annotated[float, typer.Option(min=0.0, help="With --model: AdamW learning rate of the site's projection and gate.")] = 1e-3,
     softmax: Annotated[Softmax, typer.Option(help="With --model: the training loss over the ids the corpus uses (corpus; fast on large vocabularies) or the whole vocabulary (full). Scores are always exact.")] = Softmax("corpus"),
     eval_tokens: Annotated[int, typer.Option(min=1, help="With --model: held-out tokens scored before and after training.")] = 16384,
-    checkpoint_every: Annotated[int, typer.Option(min=0, help="Write the training state to OUT.ckpt every this many steps (0: never); a run started again with the same flags continues from it, with any number of processes (torchrun), and it is removed once OUT is written.")] = 50,
+    checkpoint_every: Annotated[int, typer.Option(min=0, help="Write the training state to OUT.ckpt every this many steps (0: never); a run started again with the same flags continues from it, with any number of processes (torchrun), and it is removed once OUT is written. Each one writes the whole table (float32) beside the last, so the disk briefly holds two copies; the summary says how long they took.")] = 50,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
     json_out: JsonOut = None,
 ) -> None:

@@ -73,6 +73,7 @@ class Checkpoints:
 
     def save(self, step: int, losses: list[float], train_s: float) -> None:
         """Write the state after ``step`` steps; the previous checkpoint is replaced whole (collective)."""
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         from polymem._io import atomic_write_json
@@ -99,7 +100,7 @@ class Checkpoints:
             if lead:
                 save_file(self._dense(), str(tmp / "dense.safetensors"))
                 _fsync(tmp / "dense.safetensors")
-        except OSError as e:
+        except (OSError, SafetensorError) as e:  # safetensors reports a full disk as SafetensorError
             problem = f"rank {self.rank}: cannot write the checkpoint {str(tmp)!r}: {e}"
         self._agree(problem)
         if lead:
@@ -114,6 +115,7 @@ class Checkpoints:
                         shutil.rmtree(old)
                     self.path.rename(old)
                 tmp.rename(self.path)
+                fsync_dir(self.path.parent)  # the rename itself survives a power cut
                 if old.exists():
                     shutil.rmtree(old)
             except OSError as e:
@@ -190,8 +192,11 @@ class Checkpoints:
         except (OSError, ValueError) as e:
             raise FormatError(f"{str(p)!r} is not a readable checkpoint ({e}); remove it to start over") from None
         if not isinstance(head, dict) or head.get("format") != FORMAT or head.get("version") != VERSION:
-            raise FormatError(f"{str(p)!r} is not a polymem training checkpoint this version reads (format "
-                              f"{FORMAT!r} version {VERSION}); remove it to start over")
+            found = (f"format {head.get('format')!r} version {head.get('version')!r}" if isinstance(head, dict)
+                     else "no format")
+            raise FormatError(f"{str(p)!r} is not a polymem training checkpoint this version reads ({found}; this "
+                              f"polymem reads {FORMAT!r} version {VERSION}: an older or newer polymem wrote it); "
+                              "remove it to start over, or resume with the polymem that wrote it")
         if head.get("key") != self.key:
             raise PolymemError(f"{str(p)!r} is a checkpoint of other settings (model, corpus, table or budget); remove "
                                "it to start over, or run with the settings it was made with")

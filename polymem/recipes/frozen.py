@@ -218,6 +218,7 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
         got = ck.resume()
         if got is not None:
             first, losses, before_s = got["step"], got["losses"], got["train_s"]
+        t0 = time.perf_counter()  # reading the checkpoint back is not training time
     for step in range(first, cfg.steps):
         f = cfg.lr_factor(step)
         for g in opt.param_groups:

@@ -228,7 +228,9 @@ class AttachHandle:
         """Move the sites, the token hashes and an in-memory table to ``device``; returns the handle."""
         self.cache = self.cache.to(device)
         self.sites.to(device)
-        if isinstance(self.table, TrainableTable):
+        from polymem.torch.sharded import ShardedTable
+
+        if isinstance(self.table, (TrainableTable, ShardedTable)):
             self.table.to(device)
         return self
 

@@ -185,7 +185,7 @@ class ShardedTable(MemoryTable):
 
         counts = None
         if row_counts is not None:  # 4 bytes a row (1/head_dim of the rows' bytes): gathered to rank 0 only
-            local = row_counts.detach().to(torch.int32)  # on the rows' device: nccl gathers device tensors
+            local = row_counts.detach().to(self.weight.device, torch.int32)  # nccl gathers device tensors
             counts = lambda: self._gather_rows(local, to=0)  # noqa: E731
         comm = _Comm(self.group)
         asset = write_together(MemoryAsset, path, self.spec, self.layout, source, shards=mine,

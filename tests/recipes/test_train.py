@@ -145,6 +145,11 @@ def test_a_stopped_run_resumes_from_its_checkpoint_bit_for_bit(corpus, tmp_path)
     with pytest.raises(PolymemError, match="does not fit this run .* row files cover .*remove it to start over"):
         train_donor("bytes", [corpus], out, cfg=cfg, mem=TINY_MEM, checkpoint_every=2)
     (tmp_path / rows.name).rename(rows)
+    head = (ckpt / "state.json").read_text()
+    (ckpt / "state.json").write_text(json.dumps({**json.loads(head), "version": 1}))
+    with pytest.raises(PolymemError, match="version 1; this polymem reads .* version 2: an older or newer polymem"):
+        train_donor("bytes", [corpus], out, cfg=cfg, mem=TINY_MEM, checkpoint_every=2)
+    (ckpt / "state.json").write_text(head)
     again = train_donor("bytes", [corpus], out, cfg=cfg, mem=TINY_MEM, checkpoint_every=2)
     assert again["resumed_at_step"] == 4 and whole["resumed_at_step"] == 0 and not ckpt.exists()
     a, b = MemoryAsset.open(whole["path"]), MemoryAsset.open(again["path"])
