@@ -22,9 +22,7 @@ def check(what: str) -> None:
     import torch.distributed as dist
 
     from polymem.errors import PolymemError
-    from polymem.torch.sharded import check_same_everywhere
-
-    from polymem.torch.sharded import init_from_env
+    from polymem.torch.sharded import check_same_everywhere, init_from_env
 
     init_from_env("cpu")
     try:

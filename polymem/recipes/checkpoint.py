@@ -76,7 +76,7 @@ class Checkpoints:
         from safetensors import SafetensorError
         from safetensors.torch import save_file
 
-        from polymem._io import atomic_write_json
+        from polymem._io import _fsync_file, atomic_write_json
         from polymem.asset._fs import fsync_dir
 
         lead, tmp = self.rank == 0, self._aside(".tmp")
@@ -96,10 +96,10 @@ class Checkpoints:
             if st:  # every process, even one whose rows have had no update yet: the files tile the rows
                 f = tmp / f"rows-{self.lo:012d}-{self.hi:012d}.safetensors"
                 save_file({k: v.detach().cpu().contiguous() for k, v in st.items()}, str(f))
-                _fsync(f)
+                _fsync_file(f)
             if lead:
                 save_file(self._dense(), str(tmp / "dense.safetensors"))
-                _fsync(tmp / "dense.safetensors")
+                _fsync_file(tmp / "dense.safetensors")
         except (OSError, SafetensorError) as e:  # safetensors reports a full disk as SafetensorError
             problem = f"rank {self.rank}: cannot write the checkpoint {str(tmp)!r}: {e}"
         self._agree(problem)
@@ -273,16 +273,6 @@ class Checkpoints:
             problem = next((g for g in got if g), None)
         if problem:
             raise PolymemError(problem)
-
-
-def _fsync(path: Path) -> None:
-    import os
-
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def remove_checkpoint(path: Path, distributed: bool = False) -> None:

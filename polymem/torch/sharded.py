@@ -219,7 +219,7 @@ def init_from_env(device: str = "auto") -> bool:
         raise PolymemError("WORLD_SIZE is set (started by torchrun) but this torch has no torch.distributed; install "
                            "a build that has it: pip install torch==2.13.0 (the wheels from pytorch.org have it)")
     if dist.is_initialized():
-        return dist.is_initialized()
+        return True
     for k in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
         if k not in os.environ:
             raise PolymemError(f"WORLD_SIZE is set but {k} is not: start the processes with torchrun "
