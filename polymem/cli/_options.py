@@ -166,6 +166,7 @@ Lr = Annotated[float, typer.Option("--lr", min=0.0, help="Dense AdamW peak learn
 TableLrMult = Annotated[float, typer.Option("--table-lr-mult", min=0.0, help="Table learning rate = lr × this (row-wise RMS rule).")]
 MaxEvalTokens = Annotated[Optional[int], typer.Option("--max-eval-tokens", min=1, help="Cap on held-out tokens scored.")]
 PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="auto (bf16 autocast only where the CPU/GPU does bf16 natively and fast, else fp32; the choice and why are printed), fp32 or bf16; tables stay fp32.")]
+BackbonePrecision = Annotated[Precision, typer.Option("--precision", help="The pretrained model's arithmetic: auto (bf16 where the CPU/GPU does bf16 natively: avx512_bf16, AMX, CUDA bf16; else fp32; the choice and why are printed), fp32 or bf16. Tables, sites' weights and losses stay fp32.")]
 Bf16 = Annotated[Optional[bool], typer.Option("--bf16/--no-bf16", help="Deprecated: use --precision bf16|fp32.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", min=1, max=4096, help="torch CPU threads (1 is faster on a busy shared CPU).")]
 Device = Annotated[str, typer.Option("--device", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, …")]

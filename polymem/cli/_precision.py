@@ -31,3 +31,21 @@ def say_precision(cfg) -> tuple[str, str]:
     name, why = cfg.precision_choice()
     Console().print(f"precision: [bold]{name}[/] — {escape(why)}", highlight=False, soft_wrap=True)
     return name, why
+
+
+def backbone_precision(requested: str, device) -> str:
+    """The precision a frozen pretrained model computes in (``--precision`` of the real-model commands), chosen by
+    :func:`polymem.torch.precision.resolve_precision` for the backbone workload; one line says which and why, and
+    a bf16 forced where the device does not do it natively is a warning on stderr. Returns "bf16" or "fp32"."""
+    from rich.console import Console
+
+    from polymem.cli._display import escape
+    from polymem.torch.precision import PRECISIONS, resolve_precision
+
+    if requested not in PRECISIONS:
+        raise PolymemError(f"--precision {requested!r} is unknown; accepted: {', '.join(PRECISIONS)} (e.g. --precision auto)")
+    name, why = resolve_precision(requested, device, workload="backbone")
+    if requested == "bf16" and "although" in why:
+        print(f"warning: --precision bf16: {why}; --precision fp32 (or auto) is faster here", file=sys.stderr)
+    Console().print(f"precision: [bold]{name}[/] — {escape(why)}", highlight=False, soft_wrap=True)
+    return name

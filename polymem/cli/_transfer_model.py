@@ -34,7 +34,7 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
                    layers: str | None, max_n: int | None, out_dir: Path | None, threads: int | None,
                    json_out: Path | None, plot: Path | None, device: str = "auto", init: str | None = None,
                    gate: str | None = None, donor_model: str | None = None, donor_site: Path | None = None,
-                   eval_at: str | None = None) -> None:
+                   eval_at: str | None = None, precision: str = "auto") -> None:
     import torch
 
     from polymem.torch.device import resolve_device
@@ -74,12 +74,15 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
     cfg = FrozenTrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, site_lr=site_lr,
                             table_lr=table_lr, softmax=softmax)
     points = _eval_steps(eval_at, eval_every, steps)
+    from polymem.cli._precision import backbone_precision
+
+    prec = backbone_precision(precision, dev)
     console.print(f"loading {escape(model)} …", highlight=False)
-    lm = load_model(model, device=str(dev))
+    lm = load_model(model, device=str(dev), precision=prec)
     console.print(escape(lm.load_line()), highlight=False)
     dlm = None
     if init == "aligned":
-        dlm = _donor_model(asset, donor_model, str(dev))
+        dlm = _donor_model(asset, donor_model, str(dev), precision=prec)
     console.print("preparing (donor table, corpus, scoring sets" + (", alignment" if dlm else "") + ") …", highlight=False)
     exp = Experiment(lm, asset, corpus, cfg=cfg, eval_corpora=eval_corpus, eval_tokens=eval_tokens,
                      layers=_layers(layers) if layers else None, max_n=max_n, gate=gate, init=init, donor_lm=dlm,
@@ -136,7 +139,7 @@ def _eval_steps(eval_at: str | None, eval_every: int | None, steps: int) -> list
     return sorted(pts)
 
 
-def _donor_model(asset: str, spec: str | None, device: str) -> Any:
+def _donor_model(asset: str, spec: str | None, device: str, precision: str = "fp32") -> Any:
     """The donor's model for an aligned start: ``spec``, else the model the donor asset's provenance names (the
     spec it was loaded from, else its name). Its tokenizer must be the one the table was trained with."""
     from polymem.errors import PolymemError, SpecMismatchError
@@ -151,7 +154,7 @@ def _donor_model(asset: str, spec: str | None, device: str) -> Any:
             raise PolymemError(f"the donor asset {asset!r} names no model in its provenance; pass --donor-model SPEC "
                                "(the model the table was trained with)")
     console.print(f"loading the donor's model {escape(spec)} (for the aligned start) …", highlight=False)
-    dlm = load_model(spec, device=device)
+    dlm = load_model(spec, device=device, precision=precision)
     console.print(escape(dlm.load_line()), highlight=False)
     want = (prov.get("tokenizer") or {}).get("fingerprint")
     if want and want != dlm.tokenizer.fingerprint:

@@ -12,8 +12,8 @@ from rich.console import Console
 
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
-from polymem.cli._options import (BatchSize, BlockSize, CorpusFiles, Device, DonorInit, Gate, JsonOut, ModelOpt, Softmax,
-                                  Threads, local_path)
+from polymem.cli._options import (BackbonePrecision, BatchSize, BlockSize, CorpusFiles, Device, DonorInit, Gate, JsonOut,
+                                  ModelOpt, Precision, Softmax, Threads, local_path)
 
 console = Console()
 
@@ -36,6 +36,7 @@ def attach_cmd(
     eval_tokens: Annotated[int, typer.Option(min=64, help="Held-out tokens scored before and after (the corpus's held-out split).")] = 4096,
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Data order and the site's init.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
+    precision: BackbonePrecision = Precision("auto"),
     threads: Threads = None,
     device: Device = "auto",
     json_out: JsonOut = None,
@@ -70,9 +71,12 @@ def attach_cmd(
         torch.set_num_threads(threads)
     cfg = FrozenTrainConfig(steps=steps, batch_size=batch_size or 4, block_size=block_size, site_lr=site_lr,
                             softmax=softmax.value, seed=seed)
-    dlm = _donor_model(asset, donor_model, str(dev)) if start == "aligned" else None
+    from polymem.cli._precision import backbone_precision
+
+    prec = backbone_precision(precision.value, dev)
+    dlm = _donor_model(asset, donor_model, str(dev), precision=prec) if start == "aligned" else None
     console.print(f"loading {escape(model)} …", highlight=False)
-    lm = load_model(model, device=str(dev))
+    lm = load_model(model, device=str(dev), precision=prec)
     console.print(escape(lm.load_line()), highlight=False)
     exp = Experiment(lm, asset, corpus, cfg=cfg, eval_tokens=eval_tokens, layers=_layers(layers) if layers else None,
                      gate=gate_s, init=start, donor_lm=dlm, donor_site=donor_site)

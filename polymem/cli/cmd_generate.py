@@ -11,7 +11,7 @@ from rich.console import Console
 
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
-from polymem.cli._options import Device, JsonOut, ModelOpt, Threads, local_path
+from polymem.cli._options import BackbonePrecision, Device, JsonOut, ModelOpt, Precision, Threads, local_path
 
 console = Console()
 
@@ -29,6 +29,7 @@ def generate_cmd(
     top_p: Annotated[float, typer.Option("--top-p", min=0, max=1, help="With --temperature > 0: nucleus sampling mass.")] = 1.0,
     seed: Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Seed of the sampler.")] = 0,
     batch: Annotated[int, typer.Option(min=1, max=4096, help="Prompts decoded together (prompts of equal token length are batched).")] = 1,
+    precision: BackbonePrecision = Precision("auto"),
     threads: Threads = None,
     device: Device = "auto",
     json_out: JsonOut = None,
@@ -66,8 +67,11 @@ def generate_cmd(
     header = _site_header(site) if site is not None else None
     if site is not None and header is not None:
         check_site_tokenizer(site, header, model)
+    from polymem.cli._precision import backbone_precision
+
+    prec = backbone_precision(precision.value, dev)
     console.print(f"loading {escape(model)} …", highlight=False)
-    lm = load_model(model, device=str(dev))
+    lm = load_model(model, device=str(dev), precision=prec)
     console.print(escape(lm.load_line()), highlight=False)
     handle = None
     if site is not None and header is not None:

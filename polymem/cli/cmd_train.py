@@ -91,9 +91,9 @@ def train(
     if threads:
         torch.set_num_threads(threads)
     if model is not None:
-        refuse_unused("with --model (a pretrained backbone, frozen, fp32)", {
+        refuse_unused("with --model (a pretrained backbone, frozen)", {
             "conv": (conv, False), "lr": (lr, 2e-3), "table_lr_mult": (table_lr_mult, 70.0),
-            "precision": (precision, "auto"), "bf16": (bf16, None), "max_eval_tokens": (max_eval_tokens, None),
+            "bf16": (bf16, None), "max_eval_tokens": (max_eval_tokens, None),
             "n_layer": (n_layer, 4), "d_model": (d_model, 256), "n_head": (n_head, 4)})
         if hash_kind != "bytes":
             raise PolymemError("--hash xor trains a tokenizer-bound table from scratch; with --model use --hash bytes")
@@ -104,7 +104,7 @@ def train(
                                  heads=heads, slots=slots, head_dim=head_dim, gate=gate.value, table_lr=table_lr,
                                  site_lr=site_lr, seed=seed, softmax=softmax.value)
         _train_model(model, corpus, out, site, fcfg, heldout_every=heldout_every, eval_tokens=eval_tokens,
-                     checkpoint_every=checkpoint_every,
+                     checkpoint_every=checkpoint_every, precision=precision.value,
                      overwrite=overwrite, json_out=json_out, device=device)
         return
     refuse_unused("without --model", {"site": (site, None), "table_lr": (table_lr, 0.14), "site_lr": (site_lr, 1e-3),
@@ -189,7 +189,7 @@ def _layers(text: str) -> tuple[int, ...]:
 
 def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, cfg, *, heldout_every: int,
                  eval_tokens: int, overwrite: bool, json_out: Path | None, device: str = "auto",
-                 checkpoint_every: int = 0) -> None:
+                 checkpoint_every: int = 0, precision: str = "auto") -> None:
     from polymem.models import load_model
     from polymem.recipes.frozen import train_table
     from polymem.torch.device import resolve_device
@@ -203,9 +203,12 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
                           "--checkpoint-every": checkpoint_every}, cfg.layout(), cfg.batch_size):
         check_table_memory(cfg.layout(), trainable=True)  # and a table that cannot fit
 
+    from polymem.cli._precision import backbone_precision
+
+    prec = backbone_precision(precision, dev)
     console.print(f"loading {escape(model)} … (backbone frozen; table {cfg.params:,} scalars, site before block(s) "
                   f"{', '.join(map(str, cfg.layers))}, training softmax: {cfg.softmax})", highlight=False)
-    lm = load_model(model, device=str(dev))
+    lm = load_model(model, device=str(dev), precision=prec)
     console.print(escape(lm.load_line()), highlight=False)
     with _progress() as prog:
         task = prog.add_task("train", total=cfg.steps, info="")

@@ -114,12 +114,12 @@ def transfer(
         raise PolymemError("pass --tokenizer (recipients trained from scratch) or --model (a pretrained recipient, "
                            "which brings its own tokenizer), not " + ("both" if model else "neither"))
     if model is not None:
-        refuse_unused("with --model (a pretrained recipient, frozen, fp32, in one process)", {
+        refuse_unused("with --model (a pretrained recipient, frozen, in one process)", {
             "domain": (domain, None), "jobs": (jobs, 1), "value_init": (value_init, "zero"),
             "finetune_table_lr_mult": (finetune_table_lr_mult, None), "max_eval_tokens": (max_eval_tokens, None),
             "scratch": (scratch, False), "n_layer": (n_layer, 4),
             "d_model": (d_model, 256), "n_head": (n_head, 4), "lr": (lr, 2e-3),
-            "table_lr_mult": (table_lr_mult, 70.0), "precision": (precision, "auto"), "bf16": (bf16, None)})
+            "table_lr_mult": (table_lr_mult, 70.0), "bf16": (bf16, None)})
         from polymem.cli._transfer_model import transfer_model
 
         transfer_model(init=init.value if init else None, gate=gate.value if gate else None, donor_model=donor_model, donor_site=donor_site, eval_at=eval_at,
@@ -127,7 +127,7 @@ def transfer(
                        seeds=seeds, seed_list=seed_list, steps=steps or 40, batch_size=batch_size or 4,
                        block_size=block_size, eval_every=eval_every, eval_tokens=eval_tokens, site_lr=site_lr,
                        table_lr=table_lr, softmax=softmax.value, layers=layers, max_n=max_n, out_dir=out_dir,
-                       threads=threads, json_out=json_out, plot=plot, device=device)
+                       threads=threads, json_out=json_out, plot=plot, device=device, precision=precision.value)
         return
     refuse_unused("without --model", {
         "out_dir": (out_dir, None), "seed_list": (seed_list, None), "eval_tokens": (eval_tokens, 4096),

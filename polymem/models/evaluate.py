@@ -109,12 +109,18 @@ def bpb(nats: float, nbytes: int) -> float:
 
 class Scorer:
     """One model and one set of documents, tokenized once; :meth:`score` runs the model over them (as it is
-    now: with whatever is attached, enabled or not) and returns per-document and overall bits per byte."""
+    now: with whatever is attached, enabled or not) and returns per-document and overall bits per byte.
+    ``max_doc_tokens``: each document is scored on its first that many tokens only (a cheap sample of long
+    documents); None scores every token."""
 
     def __init__(self, lm: Any, texts: Sequence[str], *, window: int = 512, batch: int = 4,
-                 names: Sequence[str] | None = None, lengths: np.ndarray | None = None) -> None:
+                 names: Sequence[str] | None = None, lengths: np.ndarray | None = None,
+                 max_doc_tokens: int | None = None) -> None:
         if not texts:
             raise PolymemError("no documents to score; pass a corpus with at least one non-empty document")
+        if max_doc_tokens is not None and (isinstance(max_doc_tokens, bool) or not isinstance(max_doc_tokens, int)
+                                           or max_doc_tokens < 1):
+            raise PolymemError(f"max_doc_tokens={max_doc_tokens!r} must be a whole number >= 1 (or None: every token)")
         self.lm, self.batch = lm, int(batch)
         cfg = getattr(getattr(lm, "model", None), "config", None)
         most = getattr(cfg, "max_position_embeddings", None)
@@ -123,7 +129,8 @@ class Scorer:
                                f"(max_position_embeddings); a window past them is scored wrongly or not at all. Pass "
                                f"--window {min(most, 512)} or less")
         self.names = list(names) if names is not None else [str(i) for i in range(len(texts))]
-        self.docs = [np.asarray(lm.tokenizer.encode(t), dtype=np.int64) for t in texts]
+        self.docs = [np.asarray(lm.tokenizer.encode(t), dtype=np.int64)[:max_doc_tokens] for t in texts]
+        self.max_doc_tokens = max_doc_tokens
         self.lengths = token_byte_lengths(lm.tokenizer) if lengths is None else lengths
         self.windows = document_windows(self.docs, window, lm.bos_id)
         self.window = int(window)
@@ -155,27 +162,40 @@ class Scorer:
                 "bytes": int(s["bytes"].sum()), "nats": float(s["nats"].sum()), "per_doc": per_doc}
 
 
-def evaluate(lm: Any, texts: Sequence[str], *, attach: Callable[[], Any] | None = None, window: int = 512,
-             batch: int = 4, names: Sequence[str] | None = None,
+def evaluate(lm: Any, texts: Sequence[str], *, attach: Callable[[], Any] | None = None,
+             sites: Sequence[tuple[str, Callable[[], Any]]] = (), table_off: bool | None = None, window: int = 512,
+             batch: int = 4, names: Sequence[str] | None = None, max_doc_tokens: int | None = None,
              on_batch: Callable[[str, int], None] | None = None,
              on_start: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Bits per byte of ``lm`` on ``texts``: ``"alone"`` (nothing attached) and, when ``attach`` is given (a
-    function that attaches a table to ``lm.model`` and returns the handle), ``"with_table"`` and ``"table_off"``
-    (the same handle switched off). The handle is detached before returning."""
-    sc = Scorer(lm, texts, window=window, batch=batch, names=names)
+    """Bits per byte of ``lm`` on ``texts``: ``"alone"`` (nothing attached), scored once, and for each site in
+    ``sites`` (a label and a function that attaches a table to ``lm.model`` and returns the handle) its
+    ``"with_table"`` score and, when ``table_off``, ``"table_off"`` (the same handle switched off), under
+    ``"sites"``; each handle is detached before the next attaches. ``attach`` is one unnamed site (``table_off``
+    defaults to True for it); with exactly one site its scores are also at the top level.
+    ``on_start(passes × windows)`` is called once, with the windows the whole call will score."""
+    sc = Scorer(lm, texts, window=window, batch=batch, names=names, max_doc_tokens=max_doc_tokens)
+    todo = list(sites) + ([("site", attach)] if attach is not None else [])
+    off = bool(table_off) if table_off is not None else attach is not None
     if on_start is not None:
-        on_start(sc.num_windows)
+        on_start(sc.num_windows * (1 + len(todo) * (2 if off else 1)))
     cb = (lambda name: (lambda n: on_batch(name, n))) if on_batch is not None else (lambda name: None)
     out: dict[str, Any] = {"model": lm.name, "window": window, "bos": lm.bos_id, "documents": len(texts),
-                           "windows": sc.num_windows, "tokens": sum(int(d.size) for d in sc.docs)}
+                           "windows": sc.num_windows, "tokens": sum(int(d.size) for d in sc.docs),
+                           "max_doc_tokens": max_doc_tokens, "precision": getattr(lm, "precision", "fp32")}
     out["alone"] = sc.score(cb("alone"))
-    if attach is None:
+    if not todo:
         return out
-    handle = attach()
-    try:
-        out["with_table"] = sc.score(cb("with table"))
-        with handle.disabled():
-            out["table_off"] = sc.score(cb("table off"))
-    finally:
-        handle.detach()
+    out["sites"] = []
+    for label, fn in todo:
+        handle = fn()
+        try:
+            got: dict[str, Any] = {"site": label, "with_table": sc.score(cb(f"{label}: with table"))}
+            if off:
+                with handle.disabled():
+                    got["table_off"] = sc.score(cb(f"{label}: table off"))
+        finally:
+            handle.detach()
+        out["sites"].append(got)
+    if len(todo) == 1:
+        out.update({k: v for k, v in out["sites"][0].items() if k != "site"})
     return out

@@ -102,6 +102,7 @@ class LoadedModel:
     # how this load went (not provenance: it differs between the first load and the next): seconds, and where the
     # weights came from ("cache", "gguf, cached", "gguf, not cached", "checkpoint", "hub")
     load: dict[str, Any] = field(default_factory=dict)
+    precision: str = "fp32"  # "bf16": matrix products in bf16 (polymem.torch.precision.bf16_backbone)
 
     @property
     def hf_tokenizer(self) -> Any:
@@ -110,7 +111,8 @@ class LoadedModel:
 
     def load_line(self) -> str:
         """One line for a command to print once the model is in memory."""
-        return f"loaded {self.name} in {self.load.get('seconds', 0.0):.1f} s (weights: {self.load.get('weights', '?')})"
+        return (f"loaded {self.name} in {self.load.get('seconds', 0.0):.1f} s (weights: {self.load.get('weights', '?')}; "
+                f"computing in {self.precision})")
 
     @property
     def num_layers(self) -> int:
@@ -125,7 +127,7 @@ class LoadedModel:
                 "params": int(sum(p.numel() for p in self.model.parameters())),
                 "tokenizer": {"name": self.tokenizer.name, "fingerprint": self.tokenizer.fingerprint,
                               "vocab_size": int(self.tokenizer.vocab_size)},
-                "bos_id": self.bos_id, "eos_id": self.eos_id, "source": self.source}
+                "bos_id": self.bos_id, "eos_id": self.eos_id, "source": self.source, "precision": self.precision}
 
 
 def _transformers(purpose: str) -> Any:
@@ -341,8 +343,13 @@ def _check_loading_info(spec: str, info: dict[str, Any]) -> None:
 
 
 def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str = "cpu",
-               cache: bool = True) -> LoadedModel:
+               cache: bool = True, precision: str = "fp32") -> LoadedModel:
     """Resolve ``spec`` (see the module docstring), load the model (fp32 unless ``dtype``) and its tokenizer.
+
+    ``precision="bf16"``: the frozen model computes its matrix products in bf16
+    (:func:`polymem.torch.precision.bf16_backbone`; embeddings, norms and the residual stream stay fp32);
+    "fp32" (the default) leaves it as loaded. Commands choose it with ``--precision`` and
+    :func:`polymem.torch.precision.resolve_precision` (``workload="backbone"``).
 
     A GGUF's de-quantised weights are cached on first load and memory-mapped by later ones
     (:mod:`polymem.models._weightcache`; ``cache=False`` always de-quantises the GGUF and writes nothing)."""
@@ -353,6 +360,9 @@ def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str =
     from polymem.tokenizers import load_tokenizer
 
     start = time.perf_counter()
+    if precision not in ("fp32", "bf16"):
+        raise PolymemError(f"precision {precision!r} is unknown for a loaded model; accepted: fp32, bf16 "
+                           "(resolve 'auto' first with polymem.torch.precision.resolve_precision)")
     s = os.fspath(spec)
     dtype = dtype or torch.float32
     kind, name = "", s
@@ -433,6 +443,10 @@ def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str =
     model.to(device)
     model.eval()
     model.requires_grad_(False)
+    if precision == "bf16":
+        from polymem.torch.precision import bf16_backbone
+
+        bf16_backbone(model)
     tok.name = name
     if bos is None:
         bos = getattr(model.config, "bos_token_id", None)
@@ -442,4 +456,5 @@ def load_model(spec: str | os.PathLike[str], *, dtype: Any = None, device: str =
         eos = eos[0] if eos else None
     return LoadedModel(name=name, spec=s, model=model, tokenizer=tok, hf_loader=hf_loader,
                        bos_id=None if bos is None else int(bos), eos_id=None if eos is None else int(eos),
-                       source=source, load={"seconds": round(time.perf_counter() - start, 2), "weights": how})
+                       source=source, load={"seconds": round(time.perf_counter() - start, 2), "weights": how},
+                       precision=precision)

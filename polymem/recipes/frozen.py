@@ -360,7 +360,8 @@ def _checkpoint_key(lm: Any, cfg: FrozenTrainConfig, stream: np.ndarray, heldout
     import json
 
     d = lm.describe()
-    h = hashlib.sha256(json.dumps({"model": [d["name"], d["architecture"], d["params"]], "cfg": asdict(cfg),
+    h = hashlib.sha256(json.dumps({"model": [d["name"], d["architecture"], d["params"]]
+                                   + (["bf16"] if d.get("precision") == "bf16" else []), "cfg": asdict(cfg),
                                    "heldout_every": heldout_every}, sort_keys=True, default=str).encode())
     h.update(hashlib.sha256(np.ascontiguousarray(stream).tobytes()).digest())
     return h.hexdigest()[:24]

@@ -195,7 +195,8 @@ class Experiment:
         budget = {k: v for k, v in asdict(self.cfg).items() if k in _BUDGET_FIELDS}
         h = hashlib.sha256()
         h.update(json.dumps({
-            "model": {"name": d["name"], "architecture": d["architecture"], "params": d["params"], "source": src},
+            "model": {"name": d["name"], "architecture": d["architecture"], "params": d["params"], "source": src,
+                      **({"precision": "bf16"} if d.get("precision") == "bf16" else {})},  # fp32 keys as they were
             "donor": self.asset_fingerprint(), "budget": budget, "layers": list(self.layers),
             "max_n": self.max_n, "gate": self.gate, "window": self.window, "points": [int(p) for p in points],
             "init": self.init, "alignment": None if self.alignment is None else {

@@ -13,14 +13,22 @@ So ``auto`` picks bf16 only on
 and fp32 everywhere else (``avx512_bf16`` alone, aarch64 ``bf16``, AVX2, unknown), and says why. ``fp32``/``bf16`` override it (a forced bf16 on a CPU without native bf16
 runs, with a warning in the reason). The table and its row-wise updates stay fp32 in every case.
 
-Not here: the autocast context itself (:func:`polymem.recipes.train._autocast`).
+A frozen pretrained backbone (``workload="backbone"``: ``eval``, ``generate``, ``train --model``, ``attach``,
+``transfer --model``) is another workload: large matrix products and no weight gradients. There the bf16 dot
+product instruction alone pays: on a 2-core AMD EPYC with ``avx512_bf16`` and no AMX, SmolLM2-135M's forward
+over 512 tokens ran 1.5-1.7x faster in bf16 than in fp32, and forward + backward to a site 1.5-2x
+(``benchmarks/bench_backbone.py``). So for the backbone ``auto`` picks bf16 on x86 with ``avx512_bf16`` or
+``amx_bf16`` (and CUDA with bf16), fp32 elsewhere (AVX2-only: emulated, 17x slower; aarch64 ``bf16``: not
+measured). :func:`bf16_backbone` makes a loaded model compute that way.
+
+Not here: the autocast context of the from-scratch loop (:func:`polymem.recipes.train._autocast`).
 """
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from polymem.errors import PolymemError
 
@@ -32,6 +40,9 @@ PRECISIONS = ("auto", "fp32", "bf16")
 # bf16 autocast faster than fp32 for training (measured: avx512_bf16 alone 0.72x fp32)
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 FAST_BF16_CPU_FLAGS = ("amx_bf16",)
+# for a frozen backbone (big matrix products, no weight gradients) the x86 bf16 dot product pays too (measured)
+BACKBONE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+WORKLOADS = ("train", "backbone")
 
 
 def parse_cpu_flags(cpuinfo: str) -> frozenset[str]:
@@ -56,14 +67,18 @@ def host_cpu_flags() -> frozenset[str] | None:
 
 
 def choose_precision(requested: str, device_type: str, *, cpu_flags: Iterable[str] | None = None,
-                     cuda_bf16: bool | None = None) -> tuple[str, str]:
+                     cuda_bf16: bool | None = None, workload: str = "train") -> tuple[str, str]:
     """("bf16" | "fp32", reason) for ``requested`` ("auto", "fp32", "bf16") on a ``device_type`` ("cpu", "cuda", …).
 
     ``cpu_flags``: the CPU's flag set (None: unknown); ``cuda_bf16``: whether the CUDA device supports bf16
-    (None: unknown). A pure function of its arguments: :func:`resolve_precision` fills them in from this machine.
+    (None: unknown); ``workload``: "train" (a model trained from scratch) or "backbone" (a frozen pretrained
+    model; see the module docstring). A pure function of its arguments: :func:`resolve_precision` fills them in
+    from this machine.
     """
     if requested not in PRECISIONS:
         raise PolymemError(f"precision {requested!r} is unknown; accepted: {', '.join(PRECISIONS)} (e.g. --precision auto)")
+    if workload not in WORKLOADS:
+        raise PolymemError(f"workload {workload!r} is unknown; accepted: {', '.join(WORKLOADS)}")
     if device_type == "cuda":
         native = bool(cuda_bf16)
         what = "the CUDA device supports bf16" if native else "the CUDA device has no bf16 support (pre-Ampere)"
@@ -72,10 +87,13 @@ def choose_precision(requested: str, device_type: str, *, cpu_flags: Iterable[st
             native, what = False, "the CPU's flags are unknown (no /proc/cpuinfo)"
         else:
             flags = set(cpu_flags)
-            fast = sorted(flags & set(FAST_BF16_CPU_FLAGS))
+            fast = sorted(flags & set(FAST_BF16_CPU_FLAGS if workload == "train" else BACKBONE_BF16_CPU_FLAGS))
             some = sorted(flags & set(NATIVE_BF16_CPU_FLAGS))
             native = bool(fast)
-            if fast:
+            if fast and workload == "backbone":
+                what = (f"the CPU does bf16 natively ({', '.join(fast)}): a frozen model's forward measured 1.5x "
+                        f"fp32 or more with avx512_bf16 alone")
+            elif fast:
                 what = f"the CPU has a bf16 matrix unit ({', '.join(fast)})"
             elif some:
                 what = (f"the CPU has bf16 instructions ({', '.join(some)}) but no AMX matrix unit: bf16 autocast "
@@ -92,7 +110,7 @@ def choose_precision(requested: str, device_type: str, *, cpu_flags: Iterable[st
     return requested, f"{requested} requested ({what})"
 
 
-def resolve_precision(requested: str, device: "str | torch.device") -> tuple[str, str]:
+def resolve_precision(requested: str, device: "str | torch.device", *, workload: str = "train") -> tuple[str, str]:
     """:func:`choose_precision` for a torch device (or its name) on this machine."""
     import torch
 
@@ -101,4 +119,43 @@ def resolve_precision(requested: str, device: "str | torch.device") -> tuple[str
     if dev.type == "cuda" and torch.cuda.is_available():
         cuda_bf16 = bool(torch.cuda.is_bf16_supported())
     return choose_precision(requested, dev.type, cpu_flags=host_cpu_flags() if dev.type == "cpu" else None,
-                            cuda_bf16=cuda_bf16)
+                            cuda_bf16=cuda_bf16, workload=workload)
+
+
+def bf16_backbone(model: Any) -> None:
+    """Make a loaded (frozen) model compute in bf16 where it counts, in place.
+
+    Every ``nn.Linear`` weight (and bias) of ``model`` is stored in bf16 once (no cast per forward, half the
+    memory) and ``model.forward`` runs under ``torch.autocast(bf16)``: matrix products take bf16 inputs, while
+    what autocast keeps in fp32 stays fp32 — the embeddings, the norms, the residual stream (a bf16 block
+    output added to the fp32 stream gives fp32), softmax and the loss. An output layer tied to the input
+    embedding is untied first (the embedding keeps its fp32 weight). Modules attached later (memory sites) keep
+    fp32 weights; under the autocast they compute in bf16 and add their output in the stream's dtype.
+
+    A forward outside ``model.forward``'s autocast (a Linear called on its own with fp32 input) fails loudly
+    ("expected … BFloat16") rather than computing something else."""
+    import functools
+
+    import torch
+
+    dev = next(model.parameters()).device.type
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    in_emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight:
+        out_emb.weight = torch.nn.Parameter(in_emb.weight.detach().clone(), requires_grad=False)
+        if getattr(model.config, "tie_word_embeddings", None):
+            model.config.tie_word_embeddings = False  # so that nothing ties them again
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.weight.data = m.weight.data.to(torch.bfloat16)
+            if m.bias is not None:
+                m.bias.data = m.bias.data.to(torch.bfloat16)
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def bf16_forward(*args, **kwargs):
+        with torch.autocast(dev, dtype=torch.bfloat16):
+            return forward(*args, **kwargs)
+
+    model.forward = bf16_forward
+    model.polymem_precision = "bf16"  # what load_model made of it (read by reports)

@@ -107,9 +107,10 @@ class MemorySite(nn.Module):
             y = self.gate * v
         else:
             k = self.key(e)  # [B, T, d]
-            a = (self.norm_h(h.to(k.dtype)) * self.norm_k(k)).sum(-1, keepdim=True) / math.sqrt(h.shape[-1])  # [B, T, 1]
+            # the gate's norms in fp32 whatever the stream's dtype (bf16 under autocast); v keeps its own dtype
+            a = (self.norm_h(h.float()) * self.norm_k(k.float())).sum(-1, keepdim=True) / math.sqrt(h.shape[-1])  # [B, T, 1]
             a = torch.sign(a) * a.abs().clamp_min(1e-6).sqrt()
-            y = torch.sigmoid(a) * v
+            y = torch.sigmoid(a).to(v.dtype) * v
         if self.cfg.conv:
             pad = (self.cfg.conv_kernel - 1) * self.cfg.max_n
             z = F.pad(self.conv_norm(y).transpose(1, 2), (pad, 0))  # [B, d, pad + T], causal

@@ -482,7 +482,7 @@ def test_cli_eval_train_transfer(ckpts, corpus_file, tmp_path, lms, texts):
     runner = CliRunner()
     j = tmp_path / "eval.json"
     r = runner.invoke(app, ["eval", "--model", str(ckpts["llama"]), "--corpus", str(corpus_file), "--heldout-every", "10",
-                            "--window", "64", "--per-doc", "--json", str(j)])
+                            "--window", "64", "--per-doc", "--json", str(j), "--precision", "fp32"])
     assert r.exit_code == 0, r.output
     got = json.loads(j.read_text())
     ref = evaluate(lms["llama"], [t for i, t in enumerate(texts) if i % 10 == 9], window=64)
@@ -497,7 +497,7 @@ def test_cli_eval_train_transfer(ckpts, corpus_file, tmp_path, lms, texts):
     assert "with the table" in r.output and (tmp_path / "t.pmem.site" / "site.json").is_file()
     j2 = tmp_path / "eval2.json"
     r = runner.invoke(app, ["eval", "--model", str(ckpts["llama"]), "--corpus", str(corpus_file), "--heldout-every", "10",
-                            "--window", "64", "--site", str(tmp_path / "t.pmem.site"), "--json", str(j2)])
+                            "--window", "64", "--site", str(tmp_path / "t.pmem.site"), "--table-off", "--json", str(j2)])
     assert r.exit_code == 0, r.output
     got = json.loads(j2.read_text())
     assert got["table_off"]["bpb"] == got["alone"]["bpb"] != got["with_table"]["bpb"]
@@ -518,7 +518,7 @@ def test_cli_eval_train_transfer(ckpts, corpus_file, tmp_path, lms, texts):
     assert not list(tmp_path.glob("*.tmp-attach"))
     j3 = tmp_path / "eval3.json"
     r = runner.invoke(app, ["eval", "--model", str(ckpts["gemma3"]), "--corpus", str(corpus_file), "--heldout-every", "10",
-                            "--window", "64", "--site", str(gs), "--json", str(j3)])
+                            "--window", "64", "--site", str(gs), "--table-off", "--json", str(j3)])
     assert r.exit_code == 0, r.output
     ev = json.loads(j3.read_text())
     assert ev["with_table"]["bpb"] != ev["alone"]["bpb"] == ev["table_off"]["bpb"]
