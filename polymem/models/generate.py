@@ -123,6 +123,9 @@ def generate(lm: Any, prompts: Sequence[str], decoding: Decoding, *, batch: int 
     import inspect
 
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # transformers >= 5.24
+    # the prompt's forward computes the output layer at its last position only (all a step needs): on Gemma 3
+    # the output layer is 262,144 × 640 scalars a position
+    last_kw = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     gen = torch.Generator(device="cpu").manual_seed(int(d.seed)) if d.temperature > 0 else None
     prefill_s = decode_s = 0.0
     new_tokens = 0
@@ -137,7 +140,7 @@ def generate(lm: Any, prompts: Sequence[str], decoding: Decoding, *, batch: int 
         room = d.max_new_tokens if ctx is None else min(d.max_new_tokens, ctx - step_ids.shape[1])
         for step in range(room):
             with torch.no_grad():
-                out = model(input_ids=step_ids, use_cache=True, **{cache_kw: past})
+                out = model(input_ids=step_ids, use_cache=True, **{cache_kw: past}, **last_kw)
             past = getattr(out, "cache", None) or out.past_key_values
             nxt = next_token(out.logits[:, -1, :], d, gen).to("cpu")
             t1 = time.perf_counter()

@@ -52,6 +52,33 @@ def test_each_scores_like_a_pretrained_model(builtin):
         assert 0.4 < res["alone"]["bpb"] < 1.6, (name, res["alone"]["bpb"])  # a random init scores ~4 bits/byte
 
 
+def test_bf16_scores_within_0p3_percent_of_fp32_alone_and_with_a_site(builtin):
+    """Each builtin model loaded with precision="bf16" (bf16 matrix products, fp32 stream) scores held-out prose
+    within 0.3 % of its fp32 load, alone and with a site over a random frozen table (context gate)."""
+    from polymem.hash.layout import Layout
+    from polymem.hash.spec import HashSpec
+    from polymem.models import load_model
+    from polymem.models.evaluate import evaluate
+    from polymem.torch.attach import attach
+    from polymem.torch.tables import TrainableTable
+
+    lay = Layout.for_params(200_000, heads=4, slots=4, head_dim=16)
+    w = torch.randn(lay.num_rows, 16, generator=torch.Generator().manual_seed(3)) * 0.5
+    for name, f32 in builtin.items():
+        b16 = load_model(name, precision="bf16")
+
+        def site(lm):
+            return lambda: attach(lm.model, TrainableTable(w, spec=HashSpec(), layout=lay, trainable=False),
+                                  lm.tokenizer, layers=[2], value_init="orthogonal", gate="context")
+
+        a = evaluate(f32, [PROSE[:2000]], window=256, attach=site(f32), table_off=False)
+        b = evaluate(b16, [PROSE[:2000]], window=256, attach=site(b16), table_off=False)
+        assert a["with_table"]["bpb"] != a["alone"]["bpb"]
+        for k in ("alone", "with_table"):
+            assert abs(b[k]["bpb"] / a[k]["bpb"] - 1) < 3e-3, (name, k, a[k]["bpb"], b[k]["bpb"])
+        del b16
+
+
 def test_a_second_load_is_the_same_model_from_the_cache(builtin):
     from polymem.models import load_model
 
