@@ -194,7 +194,8 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
     ``distributed``: one process of a torch.distributed group (its share of each global batch, the sites'
     gradients summed, the table a :class:`polymem.torch.sharded.ShardedTable`), as in ``train_loop``."""
     from polymem.models.evaluate import token_nats
-    from polymem.recipes.train import apply_step, batch_share, global_sum
+    from polymem.recipes.loop import Schedule, run_steps
+    from polymem.recipes.train import batch_share
 
     share = batch_share(cfg.batch_size) if distributed else slice(None)
 
@@ -204,60 +205,28 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
     opt, topt, site = site_optimizers(handle, cfg)
     starts = data_order(stream.size, cfg)
     dev = next(lm.model.parameters()).device
-    evals = set(int(s) for s in eval_at)
-    losses: list[float] = []
     cut = restricted_head(lm.model, np.unique(stream)) if cfg.softmax == "corpus" else None
-    t0, t_eval = time.perf_counter(), 0.0
-    first, before_s = 0, 0.0
     ck = None
     if checkpoint is not None:
         from polymem.recipes.checkpoint import Checkpoints
 
         ck = Checkpoints(checkpoint, every=checkpoint_every, key=checkpoint_key, modules={"sites": handle.sites},
                          opt=opt, table=handle.table, topt=topt)
-        got = ck.resume()
-        if got is not None:
-            first, losses, before_s = got["step"], got["losses"], got["train_s"]
-        t0 = time.perf_counter()  # reading the checkpoint back is not training time
-    for step in range(first, cfg.steps):
-        f = cfg.lr_factor(step)
-        for g in opt.param_groups:
-            g["lr"] = cfg.site_lr * f
-        if topt is not None:
-            for g in topt.param_groups:
-                g["lr"] = cfg.table_lr * f
+
+    def step_loss(step: int) -> torch.Tensor:
         x, y = window_batch(stream, starts[step][share], cfg.block_size, lm.bos_id)
         if cut is None:
             loss = token_nats(lm.model, x.to(dev), y.to(dev)).mean()
         else:
             with cut as remap:
                 loss = token_nats(lm.model, x.to(dev), remap[y].to(dev)).mean()
-        if distributed:  # this process's share of the global batch's mean
-            loss = loss * (x.shape[0] / cfg.batch_size)
-        apply_step(loss, site, cfg.grad_clip, opt, topt, reduce=distributed)
-        losses.append(global_sum(loss) if distributed else float(loss.detach()))
-        if on_step is not None:
-            on_step(step, losses[-1])
-        if on_eval is not None and step + 1 in evals:
-            te = time.perf_counter()
-            on_eval(step + 1, (step + 1) * cfg.batch_size * cfg.block_size)  # the full output layer is back
-            t_eval += time.perf_counter() - te
-        if ck is not None:
-            tc = time.perf_counter()
-            if ck.after(step + 1, cfg.steps, losses, before_s + tc - t0 - t_eval):
-                t_eval += time.perf_counter() - tc  # writing a checkpoint is not training
-    el = before_s + time.perf_counter() - t0 - t_eval
-    out: dict[str, Any] = {"losses": losses, "tokens": cfg.tokens, "train_s": el, "tokens_per_s": cfg.tokens / max(el, 1e-9),
-                           "resumed_at": first,
-                           "checkpoints": {"written": ck.written if ck else 0, "seconds": ck.write_s if ck else 0.0}}
-    if topt is not None:
-        st = topt.state.get(handle.table.weight, {})
-        out["table_state_bytes"] = sum(t.numel() * t.element_size() for t in st.values() if isinstance(t, torch.Tensor))
-        if distributed:  # this process's rows' counts
-            out["row_counts"] = st.get("n", torch.zeros(handle.table.weight.shape[0], dtype=torch.int32)).detach().cpu()
-        elif "n" in st and st["n"].numel() == handle.table.layout.num_rows:
-            out["row_counts"] = st["n"].detach().cpu().numpy().astype(np.uint32)
-    return out
+        return loss * (x.shape[0] / cfg.batch_size) if distributed else loss  # this process's share of the mean
+
+    sched = Schedule(steps=cfg.steps, lr=cfg.site_lr, table_lr=cfg.table_lr, grad_clip=cfg.grad_clip,
+                     lr_factor=cfg.lr_factor, tokens_per_step=cfg.batch_size * cfg.block_size)
+    # on_eval runs with the full output layer back (the cut one is swapped in for each step only)
+    return run_steps(sched, step_loss, opt, topt, site, table=handle.table if topt is not None else None,
+                     on_step=on_step, eval_at=eval_at, on_eval=on_eval, ck=ck, distributed=distributed)
 
 
 def train_table(

@@ -279,62 +279,41 @@ def train_loop(
 
     With ``eval_every`` and ``on_eval``: ``on_eval(steps_done, tokens_seen)`` after every ``eval_every`` steps
     and after the last step (a learning curve); its time is not counted in ``tokens_per_s``."""
+    from polymem.recipes.loop import Schedule, run_steps
+
     opt, topt, dense = _optimizers(model, handle, cfg)
     share = batch_share(cfg.batch_size) if distributed else slice(None)
     starts = batch_starts(data.train.size, block_size=cfg.block_size, batch_size=cfg.batch_size, steps=cfg.steps, seed=cfg.seed)
     dev = cfg.torch_device()
     model.train()
-    losses: list[float] = []
-    t0 = time.perf_counter()
-    t_eval, first, before_s = 0.0, 0, 0.0
     ck = None
     if checkpoint is not None and handle is not None:
         from polymem.recipes.checkpoint import Checkpoints
 
         ck = Checkpoints(checkpoint, every=checkpoint_every, key=checkpoint_key,
                          modules={"model": model, "sites": handle.sites}, opt=opt, table=handle.table, topt=topt)
-        got = ck.resume()
-        if got is not None:
-            first, losses, before_s = got["step"], got["losses"], got["train_s"]
-        t0 = time.perf_counter()  # reading the checkpoint back is not training time
-    for step in range(first, cfg.steps):
-        f = cfg.lr_factor(step)
-        for g in opt.param_groups:
-            g["lr"] = cfg.lr * f
-        if topt is not None:
-            for g in topt.param_groups:
-                g["lr"] = cfg.lr * cfg.table_lr_mult * f
+
+    def step_loss(step: int) -> torch.Tensor:
         x, y = get_batch(data.train, starts[step][share], cfg.block_size, dev)
         if rows_in_loader and handle is not None:  # hashing in the data loader (numba) instead of on device
             rows = data.cache.ngram_rows(x.cpu().numpy(), handle.table.layout, handle.max_n)
             handle.set_rows(torch.from_numpy(np.ascontiguousarray(rows)).to(dev))
         with _autocast(cfg):
             loss = model(x, y).mean()
-        if distributed:  # this process's share of the global batch's mean
-            loss = loss * (x.shape[0] / cfg.batch_size)
-        apply_step(loss, dense, cfg.grad_clip, opt, topt, reduce=distributed)
-        losses.append(global_sum(loss.detach()) if distributed else loss.item())
-        if on_step is not None:
-            on_step(step, losses[-1])
-        if on_eval is not None and eval_every and ((step + 1) % eval_every == 0 or step + 1 == cfg.steps):
-            te = time.perf_counter()
-            on_eval(step + 1, (step + 1) * cfg.batch_size * cfg.block_size)
-            model.train()
-            t_eval += time.perf_counter() - te
-        if ck is not None:
-            tc = time.perf_counter()
-            if ck.after(step + 1, cfg.steps, losses, before_s + tc - t0 - t_eval):
-                t_eval += time.perf_counter() - tc  # writing a checkpoint is not training
-    el = before_s + time.perf_counter() - t0 - t_eval
-    tokens = cfg.steps * cfg.batch_size * cfg.block_size
-    out = {"losses": losses, "tokens": tokens, "elapsed_s": el, "tokens_per_s": tokens / max(el, 1e-9),
-           "resumed_at": first,
-           "checkpoints": {"written": ck.written if ck else 0, "seconds": ck.write_s if ck else 0.0}}
-    if topt is not None:  # per-row update counts of the table (SparseRowRMS state), for the asset's counts array
-        st = topt.state.get(handle.table.weight, {})
-        out["table_state_bytes"] = sum(t.numel() * t.element_size() for t in st.values() if isinstance(t, torch.Tensor))
-        n = st.get("n", torch.zeros(handle.table.weight.shape[0], dtype=torch.int32))  # (this process's rows)
-        out["row_counts"] = n.detach().cpu() if distributed else n.detach().cpu().numpy().astype(np.uint32)
+        return loss * (x.shape[0] / cfg.batch_size) if distributed else loss  # this process's share of the mean
+
+    def eval_then_train(steps_done: int, tokens: int) -> None:
+        assert on_eval is not None
+        on_eval(steps_done, tokens)
+        model.train()
+
+    evals = [s for s in range(1, cfg.steps + 1) if s % eval_every == 0 or s == cfg.steps] if eval_every else []
+    sched = Schedule(steps=cfg.steps, lr=cfg.lr, table_lr=cfg.lr * cfg.table_lr_mult, grad_clip=cfg.grad_clip,
+                     lr_factor=cfg.lr_factor, tokens_per_step=cfg.batch_size * cfg.block_size)
+    out = run_steps(sched, step_loss, opt, topt, dense, table=handle.table if handle is not None else None,
+                    on_step=on_step, eval_at=evals, on_eval=eval_then_train if on_eval is not None else None, ck=ck,
+                    distributed=distributed)
+    out["elapsed_s"] = out["train_s"]
     return out
 
 
