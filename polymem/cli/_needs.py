@@ -118,6 +118,7 @@ Needs = tuple[tuple[str, str, Callable[[Any, str], None]], ...]  # (flag or "" f
 NEEDS: dict[str, Needs] = {
     "attach": (("--model", "model", MODEL), ("--asset", "asset", SOURCE), ("--corpus", "corpus", SOURCE),
                ("--out", "out", DIRECTORY), ("--json", "json_out", FILE)),
+    "bundle": (("--asset", "asset", SOURCE), ("--out", "out", DIRECTORY)),
     "build-cache": (("--tokenizer", "tokenizer", TOKENIZER), ("--output", "output", FILE)),
     "convert": (("", "src", SOURCE), ("--tokenizer", "tokenizer", TOKENIZER), ("--corpus", "corpus", SOURCE),
                 ("--output", "output", DIRECTORY), ("--json", "json_out", FILE)),
@@ -138,6 +139,7 @@ NEEDS: dict[str, Needs] = {
     "models clear": (),
     "merge": (("", "assets", SOURCE), ("--output", "output", DIRECTORY), ("--json", "json_out", FILE)),
     "pull": (("", "url", SOURCE), ("", "directory", DIRECTORY)),
+    "push": (("", "url", SOURCE),),
     "quantize": (("", "asset", SOURCE), ("--output", "output", DIRECTORY), ("--check-model", "check_model", MODEL)),
     "subset": (("", "asset", SOURCE), ("--output", "output", DIRECTORY), ("--tokenizer", "tokenizer", TOKENIZER),
                ("--corpus", "corpus", SOURCE), ("--heldout", "heldout", SOURCE), ("--json", "json_out", FILE)),

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
-from polymem.cli._options import (BatchSize, BlockSize, CorpusFiles, Device, DonorInit, Gate, JsonOut, ModelOpt, Softmax,
+from polymem.cli._options import (apply_threads, BatchSize, BlockSize, CorpusFiles, Device, DonorInit, Gate, JsonOut, ModelOpt, Softmax,
                                   Threads, local_path)
 
 console = Console()
@@ -66,8 +66,7 @@ def attach_cmd(
         raise PolymemError("--donor-model and --donor-site are read only with --init aligned; drop them")
     dev = resolve_device(device)
     open_table(asset)  # a missing or broken table is said before any model loads
-    if threads:
-        torch.set_num_threads(threads)
+    apply_threads(threads, console)
     cfg = FrozenTrainConfig(steps=steps, batch_size=batch_size or 4, block_size=block_size, site_lr=site_lr,
                             softmax=softmax.value, seed=seed)
     dlm = _donor_model(asset, donor_model, str(dev)) if start == "aligned" else None

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
-from polymem.cli._options import Device, JsonOut, ModelOpt, Threads, local_path
+from polymem.cli._options import apply_threads, Device, JsonOut, ModelOpt, Threads, local_path
 
 console = Console()
 
@@ -61,11 +61,15 @@ def generate_cmd(
         raise PolymemError("no prompt given; pass --prompt TEXT (repeatable) or --prompts FILE (one per line)")
     decoding = Decoding(max_new_tokens, temperature, top_p, seed).check()
     dev = resolve_device(device)
-    if threads:
-        torch.set_num_threads(threads)
+    apply_threads(threads, console)
     header = _site_header(site) if site is not None else None
+    tpath = None
     if site is not None and header is not None:
         check_site_tokenizer(site, header, model)
+        tpath = _table_path(site, header, asset, "--asset")
+        if tpath is None and table == "disk":
+            raise PolymemError(f"{str(site)!r} holds its trained table in the site file, which is read into memory; "
+                               "--table disk reads a table asset (train with a frozen table, or drop --table disk)")
     console.print(f"loading {escape(model)} …", highlight=False)
     lm = load_model(model, device=str(dev))
     console.print(escape(lm.load_line()), highlight=False)
@@ -73,10 +77,6 @@ def generate_cmd(
     if site is not None and header is not None:
         from polymem.torch.attach import load_attached
 
-        tpath = _table_path(site, header, asset)
-        if tpath is None and table == "disk":
-            raise PolymemError(f"{str(site)!r} holds its trained table in the site file, which is read into memory; "
-                               "--table disk reads a table asset (train with a frozen table, or drop --table disk)")
         handle = load_attached(lm.model, site, tpath, tokenizer=lm.tokenizer, in_memory=table == "memory",
                                serving={"cache_mb": cache_mb})
     stream = len(texts) == 1

@@ -16,7 +16,7 @@ from polymem._io import atomic_write_json
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
 from polymem.cli._options import (
-    BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HashKind, HeadDim, Heads, JsonOut, Lr,
+    apply_threads, BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HashKind, HeadDim, Heads, JsonOut, Lr,
     MaxEvalTokens, MaxN, NHead, NLayer, Precision, PrecisionOpt, Slots, Softmax, TableLrMult, Threads,
     TrainSteps, local_path, parse_count, tokenizer_spec,
     refuse_unused,
@@ -88,8 +88,7 @@ def train(
     if (tokenizer is None) == (model is None):
         raise PolymemError("pass --tokenizer (a small model trained from scratch) or --model (a pretrained model, "
                            "which brings its own tokenizer), not " + ("both" if model else "neither"))
-    if threads:
-        torch.set_num_threads(threads)
+    apply_threads(threads, console)
     if model is not None:
         refuse_unused("with --model (a pretrained backbone, frozen, fp32)", {
             "conv": (conv, False), "lr": (lr, 2e-3), "table_lr_mult": (table_lr_mult, 70.0),
