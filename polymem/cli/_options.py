@@ -159,6 +159,7 @@ Orders = Annotated[str, typer.Option("--orders", help="n-gram orders, comma-sepa
 TrainSteps = Annotated[Optional[int], typer.Option("--steps", min=1, help="Optimizer steps (default 620; 80 with --model).")]
 TransferSteps = Annotated[Optional[int], typer.Option("--steps", min=1, help="Optimizer steps per recipient arm and seed (default 400; 40 with --model).")]
 BatchSize = Annotated[Optional[int], typer.Option("--batch-size", min=1, help="Sequences per step (default 8; 4 with --model).")]
+SiteBatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per step.")]  # attach: always a model
 BlockSize = Annotated[int, typer.Option("--block-size", min=8, help="Tokens per sequence.")]
 NLayer = Annotated[int, typer.Option("--n-layer", min=1, help="Transformer blocks.")]
 DModel = Annotated[int, typer.Option("--d-model", min=16, help="Model width.")]

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
-from polymem.cli._options import (apply_threads, BatchSize, BlockSize, CorpusFiles, Device, DonorInit, Gate, JsonOut, ModelOpt, Softmax,
+from polymem.cli._options import (apply_threads, SiteBatchSize, BlockSize, CorpusFiles, Device, DonorInit, Gate, JsonOut, ModelOpt, Softmax,
                                   Threads, local_path)
 
 console = Console()
@@ -30,7 +30,7 @@ def attach_cmd(
     donor_site: Annotated[Optional[Path], typer.Option("--donor-site", parser=local_path("a site folder"), help="With --init aligned: the table's own site (default: the asset's path + .site).")] = None,
     layers: Annotated[Optional[str], typer.Option(help="Blocks that get the site (default: the donor's).")] = None,
     site_lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate of the site.")] = 3e-3,
-    batch_size: BatchSize = None,
+    batch_size: SiteBatchSize = 4,
     block_size: BlockSize = 256,
     softmax: Annotated[Softmax, typer.Option(help="Training loss over the ids the corpus uses (corpus) or the whole vocabulary (full).")] = Softmax("corpus"),
     eval_tokens: Annotated[int, typer.Option(min=64, help="Held-out tokens scored before and after (the corpus's held-out split).")] = 4096,
@@ -67,7 +67,7 @@ def attach_cmd(
     dev = resolve_device(device)
     open_table(asset)  # a missing or broken table is said before any model loads
     apply_threads(threads, console)
-    cfg = FrozenTrainConfig(steps=steps, batch_size=batch_size or 4, block_size=block_size, site_lr=site_lr,
+    cfg = FrozenTrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, site_lr=site_lr,
                             softmax=softmax.value, seed=seed)
     dlm = _donor_model(asset, donor_model, str(dev)) if start == "aligned" else None
     console.print(f"loading {escape(model)} …", highlight=False)

@@ -155,3 +155,11 @@ def test_tiny_real_invocation_of_the_cheap_commands(tmp_path: Path) -> None:
     tests = "\n".join(f.read_text() for f in Path(__file__).parents[1].rglob("test_*.py"))
     for name in {p[0] for p in command_tree() if len(p) == 1} - set(runs):
         assert re.search(rf'\[\s*"{re.escape(name)}"\s*,', tests), f"no test runs `polymem {name}`"
+
+
+def test_attach_help_names_its_own_defaults() -> None:
+    """attach always takes a model: its --batch-size help names its one default, not train's two."""
+    import typer.main
+
+    opts = {p.name: p for p in typer.main.get_command(app).commands["attach"].params}
+    assert opts["batch_size"].default == 4 and "--model" not in (opts["batch_size"].help or "")

@@ -143,6 +143,7 @@ def test_the_command_streams_text_and_reports_the_table_costs(tiny, tmp_path):
     assert res["prompt"] == PROMPTS[0] and len(res["new_ids"]) <= 6 and res["text"] in r.output
     assert out["table"] == "disk" and out["page_cache_hit_rate"] is not None and out["read_wait_s"] >= 0
     assert "table on disk: waited" in r.output and "tokens/s" in r.output
+    assert f"{len(res['new_ids'])} new tokens" in r.output and out["generated_tokens"] == len(res["new_ids"])
     h = _attached(tiny, True)
     try:
         assert res["new_ids"] == generate(tiny["lm"], PROMPTS[:1], Decoding(6), handle=h)["results"][0].new_ids
@@ -370,3 +371,10 @@ def test_bundle_push_pull_and_generate(tiny, tmp_path):
     assert _ids_of(tmp_path, tmp_path / "pulled", tiny["gguf"], "--table", "disk") == want
     r = CliRunner().invoke(app, ["pull", str(tmp_path / "b"), str(tmp_path / "local-copy")])  # a local folder too
     assert r.exit_code == 0 and (tmp_path / "local-copy" / "table.pmem").is_dir(), (r.output, r.exception)
+
+
+def test_prompts_print_their_newlines_as_lines(tiny):
+    r = CliRunner().invoke(app, ["generate", "--model", str(tiny["gguf"]), "--prompt", "first line\nsecond",
+                                 "--prompt", "other", "-n", "2"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "first line\nsecond" in r.output and "\\x0a" not in r.output
