@@ -83,7 +83,7 @@ def attach_cmd(
         task = prog.add_task("training the site", total=steps, info="")
 
         def on_step(i: int, loss: float) -> None:
-            prog.update(task, completed=i + 1, info=f"loss {loss:.3f}")
+            prog.update(task, completed=i + 1, info=f"step loss {loss:.3f}")
 
         res: dict[str, Any] = train_recipient_site(exp, out, seed=seed, overwrite=overwrite, on_step=on_step)
     a, s0, s1 = res["heldout_bpb_alone"], res["heldout_bpb_start"], res["heldout_bpb"]
