@@ -119,7 +119,7 @@ NEEDS: dict[str, Needs] = {
     "attach": (("--model", "model", MODEL), ("--asset", "asset", SOURCE), ("--corpus", "corpus", SOURCE),
                ("--out", "out", DIRECTORY), ("--json", "json_out", FILE)),
     "bundle": (("--asset", "asset", SOURCE), ("--out", "out", DIRECTORY)),
-    "build-cache": (("--tokenizer", "tokenizer", TOKENIZER), ("--output", "output", FILE)),
+    "build-cache": (("--tokenizer", "tokenizer", TOKENIZER), ("--output", "output", FILE), ("--json", "json_out", FILE)),
     "convert": (("", "src", SOURCE), ("--tokenizer", "tokenizer", TOKENIZER), ("--corpus", "corpus", SOURCE),
                 ("--output", "output", DIRECTORY), ("--json", "json_out", FILE)),
     "coverage": (("", "paths", SOURCE), ("--target", "target", TOKENIZER), ("--reference", "reference", TOKENIZER),
