@@ -112,8 +112,9 @@ def card_text(header: dict[str, Any], provenance: dict[str, Any], scores: dict[s
         ("corpus", provenance.get("corpus")),
         ("held-out split", f"every {provenance['heldout_every']}th document" if provenance.get("heldout_every") else None),
         ("tokens seen", provenance.get("tokens_seen")),
-        ("held-out bits per byte, table on", provenance.get("heldout_bpb")),
-        ("held-out bits per byte, table off", provenance.get("heldout_bpb_memory_off")),
+        ("held-out bits per byte in the table's training run, with the table", provenance.get("heldout_bpb")),
+        ("held-out bits per byte in the table's training run, table off", provenance.get("heldout_bpb_memory_off")),
+        ("held-out bytes scored in that run", provenance.get("heldout_scored_bytes")),
     ] + [(str(k), v) for k, v in (scores or {}).items()]
     lines = ["# polymem memory site", "",
              "A memory site (projection and gate) and the byte-addressed n-gram table it reads, for the model below. "
