@@ -75,12 +75,14 @@ def relative_table_path(table: str, site_dir: str | os.PathLike[str]) -> str:
 
     if is_url(table):
         return table
-    t, d = Path(table).absolute(), Path(site_dir).absolute()
-    if t.parent == d.parent:
-        return f"../{t.name}"
-    if d in t.parents:
-        return t.relative_to(d).as_posix()
-    return str(t)
+    given = Path(os.path.normpath(Path(table).absolute()))
+    d = Path(site_dir).resolve()
+    for t in (given, Path(table).resolve()):  # as given, then with links resolved (the site's are)
+        if t.parent == d.parent:
+            return f"../{t.name}"
+        if d in t.parents:
+            return t.relative_to(d).as_posix()
+    return str(given)
 
 
 BUNDLED_TABLES = ("table.pmem", "table.safetensors")  # where a bundle keeps its table
