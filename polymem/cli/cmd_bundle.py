@@ -51,6 +51,23 @@ def push(
     n = _push(folder, url, storage_options=parse_storage_options(storage_options), overwrite=overwrite)
     console.print(f"[green]OK[/] {escape(str(folder))} -> {escape(url)}: {n} files, each read back and matching its sha256",
                   highlight=False, soft_wrap=True)
+    if not _carries_table(folder):
+        console.print(f"note: {escape(str(folder))} does not hold its table: whoever pulls it needs that table too "
+                      f"(--asset); `polymem bundle {escape(str(folder))} -o FOLDER` makes one folder that does",
+                      highlight=False, soft_wrap=True)
+
+
+def _carries_table(folder: Path) -> bool:
+    """Does the site folder hold its table (trained into site.safetensors, or a bundle's table.pmem)?"""
+    import json
+
+    from polymem.torch.sitefile import BUNDLED_TABLES
+
+    try:
+        table = json.loads((folder / "site.json").read_text(encoding="utf-8")).get("table") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return bool(table.get("saved")) or any((folder / n).exists() for n in BUNDLED_TABLES)
 
 
 def register(app: typer.Typer) -> None:

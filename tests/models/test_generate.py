@@ -365,7 +365,9 @@ def test_bundle_push_pull_and_generate(tiny, tmp_path):
     assert r.exit_code == 0 and "table.pmem" in r.output, (r.output, r.exception)
     assert (tmp_path / "b" / "README.md").is_file() and (tmp_path / "b" / "table.pmem" / "zarr.json").is_file()
     r = CliRunner().invoke(app, ["push", str(tmp_path / "b"), "memory://bundles/tiny"])
-    assert r.exit_code == 0 and "matching its sha256" in r.output, (r.output, r.exception)
+    assert r.exit_code == 0 and "matching its sha256" in r.output and "note:" not in r.output, (r.output, r.exception)
+    r = CliRunner().invoke(app, ["push", str(tiny["site"]), "memory://bundles/site-alone"])  # a site without its table
+    assert r.exit_code == 0 and "does not hold its table" in " ".join(r.output.split()), (r.output, r.exception)
     r = CliRunner().invoke(app, ["pull", "memory://bundles/tiny", str(tmp_path / "pulled")])
     assert r.exit_code == 0 and "a site" in r.output, (r.output, r.exception)
     assert _ids_of(tmp_path, tmp_path / "pulled", tiny["gguf"], "--table", "disk") == want
