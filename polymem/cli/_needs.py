@@ -117,7 +117,7 @@ Needs = tuple[tuple[str, str, Callable[[Any, str], None]], ...]  # (flag or "" f
 #: command -> what a value given to each of its parameters needs; every command is listed (tests/cli/test_needs_and_output.py)
 NEEDS: dict[str, Needs] = {
     "attach": (("--model", "model", MODEL), ("--asset", "asset", SOURCE), ("--corpus", "corpus", SOURCE),
-               ("--out", "out", DIRECTORY), ("--json", "json_out", FILE)),
+               ("--out", "out", DIRECTORY), ("--json", "json_out", FILE), ("--bundle", "bundle", DIRECTORY)),
     "bundle": (("--asset", "asset", SOURCE), ("--out", "out", DIRECTORY)),
     "build-cache": (("--tokenizer", "tokenizer", TOKENIZER), ("--output", "output", FILE), ("--json", "json_out", FILE)),
     "convert": (("", "src", SOURCE), ("--tokenizer", "tokenizer", TOKENIZER), ("--corpus", "corpus", SOURCE),

@@ -36,6 +36,7 @@ def attach_cmd(
     eval_tokens: Annotated[int, typer.Option(min=64, help="Held-out tokens scored before and after (the corpus's held-out split).")] = 4096,
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Data order and the site's init.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
+    bundle: Annotated[Optional[Path], typer.Option("--bundle", parser=local_path("a local folder"), help="Also write one folder holding the site, a copy of the table and a README card with this run's scores (polymem bundle; push/pull move it).")] = None,
     threads: Threads = None,
     device: Device = "auto",
     json_out: JsonOut = None,
@@ -58,10 +59,13 @@ def attach_cmd(
 
     start: str = init.value
     gate_s: str | None = gate.value if gate is not None else None
-    check_outputs_not_inputs({"--out": out, "--json": json_out}, [("asset", asset), ("model", model)]
+    check_outputs_not_inputs({"--out": out, "--json": json_out, "--bundle": bundle}, [("asset", asset), ("model", model)]
                              + [("corpus", c) for c in corpus])
-    if out.exists() and not overwrite:
-        raise PolymemError(f"{str(out)!r} exists; pass --overwrite or another --out")
+    for p in (out, bundle):
+        if p is not None and p.exists() and not overwrite:
+            raise PolymemError(f"{str(p)!r} exists; pass --overwrite or another folder")
+    if bundle is not None and bundle.absolute() == out.absolute():
+        raise PolymemError("--bundle and --out name one folder; give the bundle its own")
     if start != "aligned" and (donor_model or donor_site):
         raise PolymemError("--donor-model and --donor-site are read only with --init aligned; drop them")
     dev = resolve_device(device)
@@ -91,6 +95,14 @@ def attach_cmd(
                   f"{s0:.4f}, after {res['tokens']:,} tokens {s1:.4f} ({(s1 - a) / a:+.2%})", highlight=False)
     console.print(f"wrote {escape(str(out))} ({res['site_parameters']:,} site parameters; the table stays in "
                   f"{escape(str(asset))})", soft_wrap=True, highlight=False)
+    if bundle is not None:
+        from polymem.torch.bundle import bundle_site
+
+        bundle_site(out, bundle, table=asset, overwrite=overwrite, scores={
+            f"held-out bits per byte on {res['scored_set']}, model alone": a,
+            f"held-out bits per byte on {res['scored_set']}, with this site": s1,
+            "site trained on (tokens)": res["tokens"]})
+        console.print(f"wrote {escape(str(bundle))} (the site, its table and README.md)", soft_wrap=True, highlight=False)
     if json_out:
         atomic_write_json(json_out, res, indent=1)
         console.print(f"wrote {escape(str(json_out))}", soft_wrap=True)
