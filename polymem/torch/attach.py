@@ -293,17 +293,9 @@ class AttachHandle:
         folder that also holds a frozen table and a README card (:func:`polymem.torch.bundle.bundle_site`)."""
         if not bundle:
             return save_site(self, path)
-        import shutil
+        from polymem.torch.bundle import save_bundle
 
-        from polymem.torch.bundle import bundle_site
-
-        out = Path(path)
-        tmp = out.with_name(f".{out.name}.site-{os.getpid()}")
-        try:
-            save_site(self, tmp)
-            return bundle_site(tmp, out, overwrite=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        return save_bundle(self, path)
 
     save_pretrained = save  # the PEFT adapter's name for it
 

@@ -22,10 +22,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from polymem.errors import FormatError, PolymemError
-from polymem.torch.sitefile import BUNDLED_TABLES, find_table, read_site
+from polymem.errors import FormatError, MissingError, PolymemError
+from polymem.torch.sitefile import BUNDLED_TABLES, find_table, read_site, save_site
 
-__all__ = ["bundle_site", "card_text", "pull_site", "push"]
+__all__ = ["bundle_site", "card_text", "pull_site", "push", "save_bundle"]
 
 _SITE_FILES = ("site.json", "site.safetensors")
 
@@ -72,6 +72,30 @@ def bundle_site(site: str | os.PathLike[str], out: str | os.PathLike[str], *, ta
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return out
+
+
+def save_bundle(handle: Any, path: str | os.PathLike[str]) -> Path:
+    """:meth:`AttachHandle.save` with ``bundle=True``: the site saved to a hidden sibling, a frozen table held only
+    in memory written there from its rows (``table.safetensors``), then :func:`bundle_site` into ``path``."""
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.site-{os.getpid()}")
+    try:
+        save_site(handle, tmp)
+        if not handle.table.trainable and not _table_found(tmp):
+            from polymem.torch.tablefile import save_table
+
+            save_table(tmp / BUNDLED_TABLES[1], handle.table.to_numpy(), handle.table.spec, handle.table.layout,
+                       orders=tuple(handle.table.orders))
+        return bundle_site(tmp, out, overwrite=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _table_found(site: Path) -> bool:
+    try:
+        return find_table(site, read_site(site)[0]) is not None
+    except MissingError:
+        return False
 
 
 def _copy_table(tpath: str, stage: Path) -> tuple[str, dict[str, Any]]:

@@ -146,3 +146,18 @@ def test_push_and_pull_through_s3(tmp_path, byte_cache, ids, endpoint):  # noqa:
     push(bundle, f"s3://{BUCKET}/bundles/b", storage_options=so)
     got = pull_site(f"s3://{BUCKET}/bundles/b", tmp_path / "pulled", storage_options=so)
     assert torch.equal(_reattached(got, byte_cache, ids), want)
+
+
+def test_a_frozen_table_held_only_in_memory_is_bundled_from_its_rows(tmp_path, byte_cache, ids):
+    from polymem.torch import TrainableTable
+
+    w = torch.randn(LAYOUT.num_rows, LAYOUT.head_dim, generator=torch.Generator().manual_seed(2))
+    model = _model()
+    h = attach(model, TrainableTable(w, spec=HashSpec(), layout=LAYOUT, trainable=False), byte_cache, layers=[1],
+               value_init="orthogonal")
+    with torch.no_grad():
+        want = model(ids)
+    h.save(tmp_path / "b", bundle=True)
+    h.detach()
+    assert (tmp_path / "b" / "table.safetensors").is_file()
+    assert torch.equal(_reattached(tmp_path / "b", byte_cache, ids), want)
