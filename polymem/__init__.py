@@ -40,6 +40,8 @@ _LAZY = {
     "subset": ("polymem.ops", "subset"),
     "merge": ("polymem.ops", "merge"),
     "attach": ("polymem.torch.attach", "attach"),
+    "AttachHandle": ("polymem.torch.attach", "AttachHandle"),
+    "load_attached": ("polymem.torch.attach", "load_attached"),
 }
 
 # Old public names kept for one release (0.2 removes them).

@@ -211,8 +211,12 @@ def test_eval_site_table_path_that_is_not_a_string_is_one_line(tmp_path: Path, s
     header = {"table": {"source": source, "saved": False}}
     with pytest.raises(PolymemError, match="(?i)pass --table"):
         _table_path(tmp_path, header, None)
-    assert _table_path(tmp_path, header, "given.pmem") == "given.pmem"
-    assert _table_path(tmp_path, {"table": {"source": {"path": "t.pmem"}}}, None) == "t.pmem"
+    from polymem import HashSpec, Layout, MemoryAsset
+
+    MemoryAsset.create(tmp_path / "t.pmem", HashSpec(), Layout(pages=4, heads=2, slots=2, head_dim=4))
+    assert _table_path(tmp_path, header, str(tmp_path / "t.pmem")) == str(tmp_path / "t.pmem")
+    # a relative path is relative to the site folder
+    assert _table_path(tmp_path, {"table": {"source": {"path": "t.pmem"}}}, None) == str(tmp_path / "t.pmem")
     assert _table_path(tmp_path, {"table": {"saved": True}}, None) is None
 
 

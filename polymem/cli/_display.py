@@ -30,6 +30,16 @@ def escape(value: object) -> str:
     return _markup_escape(controls(str(value)))
 
 
+_TEXT_CONTROLS = {k: v for k, v in _CONTROLS.items() if k not in (0x0A, 0x09)}
+
+
+def escape_text(text: str) -> str:
+    r"""Generated or quoted text as a reader wants it in the terminal: its newlines and tabs kept, every other
+    control character shown as ``\xNN`` and markup escaped (``"a\nb\x1b[2J"`` prints as two lines, ``a`` and
+    ``b\x1b[2J``)."""
+    return _markup_escape(str(text).translate(_TEXT_CONTROLS))
+
+
 def escape_lines(text: str) -> str:
     """:func:`escape` for each line of a message whose line breaks are its own (a multi-line error)."""
     return "\n".join(escape(line) for line in text.split("\n"))

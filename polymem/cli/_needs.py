@@ -117,8 +117,9 @@ Needs = tuple[tuple[str, str, Callable[[Any, str], None]], ...]  # (flag or "" f
 #: command -> what a value given to each of its parameters needs; every command is listed (tests/cli/test_needs_and_output.py)
 NEEDS: dict[str, Needs] = {
     "attach": (("--model", "model", MODEL), ("--asset", "asset", SOURCE), ("--corpus", "corpus", SOURCE),
-               ("--out", "out", DIRECTORY), ("--json", "json_out", FILE)),
-    "build-cache": (("--tokenizer", "tokenizer", TOKENIZER), ("--output", "output", FILE)),
+               ("--out", "out", DIRECTORY), ("--json", "json_out", FILE), ("--bundle", "bundle", DIRECTORY)),
+    "bundle": (("--asset", "asset", SOURCE), ("--out", "out", DIRECTORY)),
+    "build-cache": (("--tokenizer", "tokenizer", TOKENIZER), ("--output", "output", FILE), ("--json", "json_out", FILE)),
     "convert": (("", "src", SOURCE), ("--tokenizer", "tokenizer", TOKENIZER), ("--corpus", "corpus", SOURCE),
                 ("--output", "output", DIRECTORY), ("--json", "json_out", FILE)),
     "coverage": (("", "paths", SOURCE), ("--target", "target", TOKENIZER), ("--reference", "reference", TOKENIZER),
@@ -138,6 +139,7 @@ NEEDS: dict[str, Needs] = {
     "models clear": (),
     "merge": (("", "assets", SOURCE), ("--output", "output", DIRECTORY), ("--json", "json_out", FILE)),
     "pull": (("", "url", SOURCE), ("", "directory", DIRECTORY)),
+    "push": (("", "url", SOURCE),),
     "quantize": (("", "asset", SOURCE), ("--output", "output", DIRECTORY), ("--check-model", "check_model", MODEL)),
     "subset": (("", "asset", SOURCE), ("--output", "output", DIRECTORY), ("--tokenizer", "tokenizer", TOKENIZER),
                ("--corpus", "corpus", SOURCE), ("--heldout", "heldout", SOURCE), ("--json", "json_out", FILE)),

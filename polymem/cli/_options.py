@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, cast
 
 import typer
 
+from polymem._cpus import choose_threads
 from polymem._paths import is_url
 from polymem.errors import PolymemError
 from polymem.hash.layout import LAYOUT_KINDS
@@ -158,6 +159,7 @@ Orders = Annotated[str, typer.Option("--orders", help="n-gram orders, comma-sepa
 TrainSteps = Annotated[Optional[int], typer.Option("--steps", min=1, help="Optimizer steps (default 620; 80 with --model).")]
 TransferSteps = Annotated[Optional[int], typer.Option("--steps", min=1, help="Optimizer steps per recipient arm and seed (default 400; 40 with --model).")]
 BatchSize = Annotated[Optional[int], typer.Option("--batch-size", min=1, help="Sequences per step (default 8; 4 with --model).")]
+SiteBatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per step.")]  # attach: always a model
 BlockSize = Annotated[int, typer.Option("--block-size", min=8, help="Tokens per sequence.")]
 NLayer = Annotated[int, typer.Option("--n-layer", min=1, help="Transformer blocks.")]
 DModel = Annotated[int, typer.Option("--d-model", min=16, help="Model width.")]
@@ -168,8 +170,22 @@ MaxEvalTokens = Annotated[Optional[int], typer.Option("--max-eval-tokens", min=1
 PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="auto (bf16 autocast only where the CPU/GPU does bf16 natively and fast, else fp32; the choice and why are printed), fp32 or bf16; tables stay fp32.")]
 BackbonePrecision = Annotated[Precision, typer.Option("--precision", help="The pretrained model's arithmetic: auto (bf16 where the CPU/GPU does bf16 natively: avx512_bf16, AMX, CUDA bf16; else fp32; the choice and why are printed), fp32 or bf16. Tables, sites' weights and losses stay fp32.")]
 Bf16 = Annotated[Optional[bool], typer.Option("--bf16/--no-bf16", help="Deprecated: use --precision bf16|fp32.")]
-Threads = Annotated[Optional[int], typer.Option("--threads", min=1, max=4096, help="torch CPU threads (1 is faster on a busy shared CPU).")]
+Threads = Annotated[Optional[int], typer.Option("--threads", min=1, max=4096, help="torch CPU threads (default: one per physical core this process may use, fewer while other work keeps CPUs busy; said in one line).")]
 Device = Annotated[str, typer.Option("--device", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1, …")]
+
+
+def apply_threads(threads: int | None, console: Any) -> int:
+    """Set torch's CPU threads: ``--threads``, else :func:`polymem._cpus.choose_threads` (printing its note when
+    other work keeps the CPUs busy). Returns the count set."""
+    import torch
+
+    if threads is None:
+        choice = choose_threads()
+        threads = choice.threads
+        if choice.note:
+            console.print(choice.note, highlight=False, soft_wrap=True)
+    torch.set_num_threads(threads)
+    return threads
 
 
 StorageOptionsOpt = Annotated[str | None, typer.Option(

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from polymem.cli._display import escape
+from polymem.cli._options import apply_threads
 
 console = Console()
 
@@ -57,8 +58,7 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
     dev = resolve_device(device)  # a missing CUDA device is said before the model loads
     arm_list = check_arms((arms or ",".join(ARMS)).split(","))
     seed_ids = _seeds(seeds, seed_list)
-    if threads:
-        torch.set_num_threads(threads)
+    apply_threads(threads, console)
     from polymem.cli.cmd_train import _layers
 
     from polymem.recipes.pretrained import DONOR_INITS

@@ -12,8 +12,8 @@ from rich.console import Console
 
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
-from polymem.cli._options import (BackbonePrecision, BatchSize, BlockSize, CorpusFiles, Device, DonorInit, Gate, JsonOut,
-                                  ModelOpt, Precision, Softmax, Threads, local_path)
+from polymem.cli._options import (BackbonePrecision, BlockSize, CorpusFiles, Device, DonorInit, Gate, JsonOut, ModelOpt,
+                                  Precision, SiteBatchSize, Softmax, Threads, apply_threads, local_path)
 
 console = Console()
 
@@ -30,13 +30,14 @@ def attach_cmd(
     donor_site: Annotated[Optional[Path], typer.Option("--donor-site", parser=local_path("a site folder"), help="With --init aligned: the table's own site (default: the asset's path + .site).")] = None,
     layers: Annotated[Optional[str], typer.Option(help="Blocks that get the site (default: the donor's).")] = None,
     site_lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate of the site.")] = 3e-3,
-    batch_size: BatchSize = None,
+    batch_size: SiteBatchSize = 4,
     block_size: BlockSize = 256,
     softmax: Annotated[Softmax, typer.Option(help="Training loss over the ids the corpus uses (corpus) or the whole vocabulary (full).")] = Softmax("corpus"),
     eval_tokens: Annotated[int, typer.Option(min=64, help="Held-out tokens scored before and after (the corpus's held-out split).")] = 4096,
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Data order and the site's init.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
     precision: BackbonePrecision = Precision("auto"),
+    bundle: Annotated[Optional[Path], typer.Option("--bundle", parser=local_path("a local folder"), help="Also write one folder holding the site, a copy of the table and a README card with this run's scores (polymem bundle; push/pull move it).")] = None,
     threads: Threads = None,
     device: Device = "auto",
     json_out: JsonOut = None,
@@ -59,17 +60,19 @@ def attach_cmd(
 
     start: str = init.value
     gate_s: str | None = gate.value if gate is not None else None
-    check_outputs_not_inputs({"--out": out, "--json": json_out}, [("asset", asset), ("model", model)]
+    check_outputs_not_inputs({"--out": out, "--json": json_out, "--bundle": bundle}, [("asset", asset), ("model", model)]
                              + [("corpus", c) for c in corpus])
-    if out.exists() and not overwrite:
-        raise PolymemError(f"{str(out)!r} exists; pass --overwrite or another --out")
+    for p in (out, bundle):
+        if p is not None and p.exists() and not overwrite:
+            raise PolymemError(f"{str(p)!r} exists; pass --overwrite or another folder")
+    if bundle is not None and bundle.absolute() == out.absolute():
+        raise PolymemError("--bundle and --out name one folder; give the bundle its own")
     if start != "aligned" and (donor_model or donor_site):
         raise PolymemError("--donor-model and --donor-site are read only with --init aligned; drop them")
     dev = resolve_device(device)
     open_table(asset)  # a missing or broken table is said before any model loads
-    if threads:
-        torch.set_num_threads(threads)
-    cfg = FrozenTrainConfig(steps=steps, batch_size=batch_size or 4, block_size=block_size, site_lr=site_lr,
+    apply_threads(threads, console)
+    cfg = FrozenTrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, site_lr=site_lr,
                             softmax=softmax.value, seed=seed)
     from polymem.cli._precision import backbone_precision
 
@@ -88,7 +91,7 @@ def attach_cmd(
         task = prog.add_task("training the site", total=steps, info="")
 
         def on_step(i: int, loss: float) -> None:
-            prog.update(task, completed=i + 1, info=f"loss {loss:.3f}")
+            prog.update(task, completed=i + 1, info=f"step loss {loss:.3f}")
 
         res: dict[str, Any] = train_recipient_site(exp, out, seed=seed, overwrite=overwrite, on_step=on_step)
     a, s0, s1 = res["heldout_bpb_alone"], res["heldout_bpb_start"], res["heldout_bpb"]
@@ -96,6 +99,14 @@ def attach_cmd(
                   f"{s0:.4f}, after {res['tokens']:,} tokens {s1:.4f} ({(s1 - a) / a:+.2%})", highlight=False)
     console.print(f"wrote {escape(str(out))} ({res['site_parameters']:,} site parameters; the table stays in "
                   f"{escape(str(asset))})", soft_wrap=True, highlight=False)
+    if bundle is not None:
+        from polymem.torch.bundle import bundle_site
+
+        bundle_site(out, bundle, table=asset, overwrite=overwrite, scores={
+            f"held-out bits per byte on {res['scored_set']}, model alone": a,
+            f"held-out bits per byte on {res['scored_set']}, with this site": s1,
+            "site trained on (tokens)": res["tokens"]})
+        console.print(f"wrote {escape(str(bundle))} (the site, its table and README.md)", soft_wrap=True, highlight=False)
     if json_out:
         atomic_write_json(json_out, res, indent=1)
         console.print(f"wrote {escape(str(json_out))}", soft_wrap=True)

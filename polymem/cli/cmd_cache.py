@@ -12,7 +12,7 @@ from rich.table import Table
 
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
-from polymem.cli._options import Normalizer, NormalizerOpt, Tokenizer, local_path, tokenizer_spec
+from polymem.cli._options import JsonOut, Normalizer, NormalizerOpt, Tokenizer, local_path, tokenizer_spec
 
 console = Console()
 
@@ -22,6 +22,7 @@ def build_cache(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", parser=local_path("a local file"), help="Where to write the cache (.npz). Default: the user cache dir.")] = None,
     max_n: Annotated[int, typer.Option("--max-n", min=1, max=32, help="Highest n-gram order to check on the sample (the cache itself serves any order).")] = 7,
     normalizer: NormalizerOpt = Normalizer("none"),
+    json_out: JsonOut = None,
 ) -> None:
     """Hash every token of a tokenizer: C(t), byte length L(t), base powers. Saves a cache and reports it."""
     check_needs("build-cache", locals())
@@ -32,8 +33,11 @@ def build_cache(
     from polymem.tokenizers import check_fidelity, load_tokenizer
 
     from polymem._io import check_output_path, check_outputs_not_inputs
+    from polymem.errors import PolymemError
 
-    check_outputs_not_inputs({"--output": output}, [("tokenizer", tokenizer)])
+    check_outputs_not_inputs({"--output": output, "--json": json_out}, [("tokenizer", tokenizer)])
+    if json_out is not None and output is not None and json_out.absolute() == output.absolute():
+        raise PolymemError(f"--json and --output are both {str(output)!r}; give them two paths")
     t0 = time.perf_counter()
     tok = load_tokenizer(tokenizer)
     load_s = time.perf_counter() - t0
@@ -60,6 +64,18 @@ def build_cache(
     t.add_row("time", f"load {load_s:.2f} s, build {cache.build_seconds * 1000:.0f} ms")
     console.print(t)
     console.print(f"written {escape(str(path))}", soft_wrap=True, highlight=False)
+    if json_out is not None:
+        from polymem._io import atomic_write_json
+
+        atomic_write_json(json_out, {
+            "tokenizer": tok.name, "family": tok.family, "fingerprint": tok.fingerprint, "vocab_size": int(cache.vocab_size),
+            "special_ids": int(cache.num_special), "longest_token_bytes": int(cache.L.max()),
+            "hash_spec": {"id": spec.spec_id, "version": spec.version, "normalizer": spec.normalizer},
+            "faithful": bool(fid.faithful), "first_mismatch": None if fid.faithful else str(fid.first_mismatch),
+            "dummy_prefix": bool(fid.dummy_prefix), "sample_tokens": int(len(sample_ids)),
+            "sample_valid_ngrams": int(valid.sum()), "max_n": max_n, "load_s": load_s,
+            "build_s": cache.build_seconds, "path": str(path)}, indent=1)
+        console.print(f"wrote {escape(str(json_out))}", soft_wrap=True, highlight=False)
 
 
 def demo(
@@ -110,9 +126,12 @@ def demo(
     from polymem import coverage
 
     cov = coverage(tb, ta, [body], max_n=max_n)
-    ct = Table(title=escape(f"what a {ta.name} table could serve to {tb.name} on this text (polymem coverage)"))
+    from polymem.cli.cmd_coverage import MEASURES, MEASURES_CAPTION
+
+    ct = Table(title=escape(f"what a {ta.name} table could serve to {tb.name} on this text (polymem coverage)"),
+               caption=MEASURES_CAPTION, caption_justify="left")
     ct.add_column("n")
-    for col in ("unique n-grams found (byte hash)", "token positions served", "same with Engram's XOR id hash"):
+    for col in MEASURES:
         ct.add_column(col, justify="right")
     for n in range(max_n):
         ct.add_row(str(n + 1), f"{cov.per_doc_mean[n]:.2f}", f"{cov.occurrence_weighted[n]:.2f}", f"{cov.xor_baseline[n]:.2f}")

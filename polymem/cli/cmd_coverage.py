@@ -177,6 +177,13 @@ class _progress:
             self.p.__exit__(*exc)
 
 
+# the headline measures, named once for `polymem coverage` and `polymem demo` (docs/coverage.md defines them)
+MEASURES = ("per-doc mean", "occurrence", "XOR ids")
+MEASURES_CAPTION = ("per-doc mean: share of each document's distinct target n-grams found among the reference's; "
+                    "occurrence: share of target n-gram positions served (what a transferred table reads); "
+                    "XOR ids: per-doc mean under Engram's token-id XOR hash")
+
+
 def render(report: Any, console: Any) -> None:
     """The terminal view: headline table, by-reference-order table, fidelity and skipped summary."""
     from rich.table import Table
@@ -188,8 +195,9 @@ def render(report: Any, console: Any) -> None:
 
     N = report.max_n
     t = Table(title=escape(f"coverage of {report.target.name} n-grams by {report.reference.name} "
-                           f"({report.docs} docs, {report.method})"), title_justify="left")
-    for col in ("n", "per-doc mean", "pooled", "occurrence", "XOR ids", "unique target n-grams"):
+                           f"({report.docs} docs, {report.method})"), title_justify="left",
+              caption=MEASURES_CAPTION + "; pooled: per-doc mean over all documents as one", caption_justify="left")
+    for col in ("n", MEASURES[0], "pooled", MEASURES[1], MEASURES[2], "unique target n-grams"):
         t.add_column(col, justify="right")
     for i in range(N):
         occ = None if report.occurrence_weighted is None else report.occurrence_weighted[i]

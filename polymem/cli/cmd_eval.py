@@ -11,7 +11,7 @@ from rich.table import Table
 
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
-from polymem.cli._options import BackbonePrecision, CorpusFiles, Device, JsonOut, ModelOpt, Precision, Threads, local_path
+from polymem.cli._options import BackbonePrecision, CorpusFiles, Device, JsonOut, ModelOpt, Precision, Threads, apply_threads, local_path
 
 console = Console()
 
@@ -69,12 +69,11 @@ def eval_cmd(
     from polymem.torch.device import resolve_device
 
     dev = resolve_device(device)  # a missing CUDA device is said before the model loads
-    if threads:
-        torch.set_num_threads(threads)
+    apply_threads(threads, console)
     headers = [_site_header(sp) for sp in sites]
     for sp, hd in zip(sites, headers):
         check_site_tokenizer(sp, hd, model)
-    tpaths = [_table_path(sp, hd, table) for sp, hd in zip(sites, headers)]
+    tpaths = [_table_path(sp, hd, table, "--asset") for sp, hd in zip(sites, headers)]
     heldout_every = _heldout_rule(heldout_every, corpus, sites, tpaths)
     named = read_named_documents(corpus)
     idx = [i for i in range(len(named)) if i % heldout_every == heldout_every - 1][:max_docs]
@@ -187,25 +186,18 @@ def _site_header(site: Path) -> dict:
     return header
 
 
-def _table_path(site: Path, header: dict, table: str | None) -> str | None:
-    """The table asset a site is scored with: ``--table``, else the path its header records; None when the site
-    folder holds its (trained) table. A header naming no table path (or naming it as anything but a string) is one
-    error line saying to pass --table."""
-    from polymem.errors import FormatError, PolymemError
+def _table_path(site: Path, header: dict, table: str | None, flag: str = "--table") -> str | None:
+    """The table asset a site is scored with: ``table`` (the command's ``flag``), else the one the site names
+    (:func:`polymem.torch.sitefile.find_table`: its recorded path, relative to the site or absolute, or a table
+    inside or beside it); None when the site folder holds its (trained) table. Called before the model loads, so a
+    missing table is one line naming ``flag`` first."""
+    from polymem.torch.sitefile import find_table
+    from polymem.torch.tablefile import open_table
 
-    th = header["table"]
-    if table is None and th.get("saved"):
-        return None  # the site file holds its (trained) table
     if table:
+        open_table(table)  # a missing or broken table is said now
         return table
-    source = th.get("source")
-    path = source.get("path") if isinstance(source, dict) else None
-    if path is not None and not (isinstance(path, str) and path):
-        raise FormatError(f"{str(site)!r}: site.json names the table path {path!r}; expected a non-empty string (the "
-                          "table asset's path). Pass --table TABLE")
-    if not path:
-        raise PolymemError(f"{str(site)!r} names no table path; pass --table")
-    return path
+    return find_table(site, header, fix=f"pass {flag} TABLE")
 
 
 def check_site_tokenizer(site: Path, header: dict, model: str) -> None:

@@ -9,9 +9,9 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from polymem.cli._display import escape
+from polymem.cli._display import escape, escape_text
 from polymem.cli._needs import check_needs
-from polymem.cli._options import BackbonePrecision, Device, JsonOut, ModelOpt, Precision, Threads, local_path
+from polymem.cli._options import BackbonePrecision, Device, JsonOut, ModelOpt, Precision, Threads, apply_threads, local_path
 
 console = Console()
 
@@ -62,11 +62,15 @@ def generate_cmd(
         raise PolymemError("no prompt given; pass --prompt TEXT (repeatable) or --prompts FILE (one per line)")
     decoding = Decoding(max_new_tokens, temperature, top_p, seed).check()
     dev = resolve_device(device)
-    if threads:
-        torch.set_num_threads(threads)
+    apply_threads(threads, console)
     header = _site_header(site) if site is not None else None
+    tpath = None
     if site is not None and header is not None:
         check_site_tokenizer(site, header, model)
+        tpath = _table_path(site, header, asset, "--asset")
+        if tpath is None and table == "disk":
+            raise PolymemError(f"{str(site)!r} holds its trained table in the site file, which is read into memory; "
+                               "--table disk reads a table asset (train with a frozen table, or drop --table disk)")
     from polymem.cli._precision import backbone_precision
 
     prec = backbone_precision(precision.value, dev)
@@ -77,17 +81,13 @@ def generate_cmd(
     if site is not None and header is not None:
         from polymem.torch.attach import load_attached
 
-        tpath = _table_path(site, header, asset)
-        if tpath is None and table == "disk":
-            raise PolymemError(f"{str(site)!r} holds its trained table in the site file, which is read into memory; "
-                               "--table disk reads a table asset (train with a frozen table, or drop --table disk)")
         handle = load_attached(lm.model, site, tpath, tokenizer=lm.tokenizer, in_memory=table == "memory",
                                serving={"cache_mb": cache_mb})
     stream = len(texts) == 1
 
     def on_text(i: int, piece: str) -> None:
         if stream:
-            console.print(escape(piece), end="", highlight=False, soft_wrap=True)
+            console.print(escape_text(piece), end="", highlight=False, soft_wrap=True)
 
     try:
         res = generate(lm, texts, decoding, batch=batch, handle=handle, on_text=on_text)
@@ -99,7 +99,8 @@ def generate_cmd(
         console.print()
     else:
         for i, r in enumerate(res["results"]):
-            console.print(f"[bold]\\[{i}][/] {escape(r.prompt)}[bold]{escape(r.text)}[/]", highlight=False, soft_wrap=True)
+            console.print(f"[bold]\\[{i}][/] {escape_text(r.prompt)}[bold]{escape_text(r.text)}[/]", highlight=False,
+                          soft_wrap=True)
     summary = _summary(res, stats, table if site is not None else None)
     console.print(summary["line"], highlight=False, soft_wrap=True)
     if json_out:
@@ -115,10 +116,13 @@ def _summary(res: dict, svc: dict, table: str | None) -> dict:
     """The closing figures: tokens/s over the decoding steps, and for a table on disk its read costs (``svc``: the
     page service's counters, AttachHandle.stats)."""
     n, tps = res["new_tokens"], res["tokens_per_s"]
-    out = {"new_tokens": n, "prompt_tokens": res["prompt_tokens"], "prefill_s": res["prefill_s"],
+    made = sum(len(r.new_ids) for r in res["results"])  # what -n counts and the JSON's new_ids hold
+    out = {"generated_tokens": made, "new_tokens": n, "prompt_tokens": res["prompt_tokens"], "prefill_s": res["prefill_s"],
            "decode_s": res["decode_s"], "tokens_per_s": tps, "table": table}
-    line = (f"{n:,} tokens in {res['decode_s']:.2f} s after a {res['prefill_s']:.2f} s prefill: "
-            f"{tps:.1f} tokens/s" if tps else f"{n:,} decoded tokens (one step per prompt: no rate)")
+    # the prefill (the prompt's forward) makes each prompt's first token; the rate counts the steps after it
+    line = (f"{made:,} new tokens: the first of each prompt from a {res['prefill_s']:.2f} s prefill, {n:,} more in "
+            f"{res['decode_s']:.2f} s ({tps:.1f} tokens/s)" if tps else
+            f"{made:,} new tokens, all from the prefill (one step per prompt: no rate)")
     if table == "disk" and "hits" in svc:
         looked = svc["hits"] + svc["misses"] + svc.get("joined", 0)
         out.update(read_wait_s=svc["wait_s"], read_wait_ms_per_token=1e3 * svc["wait_s"] / max(n, 1),

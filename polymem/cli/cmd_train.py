@@ -16,7 +16,7 @@ from polymem._io import atomic_write_json
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
 from polymem.cli._options import (
-    BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HashKind, HeadDim, Heads, JsonOut, Lr,
+    apply_threads, BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HashKind, HeadDim, Heads, JsonOut, Lr,
     MaxEvalTokens, MaxN, NHead, NLayer, Precision, PrecisionOpt, Slots, Softmax, TableLrMult, Threads,
     TrainSteps, local_path, parse_count, tokenizer_spec,
     refuse_unused,
@@ -88,8 +88,7 @@ def train(
     if (tokenizer is None) == (model is None):
         raise PolymemError("pass --tokenizer (a small model trained from scratch) or --model (a pretrained model, "
                            "which brings its own tokenizer), not " + ("both" if model else "neither"))
-    if threads:
-        torch.set_num_threads(threads)
+    apply_threads(threads, console)
     if model is not None:
         refuse_unused("with --model (a pretrained backbone, frozen)", {
             "conv": (conv, False), "lr": (lr, 2e-3), "table_lr_mult": (table_lr_mult, 70.0),
@@ -132,9 +131,10 @@ def train(
         every = max(1, steps // 20)
 
         def on_step(i: int, loss: float) -> None:
-            prog.update(task, completed=i + 1, info=f"loss {loss:.3f}")
+            prog.update(task, completed=i + 1, info=f"step loss {loss:.3f}")
             if not console.is_terminal and ((i + 1) % every == 0 or i + 1 == steps):  # a log line under nohup
-                console.print(f"step {i + 1}/{steps} training loss {loss:.3f} ({prog.tasks[0].elapsed or 0:.0f} s)")
+                console.print(f"step {i + 1}/{steps} loss on this step's batch {loss:.3f} "
+                              f"({prog.tasks[0].elapsed or 0:.0f} s)")
 
         summary = train_donor(tokenizer, corpus, out, cfg=cfg, mem=mem, heldout_every=heldout_every,
                               max_eval_tokens=max_eval_tokens, overwrite=overwrite, on_step=on_step,
@@ -161,7 +161,7 @@ def _print_summary(summary: dict, cfg) -> None:
                                           f"{s['train_tokens_available']:,})"),
                  ("held-out tokens", f"{s['heldout_tokens']:,}"),
                  ("table rows touched", f"{s['rows_touched']:,} of {s['rows']:,}"),
-                 (f"training loss, mean of the last {last} steps", f"{s['final_loss']:.3f} nats/token"),
+                 (f"training loss, mean of the last {last} steps (JSON: final_loss)", f"{s['final_loss']:.3f} nats/token"),
                  ("held-out bits per byte, with the table", f"{on:.4f}"),
                  ("held-out bits per byte, table switched off", f"{off:.4f} (same model)"),
                  ("training speed", f"{s['tokens_per_s']:,.0f} tokens/s ({s['precision']})"),
@@ -215,9 +215,10 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
         every = max(1, cfg.steps // 20)
 
         def on_step(i: int, loss: float) -> None:
-            prog.update(task, completed=i + 1, info=f"loss {loss:.3f}")
+            prog.update(task, completed=i + 1, info=f"step loss {loss:.3f}")
             if not console.is_terminal and ((i + 1) % every == 0 or i + 1 == cfg.steps):
-                console.print(f"step {i + 1}/{cfg.steps} training loss {loss:.3f} ({prog.tasks[0].elapsed or 0:.0f} s)")
+                console.print(f"step {i + 1}/{cfg.steps} loss on this step's batch {loss:.3f} "
+                              f"({prog.tasks[0].elapsed or 0:.0f} s)")
 
         summary = train_table(lm, corpus, out, cfg=cfg, site_dir=site, heldout_every=heldout_every,
                               eval_tokens=eval_tokens, overwrite=overwrite, on_step=on_step, checkpoint_every=checkpoint_every,
@@ -230,6 +231,8 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
             ("change", f"{summary['heldout_bpb_after'] - summary['heldout_bpb_before']:+.4f} "
                        f"({(summary['heldout_bpb_after'] - summary['heldout_bpb_before']) / summary['heldout_bpb_before']:+.2%})"),
             ("held-out bytes scored", f"{summary['heldout_bytes']:,}"),
+            (f"training loss, mean of the last {min(20, cfg.steps)} steps (JSON: final_loss)",
+             f"{summary['final_loss']:.3f} nats/token"),
             ("training speed", f"{summary['tokens_per_s']:.0f} tokens/s"), ("time", f"{summary['elapsed_s']:.0f} s")]
     for k, v in rows:
         t.add_row(k, v)

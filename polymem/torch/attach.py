@@ -24,7 +24,7 @@ from polymem.torch._grads import hold_grads, release_grads
 from polymem.torch.hash import TorchTokenHashes
 from polymem.torch.modelinfo import check_vocab, find_blocks, hidden_size
 from polymem.torch.site import MemorySite, SiteConfig
-from polymem.torch.sitefile import read_site, save_site, site_header
+from polymem.torch.sitefile import find_table, read_site, save_site, site_header
 from polymem.torch.tables import AssetTable, MemoryTable, TrainableTable
 
 TRAIN_MODES = ("projection", "table", "all")
@@ -287,10 +287,15 @@ class AttachHandle:
         """What ``site.json`` records: the sites' config, the layers, the tokenizer and the table's fingerprint."""
         return site_header(self)
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
+    def save(self, path: str | os.PathLike[str], *, bundle: bool = False) -> Path:
         """Write ``site.safetensors`` (site weights; the table too when it was trained) and ``site.json``,
-        which names the table by fingerprint (:mod:`polymem.torch.sitefile`)."""
-        return save_site(self, path)
+        which names the table by fingerprint and path (:mod:`polymem.torch.sitefile`). ``bundle=True`` writes one
+        folder that also holds a frozen table and a README card (:func:`polymem.torch.bundle.bundle_site`)."""
+        if not bundle:
+            return save_site(self, path)
+        from polymem.torch.bundle import save_bundle
+
+        return save_bundle(self, path)
 
     save_pretrained = save  # the PEFT adapter's name for it
 
@@ -522,12 +527,9 @@ def load_attached(
     spec, layout = HashSpec.from_dict(th["hash_spec"]), Layout.from_dict(th["layout"])
     if "table" in tensors:
         table: Any = TrainableTable(tensors.pop("table"), spec=spec, layout=layout, orders=tuple(th["orders"]))
-    elif table_or_asset is None:
-        raise PolymemError(
-            f"{str(d)!r} was saved with a frozen table (fingerprint {th['fingerprint']}, source {th['source']}); "
-            "pass that asset as table_or_asset"
-        )
     else:
+        if table_or_asset is None:  # the path site.json records (relative to the site), or a table in or beside it
+            table_or_asset = find_table(d, header, fix="pass that asset as table_or_asset")
         table = _resolve_table(table_or_asset, spec, kw.get("in_memory", True), False, kw.get("serving"))
         _check_usable(table.spec, table.layout, where="table")
         if table.spec != spec or table.layout != layout:

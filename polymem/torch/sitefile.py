@@ -2,7 +2,12 @@
 :func:`polymem.torch.attach.load_attached`).
 
 ``site.json`` (format ``polymem.memory-site`` v1: sites' config, layers, tokenizer fingerprint, the table named by
-fingerprint) and ``site.safetensors`` (site weights; the table when it was trained; the model when it was).
+fingerprint and path) and ``site.safetensors`` (site weights; the table when it was trained; the model when it was).
+
+A frozen table's path is written relative to the site folder when the table sits inside it or beside it
+(``../donor.pmem``), so the two move together; :func:`find_table` resolves it (and old absolute paths, and a
+table found inside or beside a moved site). A *bundle* (:func:`bundle_site`) is a site folder that holds its table
+(``table.pmem`` or ``table.safetensors``) and a ``README.md`` card: one folder to copy, push or pull.
 """
 
 from __future__ import annotations
@@ -47,11 +52,79 @@ def save_site(handle: AttachHandle, path: str | os.PathLike[str]) -> Path:
     if not getattr(handle, "freeze_model", True):
         tensors.update({f"model.{k}": v.detach().cpu().contiguous() for k, v in handle.model.state_dict().items()})
     header = site_header(handle)
+    src = header["table"].get("source")
+    if isinstance(src, dict) and isinstance(src.get("path"), str) and src["path"]:
+        header["table"]["source"] = {**src, "path": relative_table_path(src["path"], d)}
     # each file lands whole; site.json goes last and names what site.safetensors must hold (checked on load)
     with atomic_path(d / "site.safetensors", fsync=True) as tmp:
         save_file(tensors, str(tmp))
     atomic_write_json(d / "site.json", header, indent=1, sort_keys=True, fsync=True)
     return d
+
+
+def relative_table_path(table: str, site_dir: str | os.PathLike[str]) -> str:
+    """``table`` as site.json records it: relative to the site folder (POSIX separators) when the table sits inside
+    it or beside it, else absolute; URLs as given.
+
+    >>> relative_table_path("/data/runs/donor.pmem", "/data/runs/donor.pmem.site")
+    '../donor.pmem'
+    >>> relative_table_path("/data/other/donor.pmem", "/data/runs/x.site")
+    '/data/other/donor.pmem'
+    """
+    from polymem._paths import is_url
+
+    if is_url(table):
+        return table
+    given = Path(os.path.normpath(Path(table).absolute()))
+    d = Path(site_dir).resolve()
+    for t in (given, Path(table).resolve()):  # as given, then with links resolved (the site's are)
+        if t.parent == d.parent:
+            return f"../{t.name}"
+        if d in t.parents:
+            return t.relative_to(d).as_posix()
+    return str(given)
+
+
+BUNDLED_TABLES = ("table.pmem", "table.safetensors")  # where a bundle keeps its table
+
+
+def find_table(site_dir: str | os.PathLike[str], header: dict[str, Any], *, fix: str = "pass table_or_asset=TABLE") -> str | None:
+    """The table a saved site reads: None when site.safetensors holds it (a trained table); else the path site.json
+    records (relative to the site folder, or absolute, or a URL); where that does not exist, a table inside the
+    site folder (a bundle's ``table.pmem``) or beside it with the recorded name. A table found nowhere is one
+    error naming what was looked for and ``fix`` (the CLI passes its ``--asset``/``--table`` option)."""
+    from polymem._paths import is_url
+    from polymem.errors import MissingError
+
+    d = Path(site_dir)
+    th: dict[str, Any] = header["table"] if isinstance(header.get("table"), dict) else {}
+    if th.get("saved"):
+        return None
+    src = th.get("source")
+    rec = src.get("path") if isinstance(src, dict) else None
+    if rec is not None and not (isinstance(rec, str) and rec):
+        raise FormatError(f"{str(d)!r}: site.json names the table path {rec!r}; expected a non-empty string (the "
+                          f"table asset's path); {fix}")
+    if rec and is_url(rec):
+        return rec
+    tried: list[Path] = []
+    if rec:
+        p = Path(rec)
+        tried.append(p if p.is_absolute() else d / p)
+    tried += [d / n for n in BUNDLED_TABLES]
+    if rec:
+        tried += [d / Path(rec).name, d.parent / Path(rec).name]
+    for c in tried:
+        if _table_exists(c):
+            return str(c)
+    what = (f"its table {rec!r} is not there, nor inside the site folder (table.pmem, {Path(rec).name!r}) nor beside "
+            f"it") if rec else "names no table path and holds no table.pmem"
+    raise MissingError(f"{str(d)!r}: {what}; {fix} (the asset the site was trained with, fingerprint "
+                       f"{str(th.get('fingerprint'))[:16]}…)")
+
+
+def _table_exists(p: Path) -> bool:
+    return p.is_dir() or p.is_file() or (p.suffix != ".safetensors" and p.with_suffix(".safetensors").is_file())
 
 
 def read_site(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:

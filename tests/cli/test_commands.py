@@ -23,6 +23,20 @@ def test_build_cache_writes_a_loadable_cache(tmp_path: Path) -> None:
     assert cache.vocab_size == 32000 and cache.dummy_prefix
 
 
+def test_build_cache_json_holds_what_the_table_shows(tmp_path: Path) -> None:
+    import json
+
+    r = runner.invoke(app, ["build-cache", "--tokenizer", "bytes", "-o", str(tmp_path / "c.npz"), "--json",
+                            str(tmp_path / "c.json")])
+    assert r.exit_code == 0, r.output
+    got = json.loads((tmp_path / "c.json").read_text())
+    assert got["tokenizer"] == "bytes" and got["vocab_size"] == 256 and got["faithful"] is True
+    assert got["path"] == str(tmp_path / "c.npz") and got["fingerprint"][:16] in r.output
+    r = runner.invoke(app, ["build-cache", "--tokenizer", "bytes", "-o", str(tmp_path / "c.npz"), "--json",
+                            str(tmp_path / "c.npz")])
+    assert r.exit_code != 0
+
+
 def test_build_cache_default_location_honours_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POLYMEM_CACHE_DIR", str(tmp_path))
     r = runner.invoke(app, ["build-cache", "--tokenizer", "bytes"])
@@ -44,7 +58,16 @@ def test_demo_shows_byte_equivalent_ngrams_hash_alike(tmp_path: Path) -> None:
     r = runner.invoke(app, ["demo", "--a", "bytes", "--b", "mistral-v1", "--max-n", "4"])
     assert r.exit_code == 0, r.output
     assert "0 with different hashes" in r.output and "hash alike" in r.output
-    assert "polymem coverage" in r.output and "token positions served" in r.output
+    assert "polymem coverage" in r.output
+    # the demo and `polymem coverage` name each measure the same way, with the same caption
+    cov = runner.invoke(app, ["coverage", "-t", "mistral-v1", "-r", "bytes", "sample:pydocs", "--max-n", "2",
+                              "--no-occurrence"])
+    assert cov.exit_code == 0, cov.output
+    for out in (r.output, cov.output):
+        flat = " ".join(out.replace("│", " ").split())
+        assert all(m in flat for m in ("per-doc mean", "occurrence", "XOR ids")), flat
+        assert "occurrence: share of target n-gram positions served" in flat
+    assert "token positions served" not in r.output
 
 
 def test_tokenizers_list_and_check(tmp_path: Path, wordpiece_json_path: Path, sample: str) -> None:
@@ -155,3 +178,11 @@ def test_tiny_real_invocation_of_the_cheap_commands(tmp_path: Path) -> None:
     tests = "\n".join(f.read_text() for f in Path(__file__).parents[1].rglob("test_*.py"))
     for name in {p[0] for p in command_tree() if len(p) == 1} - set(runs):
         assert re.search(rf'\[\s*"{re.escape(name)}"\s*,', tests), f"no test runs `polymem {name}`"
+
+
+def test_attach_help_names_its_own_defaults() -> None:
+    """attach always takes a model: its --batch-size help names its one default, not train's two."""
+    import typer.main
+
+    opts = {p.name: p for p in typer.main.get_command(app).commands["attach"].params}
+    assert opts["batch_size"].default == 4 and "--model" not in (opts["batch_size"].help or "")

@@ -122,6 +122,18 @@ def test_outputs_beside_the_inputs_are_still_fine(inputs) -> None:
 
 
 # --------------------------------------------------------------------------------------- control characters
+def test_generated_text_keeps_its_newlines_and_tabs_only() -> None:
+    from rich.console import Console
+
+    from polymem.cli._display import escape_text
+
+    shown = escape_text("def f():\n\treturn 1\x1b[2J [bold]x\r\x9b")
+    assert shown == "def f():\n\treturn 1\\x1b[2J \\[bold]x\\x0d\\x9b"
+    con = Console(record=True, width=200)
+    con.print(shown, highlight=False)
+    assert con.export_text().expandtabs(8) == "def f():\n\treturn 1\\x1b[2J [bold]x\\x0d\\x9b\n".expandtabs(8)
+
+
 def test_control_characters_from_data_never_reach_the_terminal(tmp_path: Path, capsys, monkeypatch) -> None:
     a = small_asset(tmp_path / "a.pmem", provenance={f"key{ESC}": f"value{ESC}"})
     r = runner.invoke(app, ["inspect", str(a), "--no-scan"])

@@ -143,6 +143,7 @@ def test_the_command_streams_text_and_reports_the_table_costs(tiny, tmp_path):
     assert res["prompt"] == PROMPTS[0] and len(res["new_ids"]) <= 6 and res["text"] in r.output
     assert out["table"] == "disk" and out["page_cache_hit_rate"] is not None and out["read_wait_s"] >= 0
     assert "table on disk: waited" in r.output and "tokens/s" in r.output
+    assert f"{len(res['new_ids'])} new tokens" in r.output and out["generated_tokens"] == len(res["new_ids"])
     h = _attached(tiny, True)
     try:
         assert res["new_ids"] == generate(tiny["lm"], PROMPTS[:1], Decoding(6), handle=h)["results"][0].new_ids
@@ -322,3 +323,60 @@ def test_two_processes_on_one_table_share_its_pages(tiny, tmp_path):
     finally:
         h.detach()
     assert first["results"][0]["new_ids"] == second["results"][0]["new_ids"] == want
+
+
+# ---- sites that travel: moved with their table, bundled, pushed and pulled, with no flags to pass
+
+
+def _ids_of(tmp_path: Path, site: Path, model, *extra: str) -> list[int]:
+    r = CliRunner().invoke(app, ["generate", "--model", str(model), "--site", str(site), "--prompt", PROMPTS[0],
+                                 "-n", "4", "--json", str(tmp_path / "g.json"), *extra])
+    assert r.exit_code == 0, (r.output, r.exception)
+    return json.loads((tmp_path / "g.json").read_text())["results"][0]["new_ids"]
+
+
+def test_a_site_moved_with_its_table_needs_no_flag(tiny, tmp_path):
+    import shutil
+
+    from polymem.torch.attach import load_attached
+
+    want = _ids_of(tmp_path, tiny["site"], tiny["gguf"], "--asset", str(tiny["asset"]))
+    shutil.copytree(tiny["asset"], tmp_path / "a" / "t.pmem")  # the same site saved beside its own copy of the table
+    h = load_attached(tiny["lm"].model, tiny["site"], tmp_path / "a" / "t.pmem", tokenizer=tiny["lm"].tokenizer)
+    h.save(tmp_path / "a" / "t.site")
+    h.detach()
+    shutil.move(tmp_path / "a", tmp_path / "moved")
+    assert _ids_of(tmp_path, tmp_path / "moved" / "t.site", tiny["gguf"]) == want
+
+
+def test_a_site_without_its_table_names_asset_before_the_model_loads(tiny, tmp_path):
+    import shutil
+
+    shutil.copytree(tiny["site"], tmp_path / "alone" / "t.site")
+    r = CliRunner().invoke(app, ["generate", "--model", str(tiny["gguf"]), "--site", str(tmp_path / "alone" / "t.site"),
+                                 "--prompt", "x"])
+    assert r.exit_code != 0 and "pass --asset TABLE" in str(r.exception), (r.output, r.exception)
+    assert "loaded" not in r.output
+
+
+def test_bundle_push_pull_and_generate(tiny, tmp_path):
+    want = _ids_of(tmp_path, tiny["site"], tiny["gguf"])
+    r = CliRunner().invoke(app, ["bundle", str(tiny["site"]), "-o", str(tmp_path / "b")])
+    assert r.exit_code == 0 and "table.pmem" in r.output, (r.output, r.exception)
+    assert (tmp_path / "b" / "README.md").is_file() and (tmp_path / "b" / "table.pmem" / "zarr.json").is_file()
+    r = CliRunner().invoke(app, ["push", str(tmp_path / "b"), "memory://bundles/tiny"])
+    assert r.exit_code == 0 and "matching its sha256" in r.output and "note:" not in r.output, (r.output, r.exception)
+    r = CliRunner().invoke(app, ["push", str(tiny["site"]), "memory://bundles/site-alone"])  # a site without its table
+    assert r.exit_code == 0 and "does not hold its table" in " ".join(r.output.split()), (r.output, r.exception)
+    r = CliRunner().invoke(app, ["pull", "memory://bundles/tiny", str(tmp_path / "pulled")])
+    assert r.exit_code == 0 and "a site" in r.output, (r.output, r.exception)
+    assert _ids_of(tmp_path, tmp_path / "pulled", tiny["gguf"], "--table", "disk") == want
+    r = CliRunner().invoke(app, ["pull", str(tmp_path / "b"), str(tmp_path / "local-copy")])  # a local folder too
+    assert r.exit_code == 0 and (tmp_path / "local-copy" / "table.pmem").is_dir(), (r.output, r.exception)
+
+
+def test_prompts_print_their_newlines_as_lines(tiny):
+    r = CliRunner().invoke(app, ["generate", "--model", str(tiny["gguf"]), "--prompt", "first line\nsecond",
+                                 "--prompt", "other", "-n", "2"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "first line\nsecond" in r.output and "\\x0a" not in r.output

@@ -510,9 +510,12 @@ def test_cli_eval_train_transfer(ckpts, corpus_file, tmp_path, lms, texts):
     gs = tmp_path / "gemma.site"
     r = runner.invoke(app, ["attach", "--model", str(ckpts["gemma3"]), "--asset", str(out), "--corpus", str(corpus_file),
                             "--steps", "2", "--batch-size", "2", "--block-size", "16", "--eval-tokens", "200",
-                            "--gate", "count", "--out", str(gs), "--json", str(tmp_path / "attach.json")])
+                            "--gate", "count", "--out", str(gs), "--json", str(tmp_path / "attach.json"),
+                            "--bundle", str(tmp_path / "gemma-bundle")])
     assert r.exit_code == 0, r.output
     got = json.loads((tmp_path / "attach.json").read_text())
+    card = (tmp_path / "gemma-bundle" / "README.md").read_text()  # the bundle's card carries this run's scores
+    assert f"with this site | {got['heldout_bpb']:.4f}" in card and (tmp_path / "gemma-bundle" / "table.pmem").is_dir()
     assert got["init"] == "aligned" and got["gate"] == "count" and got["aligned_scale"] in (0.0, 0.125, 0.25, 0.5, 1.0)
     assert (got["heldout_bpb_start"] == got["heldout_bpb_alone"]) == (got["aligned_scale"] == 0)
     assert not list(tmp_path.glob("*.tmp-attach"))

@@ -58,6 +58,10 @@ def test_train_and_transfer_cli(corpus, tmp_path):
                             "--params", str(64 * 4 * 4 * 8), "--heads", "4", "--slots", "4", "--head-dim", "8", *args])
     assert r.exit_code == 0, r.output
     assert "held-out bits per byte, with the table" in r.output and "verdict: the table" in r.output
+    # the two losses are named: each step's batch (the log line, the progress bar) and the mean behind final_loss
+    assert "step 4/4 loss on this step's batch" in r.output
+    flat = " ".join(r.output.replace("│", " ").split())  # the table may wrap the label inside its cell
+    assert "training loss, mean of the last 4 steps" in flat and "final_loss)" in flat
     r = runner.invoke(app, ["train", "--tokenizer", "bytes", "--corpus", str(corpus), "--out", str(donor), *args])
     assert r.exit_code != 0 and "exists" in str(r.exception)
     out = tmp_path / "t.json"
