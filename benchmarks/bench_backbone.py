@@ -79,9 +79,9 @@ def prompts(lm, n: int, length: int = 12) -> list[str]:
 
 
 def bench_eval(lm, texts: list[str], tokens: int) -> dict:
-    from polymem.models.evaluate import Scorer
+    from polymem.models.evaluate import Scorer, scoring_set
 
-    sc = Scorer(lm, texts, window=512, max_doc_tokens=512)
+    sc = Scorer(lm, [t for _, t in scoring_set(lm.tokenizer, texts, doc_tokens=512)], window=512)
     keep = []
     n = 0
     for w in sc.windows:  # the first windows up to the token budget

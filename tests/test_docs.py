@@ -234,7 +234,7 @@ def _check_real_models(work: Path, printed: str) -> None:
     assert f"{ev['alone']['bpb']:.4f}" == alone  # the plain eval scores what the --site eval's `alone` column does
     assert all(f"│ {d} │" in printed for d in ("faq/installed.rst.txt", "howto/index.rst.txt"))  # --per-doc rows, named by id
     doc = " ".join((ROOT / "docs" / "real-models.md").read_text(encoding="utf-8").split())
-    ex = re.search(rf"for example {bpb} → {bpb} \(−(\d\.\d\d) %\) on the first 1,024 held-out tokens", doc)
+    ex = re.search(rf"for example {bpb} → {bpb} \(−(\d\.\d\d) %\) on 1,024 held-out tokens", doc)
     assert ex and float(ex.group(2)) < float(ex.group(1)), "the doc's example: before → after (change)"
     ex = re.search(rf"for example {bpb} / {bpb} / {bpb}: `table off` equals `alone`", doc)
     assert ex and ex.group(1) == ex.group(3), "the doc's example `all` row: alone / with table / table off"

@@ -95,8 +95,14 @@ def attach_cmd(
 
         res: dict[str, Any] = train_recipient_site(exp, out, seed=seed, overwrite=overwrite, on_step=on_step)
     a, s0, s1 = res["heldout_bpb_alone"], res["heldout_bpb_start"], res["heldout_bpb"]
-    console.print(f"held-out bits per byte on {escape(res['scored_set'])}: model alone {a:.4f}, with the table at step 0 "
-                  f"{s0:.4f}, after {res['tokens']:,} tokens {s1:.4f} ({(s1 - a) / a:+.2%})", highlight=False)
+    sc = exp.scorers[res["scored_set"]]
+    res["heldout_documents"], res["heldout_tokens"], res["heldout_bytes"] = len(sc.docs), sc.num_tokens, sc.num_bytes
+    console.print(f"start: {_start_line(res)}; gate {escape(str(res['gate']))}", highlight=False, soft_wrap=True)
+    console.print(f"held-out bits per byte on {escape(res['scored_set'])} ({len(sc.docs)} documents, {sc.num_tokens:,} "
+                  f"tokens, {sc.num_bytes:,} bytes: each document's first {exp.doc_tokens:,} tokens, up to "
+                  f"{eval_tokens:,}; every {exp.heldout_every}th document): model alone {a:.4f}, with the table at "
+                  f"step 0 {s0:.4f}, after {res['tokens']:,} tokens {s1:.4f} ({(s1 - a) / a:+.2%})", highlight=False,
+                  soft_wrap=True)
     console.print(f"wrote {escape(str(out))} ({res['site_parameters']:,} site parameters; the table stays in "
                   f"{escape(str(asset))})", soft_wrap=True, highlight=False)
     if bundle is not None:
@@ -110,6 +116,17 @@ def attach_cmd(
     if json_out:
         atomic_write_json(json_out, res, indent=1)
         console.print(f"wrote {escape(str(json_out))}", soft_wrap=True)
+
+
+def _start_line(res: dict) -> str:
+    """What the site started from, in words (the JSON has it as init and aligned_scale)."""
+    if res.get("init") != "aligned":
+        return f"{res.get('init')} projection"
+    scale = res.get("aligned_scale")
+    if not scale:
+        return ("aligned, scaled by 0 — the model alone scored best on the first training batch, so the mapped "
+                "projection was not used (step 0 is the model alone)")
+    return f"aligned (the donor's projection mapped into this model's hidden space), scaled by {scale:g}"
 
 
 def register(app: typer.Typer) -> None:

@@ -31,7 +31,8 @@ def eval_cmd(
     table_off: Annotated[bool, typer.Option("--table-off", help="Also score each site with its table switched off (equals the model alone; a check of the site's wiring).")] = False,
     heldout_every: Annotated[Optional[int], typer.Option(min=1, help="Score every k-th document (the held-out split of `polymem train`); 1 scores every document. Default: a site's own split where its table's provenance names this corpus, else 1.")] = None,
     max_docs: Annotated[Optional[int], typer.Option(min=1, help="Score at most this many documents.")] = None,
-    max_doc_tokens: Annotated[Optional[int], typer.Option("--max-doc-tokens", min=1, help="Score each document's first N tokens only (a cheap sample of long documents).")] = None,
+    eval_tokens: Annotated[Optional[int], typer.Option("--eval-tokens", min=1, help="Score about N tokens in all: the documents in order, each cut to its first N/8 tokens (the rule train --model, attach and transfer --model score by: the same --eval-tokens on the same split scores the same text). Default: every token.")] = None,
+    max_doc_tokens: Annotated[Optional[int], typer.Option("--max-doc-tokens", min=1, help="Score each document's first N tokens only (a cheap sample of long documents; with --eval-tokens, in place of its N/8).")] = None,
     window: Annotated[int, typer.Option(min=2, help="Predicted tokens per window (each window starts from BOS).")] = 512,
     batch: Annotated[int, typer.Option(min=1, help="Windows per forward.")] = 4,
     per_doc: Annotated[bool, typer.Option("--per-doc", help="Print one row per document.")] = False,
@@ -80,6 +81,11 @@ def eval_cmd(
     if not idx:
         raise PolymemError(f"--heldout-every {heldout_every} leaves no document of {len(named)}; lower it")
     docs, names = [named[i][1] for i in idx], [named[i][0] for i in idx]
+    sample = None
+    if eval_tokens is not None or max_doc_tokens is not None:  # the scoring rule every command shares
+        from polymem.models.evaluate import scoring_set
+
+        sample = (eval_tokens, max_doc_tokens)
     bad = [n for n, d in zip(names, docs) if "\ufffd" in d]
     if bad:
         console.print(f"note: {len(bad)} document(s) hold U+FFFD replacement characters ({escape(', '.join(bad[:3]))}"
@@ -89,6 +95,9 @@ def eval_cmd(
     console.print(f"loading {escape(model)} …", highlight=False)
     lm = load_model(model, device=str(dev), precision=prec)
     console.print(escape(lm.load_line()), highlight=False)
+    if sample is not None:
+        picked = scoring_set(lm.tokenizer, docs, eval_tokens, doc_tokens=max_doc_tokens)
+        docs, names = [t for _, t in picked], [names[i] for i, _ in picked]
     todo = [(str(sp), _attacher(lm, sp, tp)) for sp, tp in zip(sites, tpaths)]
     with progress_bar(console) as prog:
         task = prog.add_task("scoring", total=None, info="")
@@ -97,7 +106,9 @@ def eval_cmd(
             prog.update(task, advance=n, info=what)
 
         res = evaluate(lm, docs, sites=todo, table_off=table_off, window=window, batch=batch, names=names,
-                       max_doc_tokens=max_doc_tokens, on_batch=on_batch, on_start=lambda n: prog.update(task, total=n))
+                       on_batch=on_batch, on_start=lambda n: prog.update(task, total=n))
+    res["eval_tokens"] = eval_tokens
+    res["max_doc_tokens"] = max_doc_tokens if max_doc_tokens is not None or eval_tokens is None else max(eval_tokens // 8, 1)
     res["corpus"] = [str(p) for p in corpus]
     res["heldout_every"] = heldout_every
     for got, tp in zip(res.get("sites", []), tpaths):
@@ -231,6 +242,8 @@ def _print(res: dict, per_doc: bool) -> None:
             cols.append((f"table off{tag}", got["table_off"]))
     a = res["alone"]
     cap = "" if res.get("max_doc_tokens") is None else f", each document's first {res['max_doc_tokens']:,} tokens"
+    if res.get("eval_tokens") is not None:
+        cap += f" up to {res['eval_tokens']:,} in all"
     t = Table(title=f"{escape(res['model'])}: bits per byte ({res['documents']} documents, {a['tokens']:,} tokens, "
                     f"{a['bytes']:,} bytes scored in {res['windows']} windows of ≤ {res['window']} tokens from "
                     f"{'BOS' if res['bos'] is not None else 'the first token'}{cap}; {res.get('precision', 'fp32')})",

@@ -230,7 +230,8 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
             ("held-out bits per byte, with the table", f"{summary['heldout_bpb_after']:.4f}"),
             ("change", f"{summary['heldout_bpb_after'] - summary['heldout_bpb_before']:+.4f} "
                        f"({(summary['heldout_bpb_after'] - summary['heldout_bpb_before']) / summary['heldout_bpb_before']:+.2%})"),
-            ("held-out bytes scored", f"{summary['heldout_bytes']:,}"),
+            ("held-out text scored", f"{summary['heldout_documents']} documents, {summary['heldout_tokens']:,} tokens, "
+                                     f"{summary['heldout_bytes']:,} bytes"),
             (f"training loss, mean of the last {min(20, cfg.steps)} steps (JSON: final_loss)",
              f"{summary['final_loss']:.3f} nats/token"),
             ("training speed", f"{summary['tokens_per_s']:.0f} tokens/s"), ("time", f"{summary['elapsed_s']:.0f} s")]

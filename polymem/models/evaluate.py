@@ -103,24 +103,53 @@ def score_documents(model: Any, windows: list[Window], n_docs: int, lengths: np.
     return {"nats": nats, "tokens": ntok, "bytes": nbytes}
 
 
+DOC_SHARE = 8  # a scoring set of N tokens takes at most N // 8 from one document: it spans at least 8 documents
+
+
+def scoring_set(tokenizer: Any, texts: Sequence[str], max_tokens: int | None = None, *,
+                doc_tokens: int | None = None) -> list[tuple[int, str]]:
+    """The one rule every command scores held-out text by (``train --model``, ``attach``, ``transfer --model``,
+    ``eval``): the documents in order, each cut at a token boundary to its first ``doc_tokens`` tokens (default
+    ``max_tokens // 8`` when ``max_tokens`` is given, so that a set spans several documents; None: whole), until
+    ``max_tokens`` tokens in all (None: every document). Returns (index of the document, its scored text)."""
+    if max_tokens is not None and max_tokens < 1:
+        raise PolymemError(f"max_tokens={max_tokens!r} must be >= 1 (or None: every document)")
+    if doc_tokens is None and max_tokens is not None:
+        doc_tokens = max(max_tokens // DOC_SHARE, 1)
+    out: list[tuple[int, str]] = []
+    n = 0
+    for i, t in enumerate(texts):
+        if max_tokens is None and doc_tokens is None:
+            out.append((i, t))
+            continue
+        ids = tokenizer.encode(t)
+        keep = min(len(ids), doc_tokens or len(ids), (max_tokens - n) if max_tokens is not None else len(ids))
+        if keep <= 0 and max_tokens is not None and n >= max_tokens:
+            break
+        piece = t if keep == len(ids) else tokenizer.decode_bytes(ids[:keep]).decode("utf-8", errors="ignore")
+        if piece:
+            out.append((i, piece))
+            n += keep
+        if max_tokens is not None and n >= max_tokens:
+            break
+    if not out:
+        raise PolymemError("no held-out text to score; use a corpus with more documents or a larger eval budget")
+    return out
+
+
 def bpb(nats: float, nbytes: int) -> float:
     return float(nats) / math.log(2) / max(int(nbytes), 1)
 
 
 class Scorer:
     """One model and one set of documents, tokenized once; :meth:`score` runs the model over them (as it is
-    now: with whatever is attached, enabled or not) and returns per-document and overall bits per byte.
-    ``max_doc_tokens``: each document is scored on its first that many tokens only (a cheap sample of long
-    documents); None scores every token."""
+    now: with whatever is attached, enabled or not) and returns per-document and overall bits per byte. Which
+    text (a sample of long documents) is :func:`scoring_set`'s to say, before this."""
 
     def __init__(self, lm: Any, texts: Sequence[str], *, window: int = 512, batch: int = 4,
-                 names: Sequence[str] | None = None, lengths: np.ndarray | None = None,
-                 max_doc_tokens: int | None = None) -> None:
+                 names: Sequence[str] | None = None, lengths: np.ndarray | None = None) -> None:
         if not texts:
             raise PolymemError("no documents to score; pass a corpus with at least one non-empty document")
-        if max_doc_tokens is not None and (isinstance(max_doc_tokens, bool) or not isinstance(max_doc_tokens, int)
-                                           or max_doc_tokens < 1):
-            raise PolymemError(f"max_doc_tokens={max_doc_tokens!r} must be a whole number >= 1 (or None: every token)")
         self.lm, self.batch = lm, int(batch)
         cfg = getattr(getattr(lm, "model", None), "config", None)
         most = getattr(cfg, "max_position_embeddings", None)
@@ -129,8 +158,7 @@ class Scorer:
                                f"(max_position_embeddings); a window past them is scored wrongly or not at all. Pass "
                                f"--window {min(most, 512)} or less")
         self.names = list(names) if names is not None else [str(i) for i in range(len(texts))]
-        self.docs = [np.asarray(lm.tokenizer.encode(t), dtype=np.int64)[:max_doc_tokens] for t in texts]
-        self.max_doc_tokens = max_doc_tokens
+        self.docs = [np.asarray(lm.tokenizer.encode(t), dtype=np.int64) for t in texts]
         self.lengths = token_byte_lengths(lm.tokenizer) if lengths is None else lengths
         self.windows = document_windows(self.docs, window, lm.bos_id)
         self.window = int(window)
@@ -164,7 +192,7 @@ class Scorer:
 
 def evaluate(lm: Any, texts: Sequence[str], *, attach: Callable[[], Any] | None = None,
              sites: Sequence[tuple[str, Callable[[], Any]]] = (), table_off: bool | None = None, window: int = 512,
-             batch: int = 4, names: Sequence[str] | None = None, max_doc_tokens: int | None = None,
+             batch: int = 4, names: Sequence[str] | None = None,
              on_batch: Callable[[str, int], None] | None = None,
              on_start: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Bits per byte of ``lm`` on ``texts``: ``"alone"`` (nothing attached), scored once, and for each site in
@@ -173,7 +201,7 @@ def evaluate(lm: Any, texts: Sequence[str], *, attach: Callable[[], Any] | None 
     ``"sites"``; each handle is detached before the next attaches. ``attach`` is one unnamed site (``table_off``
     defaults to True for it); with exactly one site its scores are also at the top level.
     ``on_start(passes × windows)`` is called once, with the windows the whole call will score."""
-    sc = Scorer(lm, texts, window=window, batch=batch, names=names, max_doc_tokens=max_doc_tokens)
+    sc = Scorer(lm, texts, window=window, batch=batch, names=names)
     todo = list(sites) + ([("site", attach)] if attach is not None else [])
     off = bool(table_off) if table_off is not None else attach is not None
     if on_start is not None:
@@ -181,7 +209,7 @@ def evaluate(lm: Any, texts: Sequence[str], *, attach: Callable[[], Any] | None 
     cb = (lambda name: (lambda n: on_batch(name, n))) if on_batch is not None else (lambda name: None)
     out: dict[str, Any] = {"model": lm.name, "window": window, "bos": lm.bos_id, "documents": len(texts),
                            "windows": sc.num_windows, "tokens": sum(int(d.size) for d in sc.docs),
-                           "max_doc_tokens": max_doc_tokens, "precision": getattr(lm, "precision", "fp32")}
+                           "precision": getattr(lm, "precision", "fp32")}
     out["alone"] = sc.score(cb("alone"))
     if not todo:
         return out

@@ -318,7 +318,8 @@ def train_table(
             "path": str(path), "site": str(site_dir), "model": lm.name, "tokenizer": lm.tokenizer.name,
             "rows": layout.num_rows, "rows_touched": touched, "tokens_seen": res["tokens"],
             "heldout_bpb_before": before["bpb"], "heldout_bpb_after": after["bpb"],
-            "heldout_bytes": after["bytes"], "final_loss": prov["loss"], "tokens_per_s": res["tokens_per_s"],
+            "heldout_bytes": after["bytes"], "heldout_tokens": after["tokens"], "heldout_documents": len(held),
+            "final_loss": prov["loss"], "tokens_per_s": res["tokens_per_s"],
             "train_s": res["train_s"], "elapsed_s": time.perf_counter() - t0, "resumed_at_step": res["resumed_at"],
             "checkpoints": res["checkpoints"]}
 
@@ -355,23 +356,7 @@ def _save_site(handle: Any, site_dir: Path, overwrite: bool, asset_path: Path) -
 
 
 def _bounded_texts(lm: Any, texts: Sequence[str], max_tokens: int | None, *, doc_tokens: int | None = None) -> list[str]:
-    """The first held-out documents up to about ``max_tokens`` tokens (a document cut at a token boundary where
-    the budget ends, and each one at ``doc_tokens`` when given, so that the set spans several documents)."""
-    if max_tokens is None:
-        return list(texts)
-    out: list[str] = []
-    n = 0
-    for t in texts:
-        ids = lm.tokenizer.encode(t)
-        keep = min(max_tokens - n, len(ids), doc_tokens or len(ids))
-        if keep <= 0:
-            break
-        piece = t if keep == len(ids) else lm.tokenizer.decode_bytes(ids[:keep]).decode("utf-8", errors="ignore")
-        if piece:
-            out.append(piece)
-            n += keep
-        if n >= max_tokens:
-            break
-    if not out:
-        raise PolymemError("no held-out text to score; use a corpus with more documents or a larger eval budget")
-    return out
+    """The held-out text scored: :func:`polymem.models.evaluate.scoring_set` (the rule every command shares)."""
+    from polymem.models.evaluate import scoring_set
+
+    return [t for _, t in scoring_set(lm.tokenizer, texts, max_tokens, doc_tokens=doc_tokens)]

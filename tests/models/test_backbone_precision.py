@@ -136,7 +136,8 @@ def two_sites(tmp_path_factory, corpus_file):
         r = runner.invoke(app, ["train", "--model", str(ck), "--corpus", str(corpus_file), "--out", str(root / f"t{i}.pmem"),
                                 "--steps", "2", "--batch-size", "2", "--block-size", "16", "--layers", "1",
                                 "--params", "32K", "--heads", "4", "--head-dim", "8", "--eval-tokens", "100",
-                                "--seed", str(i), "--heldout-every", "5", "--precision", "fp32"])
+                                "--seed", str(i), "--heldout-every", "5", "--precision", "fp32",
+                                "--json", str(root / f"t{i}.json")])
         assert r.exit_code == 0, r.output
     return ck, [root / "t0.pmem.site", root / "t1.pmem.site"]
 
@@ -187,12 +188,30 @@ def test_eval_warns_when_it_scores_what_the_table_trained_on_and_caps_documents(
     out = " ".join(r.output.split())
     assert "warning: --heldout-every 1 scores documents" in out and "--heldout-every 5 scores only its held-out" in out
     got = json.loads(j.read_text())
-    assert got["max_doc_tokens"] == 8 and all(d["tokens"] <= 8 for d in got["alone"]["per_doc"])
+    assert got["max_doc_tokens"] == 8 and all(d["tokens"] <= 9 for d in got["alone"]["per_doc"])  # cut at a token
     assert got["documents"] == 40 and "each document's first 8 tokens" in out
     # every 10th is a multiple of the split: held-out documents only, no warning
     r = CliRunner().invoke(app, ["eval", "--model", str(ck), "--corpus", str(corpus_file), "--site", str(sites[0]),
                                  "--heldout-every", "10", "--window", "64", "--max-docs", "1"])
     assert r.exit_code == 0 and "warning" not in r.output
+
+
+def test_eval_scores_what_train_scored_with_the_same_budget(two_sites, corpus_file, tmp_path):
+    """One scoring rule: `eval --eval-tokens 100` on the table's split scores the text `train --model
+    --eval-tokens 100` scored, so the two commands print the same numbers (same precision)."""
+    ck, sites = two_sites
+    trained = json.loads((sites[0].parent / "t0.json").read_text())
+    j = tmp_path / "e.json"
+    r = CliRunner().invoke(app, ["eval", "--model", str(ck), "--corpus", str(corpus_file), "--site", str(sites[0]),
+                                 "--eval-tokens", "100", "--precision", "fp32", "--json", str(j)])
+    assert r.exit_code == 0, r.output
+    got = json.loads(j.read_text())
+    assert got["alone"]["bytes"] == trained["heldout_bytes"] and got["alone"]["tokens"] == trained["heldout_tokens"]
+    assert got["documents"] == trained["heldout_documents"] > 1  # at most 100 // 8 tokens from each document
+    assert got["alone"]["bpb"] == pytest.approx(trained["heldout_bpb_before"], rel=1e-6)
+    assert got["with_table"]["bpb"] == pytest.approx(trained["heldout_bpb_after"], rel=1e-6)
+    assert f"{got['documents']} documents, {got['alone']['tokens']:,} tokens, {got['alone']['bytes']:,} bytes" in \
+        " ".join(r.output.split())
 
 
 def test_eval_bad_site_options_are_one_line_before_the_model_loads(two_sites, corpus_file):
