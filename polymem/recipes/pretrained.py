@@ -121,15 +121,18 @@ class Experiment:
         self.spec, self.layout, self.orders = a.spec, a.layout, tuple(int(o) for o in a.orders)
         self.donor_tab = torch.from_numpy(np.ascontiguousarray(a.to_numpy(), dtype=np.float32))
         self.cache = TokenHashes.build(lm.tokenizer, a.spec)
-        # the donor's held-out split by default: on the donor's own corpus, never score what the donor trained on
-        heldout_every = int(heldout_every or self.prov.get("heldout_every") or 10)
+        # the donor's held-out split by default: on the donor's own corpus, never score what the donor trained on;
+        # 0: every document of ``corpus`` trains, and the scoring sets are ``eval_corpora`` / ``eval_texts`` only
+        heldout_every = int(heldout_every if heldout_every is not None else (self.prov.get("heldout_every") or 10))
         self.heldout_every = heldout_every
         self.data = corpus_stream(lm, corpus, texts=texts, heldout_every=heldout_every)
         self.corpus = [str(p) for p in corpus] if texts is None else ["(texts)"]
         sets: dict[str, list[str]] = {}
         first = Path(self.corpus[0]).name.split(".")[0] if texts is None else "texts"
         self.doc_tokens = int(doc_tokens or max(eval_tokens // 8, 1))
-        sets[first] = _bounded_texts(lm, self.data.heldout_texts, eval_tokens, doc_tokens=self.doc_tokens)
+        if self.data.heldout_texts:
+            sets[first] = _bounded_texts(lm, self.data.heldout_texts, eval_tokens, doc_tokens=self.doc_tokens)
+
         def add(name: str, tx: list[str], where: str) -> None:
             if name in sets:
                 raise PolymemError(f"two scoring sets are named {name!r} ({where}); scoring sets are named by file "
@@ -137,11 +140,14 @@ class Experiment:
             sets[name] = _bounded_texts(lm, tx, eval_tokens, doc_tokens=self.doc_tokens)
 
         for p in eval_corpora:
-            _, held = split_documents(read_documents([p]), heldout_every)
+            _, held = split_documents(read_documents([p]), heldout_every or 10)
             add(Path(str(p)).name.split(".")[0], held, str(p))
         for name, tx in (eval_texts or {}).items():
             add(name, list(tx), "eval_texts")
-        self.in_domain = first
+        if not sets:
+            raise PolymemError("heldout_every=0 trains on every document and no scoring set was given; pass "
+                               "eval_texts or eval_corpora (--eval-corpus)")
+        self.in_domain = first if first in sets else next(iter(sets))  # the set learning curves are scored on
         from polymem.models.evaluate import token_byte_lengths
 
         lengths = token_byte_lengths(lm.tokenizer)  # once for every scoring set
