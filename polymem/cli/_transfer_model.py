@@ -193,12 +193,16 @@ def _content(*, model: str, corpus: list[Path], eval_corpus: list[Path], content
     with progress_bar(console) as prog:
         task = prog.add_task("content transfer", total=total, info="")
         state = {"done": 0}
+        every = max(1, (content.donor_cfg.steps if content.donor_cfg is not None else 1) // 8)
 
         def on_event(kind: str, **k: Any) -> None:
             if kind == "phase":
                 prog.update(task, description=escape(str(k["what"])))
             elif kind == "donor_step":
                 prog.update(task, info=f"donor step {k['step'] + 1} loss {k['loss']:.3f}")
+                if not console.is_terminal and (k["step"] + 1) % every == 0:  # a log line under nohup
+                    prog.console.print(f"  donor step {k['step'] + 1}: training loss {k['loss']:.3f} "
+                                       f"({prog.tasks[0].elapsed or 0:.0f} s)", highlight=False)
             elif kind == "run":
                 prog.update(task, description=escape(f"{k['arm']} seed {k['seed']}"))
             elif kind == "step":

@@ -40,7 +40,9 @@ METHODS = {"none": "the model alone", "random": "a frozen random table of the do
            "null": "a one-row table, fresh site (no n-gram content)",
            "donor": "the donor's table frozen, a fresh site trained on the recipient's part",
            "donor_finetune": "the donor's table fine-tuned with a fresh site on the recipient's part",
-           "in_place": "a table of the donor's layout trained from zero on the recipient's part"}
+           "in_place": "a table of the donor's layout trained from zero on the recipient's part",
+           "stitch": "the donor's table and its own site frozen, a learned linear stitch between the residual "
+                     "streams trained on the recipient's part"}
 
 
 @dataclass(frozen=True, kw_only=True)

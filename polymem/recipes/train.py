@@ -452,6 +452,9 @@ def train_donor(
                              vocab_size=data.cache.vocab_size)
         layout = xspec.layout(mem.head_dim)
     distributed = _distributed()
+    from polymem.recipes.frozen import _refuse_sharded_count_gate
+
+    _refuse_sharded_count_gate(mem.gate, distributed)
     if hash == "xor" and not distributed:
         table_in = TrainableTable(None, spec=xspec, layout=layout, orders=tuple(range(1, mem.max_n + 1)))
     if distributed:  # rows sharded across the processes, each holding and updating its own

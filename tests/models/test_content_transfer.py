@@ -85,7 +85,7 @@ def test_content_transfer_study(lms, docs, tmp_path):
     opts = ContentOptions(split=split, donor_cfg=_donor_cfg(), resamples=200)
     cfg = FrozenTrainConfig(steps=3, batch_size=2, block_size=16, table_lr=0.1, site_lr=3e-3)
     events: list[tuple] = []
-    kw = dict(texts=docs, cfg=cfg, content=opts, arms=["none", "donor", "in_place"], seeds=[0, 1], eval_at=[],
+    kw = dict(texts=docs, cfg=cfg, content=opts, arms=["none", "donor", "in_place", "stitch"], seeds=[0, 1], eval_at=[],
               out_dir=tmp_path / "run", eval_tokens=256, window=64)
     res = run_content_transfer(lms["gemma3"], lms["llama"], None, **kw,
                                on_event=lambda kind, **k: events.append((kind, k.get("arm"))))
@@ -105,7 +105,7 @@ def test_content_transfer_study(lms, docs, tmp_path):
         want = (own["with_table"][k]["bpb"] - own["alone"][k]["bpb"]) / own["alone"][k]["bpb"]
         assert res["donor_own"][k] == [pytest.approx(want, rel=1e-6)]
     ceiling = res["donor_own"]["diff"][0]
-    for arm in ("donor", "in_place"):
+    for arm in ("donor", "in_place", "stitch"):
         c = res["arms"][arm]
         assert len(c["read"]) == len(c["unseen"]) == len(c["lo"]) == 2 and all(lo <= hi for lo, hi in zip(c["lo"], c["hi"]))
         run = json.loads((out / "arms" / f"{arm}-seed0.json").read_text())
@@ -121,7 +121,7 @@ def test_content_transfer_study(lms, docs, tmp_path):
     assert len(got["directions"]) == 1 and json.loads(path.read_text()) == json.loads(json.dumps(got))
     d = got["directions"][0]
     assert (d["donor"], d["recipient"], d["seeds"]) == ("llama", "gemma3", [0, 1])
-    assert set(d["donor_own"]) >= {"read", "unseen"} and set(d["arms"]) == {"none", "donor", "in_place"}
+    assert set(d["donor_own"]) >= {"read", "unseen"} and set(d["arms"]) == {"none", "donor", "in_place", "stitch"}
     assert all(set(a) >= {"read", "unseen", "method"} for a in d["arms"].values())
     # a re-run trains nothing (donor, arms, donor's scores are there) and gives the same figures
     events.clear()
@@ -171,3 +171,30 @@ def test_cli_content_split_end_to_end(ckpts, docs, tmp_path):
     r = CliRunner().invoke(app, args[:7] + ["--split-seed", "4", "--asset", str(tmp_path / "run" / "donor.pmem"),
                                             "--out-dir", str(tmp_path / "run2")])
     assert r.exit_code != 0 and "did not read the donor part of this split" in str(r.exception)
+
+
+@pytest.mark.parametrize("gate", ["scalar", "context"])
+def test_stitched_site_starts_as_the_model_alone_and_trains_only_the_stitch(gate):
+    from polymem.hash.layout import Layout
+    from polymem.torch.site import MemorySite, SiteConfig
+    from polymem.torch.stitch import StitchedSite
+
+    layout = Layout.for_params(4096 * 8, heads=4, slots=4, head_dim=8)
+    donor = MemorySite(SiteConfig(d_model=12, max_n=2, gate=gate), layout)
+    frozen = {k: v.clone() for k, v in donor.state_dict().items()}
+    s = StitchedSite(donor, 20, seed=3)
+    h = torch.randn(2, 5, 20)
+    e = torch.randn(2, 5, 2, 4, 8)
+    assert torch.equal(s(h, e), h)  # W_out starts at zero
+    with torch.no_grad():
+        s.back.weight.normal_()
+    s(h, e).square().sum().backward()
+    trained = {n for n, p in s.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert trained == ({"back.weight"} if gate == "scalar" else {"into.weight", "back.weight"})
+    assert all(not p.requires_grad for p in s.donor.parameters())
+    assert all(torch.equal(v, frozen[k]) for k, v in s.donor.state_dict().items())
+    # by hand: the scalar gate's addition is g * W_V e (orders scaled), mapped back by W_out
+    if gate == "scalar":
+        scale = torch.tensor([0.1, 1.0]).view(1, 1, 2, 1, 1)
+        want = h + s.back(donor.gate * donor.value((e * scale).reshape(2, 5, -1)))
+        assert torch.allclose(s(h, e), want, atol=1e-5)
