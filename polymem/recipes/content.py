@@ -241,7 +241,7 @@ def content_summary(exp: Any, transfer: dict[str, Any], runs_dir: str | Path, ow
                               ([r["docs"]["unseen"]["bits"] for r in rs], base["unseen"]["doc_bits"]),
                               resamples=resamples)
         # a share of the donor's content part: defined where the donor's own is a gain (negative)
-        c["recovered"] = [d / ceiling if ceiling < 0 else None for d in c["diff"]]
+        c["recovered"] = [d / ceiling + 0.0 if ceiling < 0 else None for d in c["diff"]]  # + 0.0: no -0.0
         c["method"] = METHODS.get(arm, arm)
         per_arm[arm] = c
     return {"donor_model": own["model"], "recipient_model": exp.lm.name, "seeds": seeds, "donor_seed": int(donor_seed),
