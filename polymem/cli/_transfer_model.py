@@ -176,7 +176,7 @@ def _content(*, model: str, corpus: list[Path], eval_corpus: list[Path], content
         from polymem.recipes.content import check_donor_read
 
         check_donor_read(content.donor_asset, parts["texts"]["donor"])
-        dlm = _donor_model(content.donor_asset, donor_model, device)
+        dlm = _donor_model(content.donor_asset, donor_model, device, "its own scores")
     else:
         if donor_model is None:
             raise PolymemError("--content-split needs the donor's model (--donor-model SPEC, trained here on the donor "
@@ -272,7 +272,7 @@ def _eval_steps(eval_at: str | None, eval_every: int | None, steps: int) -> list
     return sorted(pts)
 
 
-def _donor_model(asset: str, spec: str | None, device: str) -> Any:
+def _donor_model(asset: str, spec: str | None, device: str, why: str = "for the aligned start") -> Any:
     """The donor's model for an aligned start: ``spec``, else the model the donor asset's provenance names (the
     spec it was loaded from, else its name). Its tokenizer must be the one the table was trained with."""
     from polymem.errors import PolymemError, SpecMismatchError
@@ -286,7 +286,7 @@ def _donor_model(asset: str, spec: str | None, device: str) -> Any:
         if not spec:
             raise PolymemError(f"the donor asset {asset!r} names no model in its provenance; pass --donor-model SPEC "
                                "(the model the table was trained with)")
-    console.print(f"loading the donor's model {escape(spec)} (for the aligned start) …", highlight=False)
+    console.print(f"loading the donor's model {escape(spec)} ({why}) …", highlight=False)
     dlm = load_model(spec, device=device)
     console.print(escape(dlm.load_line()), highlight=False)
     want = (prov.get("tokenizer") or {}).get("fingerprint")
