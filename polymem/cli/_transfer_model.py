@@ -97,8 +97,10 @@ def transfer_model(*, model: str, asset: str | None, corpus: list[Path], eval_co
         raise PolymemError(f"--init {init!r} is unknown; accepted: {', '.join(DONOR_INITS)}, e.g. --init aligned")
     if gate is not None and gate not in GATES:
         raise PolymemError(f"--gate {gate!r} is unknown; accepted: {', '.join(GATES)}, e.g. --gate context")
-    if content is None and init != "aligned" and (donor_model or donor_site):
-        raise PolymemError("--donor-model and --donor-site are read only with --init aligned; add --init aligned or drop them")
+    if content is None and init != "aligned" and donor_model:
+        raise PolymemError("--donor-model is read only with --init aligned or --content-split; add one or drop it")
+    if content is None and init != "aligned" and donor_site and "stitch" not in arm_list:
+        raise PolymemError("--donor-site is read only with --init aligned or the stitch arm; add one or drop it")
     if content is not None and (donor_site or plot):
         raise PolymemError("--donor-site and --plot are not read with --content-split (the donor's site is the one "
                            "trained with it); drop them")
