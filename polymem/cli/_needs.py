@@ -146,7 +146,7 @@ NEEDS: dict[str, Needs] = {
     "tokenizers": (),
     "tokenizers check": (("", "spec", TOKENIZER),),
     "train": (("--corpus", "corpus", SOURCE), ("--out", "out", TABLE), ("--tokenizer", "tokenizer", TOKENIZER),
-              ("--model", "model", MODEL), ("--json", "json_out", FILE)),
+              ("--model", "model", MODEL), ("--heldout", "heldout", SOURCE), ("--json", "json_out", FILE)),
     "transfer": (("--asset", "asset", SOURCE), ("--corpus", "corpus", SOURCE), ("--tokenizer", "tokenizer", TOKENIZER),
                  ("--model", "model", MODEL), ("--eval-corpus", "eval_corpus", SOURCE), ("--json", "json_out", FILE),
                  ("--plot", "plot", PLOT)),

@@ -29,13 +29,39 @@ def _seeds(seeds: int, seed_list: str | None) -> list[int]:
     return list(dict.fromkeys(out))
 
 
-def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: list[Path], arms: str | None,
+def content_options(split: str | None, *, split_seed: int, asset: str | None, donor_steps: int, donor_params: str,
+                    batch_size: int, block_size: int, layers: str | None, site_lr: float, table_lr: float,
+                    softmax: str) -> Any:
+    """``--content-split`` and the donor's options as :class:`polymem.recipes.content.ContentOptions` (None
+    without a split; the donor's options given without one are refused)."""
+    from polymem.cli._options import parse_count, refuse_unused
+    from polymem.cli.cmd_train import _layers
+    from polymem.recipes.content import ContentOptions, ContentSplit
+    from polymem.recipes.frozen import FrozenTrainConfig
+
+    if split is None:
+        refuse_unused("without --content-split", {"split_seed": (split_seed, 0), "donor_steps": (donor_steps, 80),
+                                                   "donor_params": (donor_params, "20M")})
+        return None
+    sp = ContentSplit.parse(split, seed=split_seed)
+    if asset is not None:
+        return ContentOptions(split=sp, donor_asset=asset)
+    cfg = FrozenTrainConfig(steps=donor_steps, batch_size=batch_size, block_size=block_size,
+                            layers=_layers(layers or "2"), params=parse_count(donor_params), site_lr=site_lr,
+                            table_lr=table_lr, softmax=softmax)
+    return ContentOptions(split=sp, donor_cfg=cfg)
+
+
+def transfer_model(*, model: str, asset: str | None, corpus: list[Path], eval_corpus: list[Path], arms: str | None,
                    seeds: int, seed_list: str | None, steps: int, batch_size: int, block_size: int,
                    eval_every: int | None, eval_tokens: int, site_lr: float, table_lr: float, softmax: str,
                    layers: str | None, max_n: int | None, out_dir: Path | None, threads: int | None,
                    json_out: Path | None, plot: Path | None, device: str = "auto", init: str | None = None,
                    gate: str | None = None, donor_model: str | None = None, donor_site: Path | None = None,
-                   eval_at: str | None = None, precision: str = "auto") -> None:
+                   eval_at: str | None = None, content: Any = None,
+                   precision: str = "auto") -> None:
+    """The pretrained-recipient path of ``polymem transfer``; ``content``: a
+    :class:`polymem.recipes.content.ContentOptions` (``--content-split``), the study of what the donor read."""
     import torch
 
     from polymem.torch.device import resolve_device
@@ -50,6 +76,9 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
     if out_dir is None:
         raise PolymemError("--model needs --out-dir DIR: each (arm, seed) result is written there as it ends, so a "
                            "stopped run resumes; e.g. --out-dir runs/gemma")
+    if asset is None and content is None:
+        raise PolymemError("--asset is needed: the donor table the recipient reads (or --content-split, which trains "
+                           "the donor on its part of --corpus)")
     check_output_paths(json_out, plot)
     if plot is not None:
         from polymem._optional import pyplot
@@ -69,14 +98,25 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
         raise PolymemError(f"--init {init!r} is unknown; accepted: {', '.join(DONOR_INITS)}, e.g. --init aligned")
     if gate is not None and gate not in GATES:
         raise PolymemError(f"--gate {gate!r} is unknown; accepted: {', '.join(GATES)}, e.g. --gate context")
-    if init != "aligned" and (donor_model or donor_site):
-        raise PolymemError("--donor-model and --donor-site are read only with --init aligned; add --init aligned or drop them")
+    if content is None and init != "aligned" and donor_model:
+        raise PolymemError("--donor-model is read only with --init aligned or --content-split; add one or drop it")
+    if content is None and init != "aligned" and donor_site and "stitch" not in arm_list:
+        raise PolymemError("--donor-site is read only with --init aligned or the stitch arm; add one or drop it")
+    if content is not None and (donor_site or plot):
+        raise PolymemError("--donor-site and --plot are not read with --content-split (the donor's site is the one "
+                           "trained with it); drop them")
     cfg = FrozenTrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, site_lr=site_lr,
                             table_lr=table_lr, softmax=softmax)
     points = _eval_steps(eval_at, eval_every, steps)
     from polymem.cli._precision import backbone_precision
 
     prec = backbone_precision(precision, dev)
+    if content is not None:
+        _content(model=model, corpus=corpus, eval_corpus=eval_corpus, content=content, cfg=cfg, arms=arm_list,
+                 seeds=seed_ids, points=points, eval_tokens=eval_tokens, layers=layers, max_n=max_n, gate=gate,
+                 init=init, donor_model=donor_model, out_dir=out_dir, json_out=json_out, device=str(dev), precision=prec)
+        return
+    assert asset is not None  # refused above when there is no --content-split
     console.print(f"loading {escape(model)} …", highlight=False)
     lm = load_model(model, device=str(dev), precision=prec)
     console.print(escape(lm.load_line()), highlight=False)
@@ -122,6 +162,105 @@ def transfer_model(*, model: str, asset: str, corpus: list[Path], eval_corpus: l
         console.print(f"wrote {escape(str(plot_result(result, plot)))}", soft_wrap=True)
 
 
+def _content(*, model: str, corpus: list[Path], eval_corpus: list[Path], content: Any, cfg: Any, arms: list[str],
+             seeds: list[int], points: list[int], eval_tokens: int, layers: str | None, max_n: int | None,
+             gate: str | None, init: str, donor_model: str | None, out_dir: Path, json_out: Path | None,
+             device: str, precision: str = "fp32") -> None:
+    """``transfer --model --content-split``: the split and the donor's provenance checked before any model loads,
+    then :func:`polymem.recipes.content.run_content_transfer`."""
+    from polymem.cli.cmd_eval import progress_bar
+    from polymem.cli.cmd_train import _layers
+    from polymem.errors import PolymemError
+    from polymem.models import load_model
+    from polymem.recipes.content import content_parts, content_record, run_content_transfer, write_content_results
+    from polymem.recipes.data import read_documents
+
+    docs = read_documents(corpus)
+    parts = content_parts(docs, content.split)  # an empty part is refused here
+    n = {p: len(v) for p, v in parts["record"]["indices"].items()}
+    if content.donor_asset is not None:
+        from polymem.recipes.content import check_donor_read
+
+        check_donor_read(content.donor_asset, parts["texts"]["donor"])
+        dlm = _donor_model(content.donor_asset, donor_model, device, "its own scores", precision=precision)
+    else:
+        if donor_model is None:
+            raise PolymemError("--content-split needs the donor's model (--donor-model SPEC, trained here on the donor "
+                               "part) or a donor trained on that part (--asset)")
+        console.print(f"loading the donor's model {escape(donor_model)} …", highlight=False)
+        dlm = load_model(donor_model, device=device, precision=precision)
+    console.print(f"split {content.split.text()} (seed {content.split.seed}) of {len(docs)} documents: "
+                  f"{n['donor']} read by the donor only, {n['recipient']} by the recipient, {n['unseen']} by nobody",
+                  highlight=False)
+    console.print(f"loading {escape(model)} …", highlight=False)
+    lm = load_model(model, device=device, precision=precision)
+    console.print(escape(lm.load_line()), highlight=False)
+    total = len([a for a in arms if a != "none"]) * len(seeds) * cfg.steps
+    with progress_bar(console) as prog:
+        task = prog.add_task("content transfer", total=total, info="")
+        state = {"done": 0}
+        every = max(1, (content.donor_cfg.steps if content.donor_cfg is not None else 1) // 8)
+
+        def on_event(kind: str, **k: Any) -> None:
+            if kind == "phase":
+                prog.update(task, description=escape(str(k["what"])))
+            elif kind == "donor_step":
+                prog.update(task, info=f"donor step {k['step'] + 1} loss {k['loss']:.3f}")
+                if not console.is_terminal and (k["step"] + 1) % every == 0:  # a log line under nohup
+                    prog.console.print(f"  donor step {k['step'] + 1}: training loss {k['loss']:.3f} "
+                                       f"({prog.tasks[0].elapsed or 0:.0f} s)", highlight=False)
+            elif kind == "run":
+                prog.update(task, description=escape(f"{k['arm']} seed {k['seed']}"))
+            elif kind == "step":
+                state["done"] += 1
+                prog.update(task, completed=state["done"], info=f"loss {k['loss']:.3f}")
+            elif kind in ("result", "skip"):
+                if kind == "skip" and k["arm"] != "none":
+                    state["done"] += cfg.steps
+                    prog.update(task, completed=state["done"])
+                prog.console.print(f"  {k['arm']:<15} seed {k['seed']}: {k['bpb']:.4f} bits/byte on donor-read documents"
+                                   + (" (done before)" if kind == "skip" else ""), highlight=False)
+
+        summary = run_content_transfer(lm, dlm, None, texts=docs, cfg=cfg, content=content, arms=arms, seeds=seeds,
+                                       eval_at=points, out_dir=out_dir, eval_tokens=eval_tokens, gate=gate, init=init,
+                                       layers=_layers(layers) if layers else None, max_n=max_n,
+                                       eval_corpora=eval_corpus, on_event=on_event)
+    print_content(summary)
+    if json_out:
+        write_content_results(json_out, content_record(summary))
+        console.print(f"wrote {escape(str(json_out))} (this direction: {escape(summary['donor_model'])} -> "
+                      f"{escape(summary['recipient_model'])})", soft_wrap=True)
+
+
+def print_content(summary: dict[str, Any]) -> None:
+    """Per arm and for the donor: change on donor-read and unseen documents, content part [interval], share."""
+    import numpy as np
+
+    def pct(v: list[float]) -> str:
+        return f"{100 * float(np.mean(v)):+.1f} %"
+
+    t = Table(title=escape(f"what the donor read: {summary['recipient_model']} with a table trained by "
+                           f"{summary['donor_model']} (mean over seeds {summary['seeds']}; bits per byte, change vs the "
+                           "same model alone)"), title_justify="left")
+    for c in ("model and memory", "donor-read", "unseen", "content part [95 % interval]", "recovered"):
+        t.add_column(c, justify="left" if c == "model and memory" else "right")
+    own = summary["donor_own"]
+    t.add_row(escape(f"{summary['donor_model']} + its own table and site (the donor)"), pct(own["read"]),
+              pct(own["unseen"]), f"{100 * own['diff'][0]:+.1f} [{100 * own['lo'][0]:+.1f}, {100 * own['hi'][0]:+.1f}]",
+              "(the ceiling)")
+    for arm, c in summary["arms"].items():
+        rec = [r for r in c["recovered"] if r is not None]
+        t.add_row(escape(f"{summary['recipient_model']}: {arm}"), pct(c["read"]), pct(c["unseen"]),
+                  f"{100 * c['mean']:+.1f} [{100 * min(c['lo']):+.1f}, {100 * max(c['hi']):+.1f}]",
+                  f"{100 * float(np.mean(rec)):.0f} %" if rec else "-")
+    console.print(t)
+    s = summary["split"]
+    console.print(f"documents: {len(s['indices']['donor'])} donor-read, {len(s['indices']['recipient'])} recipient's, "
+                  f"{len(s['indices']['unseen'])} unseen (split seed {s['seed']}); content part: change on donor-read "
+                  "minus change on unseen, in points (negative: the memory knows what the donor read); interval over "
+                  "documents, the widest of the seeds'", highlight=False, soft_wrap=True)
+
+
 def _eval_steps(eval_at: str | None, eval_every: int | None, steps: int) -> list[int]:
     from polymem.errors import PolymemError
 
@@ -139,7 +278,8 @@ def _eval_steps(eval_at: str | None, eval_every: int | None, steps: int) -> list
     return sorted(pts)
 
 
-def _donor_model(asset: str, spec: str | None, device: str, precision: str = "fp32") -> Any:
+def _donor_model(asset: str, spec: str | None, device: str, why: str = "for the aligned start",
+                 precision: str = "fp32") -> Any:
     """The donor's model for an aligned start: ``spec``, else the model the donor asset's provenance names (the
     spec it was loaded from, else its name). Its tokenizer must be the one the table was trained with."""
     from polymem.errors import PolymemError, SpecMismatchError
@@ -153,7 +293,7 @@ def _donor_model(asset: str, spec: str | None, device: str, precision: str = "fp
         if not spec:
             raise PolymemError(f"the donor asset {asset!r} names no model in its provenance; pass --donor-model SPEC "
                                "(the model the table was trained with)")
-    console.print(f"loading the donor's model {escape(spec)} (for the aligned start) …", highlight=False)
+    console.print(f"loading the donor's model {escape(spec)} ({why}) …", highlight=False)
     dlm = load_model(spec, device=device, precision=precision)
     console.print(escape(dlm.load_line()), highlight=False)
     want = (prov.get("tokenizer") or {}).get("fingerprint")

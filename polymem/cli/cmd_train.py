@@ -18,7 +18,7 @@ from polymem.cli._needs import check_needs
 from polymem.cli._options import (
     apply_threads, BatchSize, BlockSize, Bf16, CorpusFiles, Device, DModel, Gate, HashKind, HeadDim, Heads, JsonOut, Lr,
     MaxEvalTokens, MaxN, NHead, NLayer, Precision, PrecisionOpt, Slots, Softmax, TableLrMult, Threads,
-    TrainSteps, local_path, parse_count, tokenizer_spec,
+    TrainSteps, corpus_source, local_path, parse_count, tokenizer_spec,
     refuse_unused,
 )
 
@@ -53,7 +53,8 @@ def train(
     lr: Lr = 2e-3,
     table_lr_mult: TableLrMult = 70.0,
     seed: Annotated[int, typer.Option(help="Model init and data order.")] = 0,
-    heldout_every: Annotated[int, typer.Option(min=2, help="Every k-th document is held out (never trained on).")] = 10,
+    heldout_every: Annotated[Optional[int], typer.Option(min=0, help="Every k-th document is held out (never trained on); 0 trains on every document (default 10; 0 with --heldout).")] = None,
+    heldout: Annotated[Optional[list[Path]], typer.Option("--heldout", parser=corpus_source, help="With --model: score these documents instead of a held-out share of the corpus; every corpus document trains.")] = None,
     max_eval_tokens: MaxEvalTokens = None,
     precision: PrecisionOpt = Precision("auto"),
     bf16: Bf16 = None,
@@ -88,6 +89,11 @@ def train(
     if (tokenizer is None) == (model is None):
         raise PolymemError("pass --tokenizer (a small model trained from scratch) or --model (a pretrained model, "
                            "which brings its own tokenizer), not " + ("both" if model else "neither"))
+    if heldout_every == 1 or (heldout and heldout_every):
+        raise PolymemError(f"--heldout-every {heldout_every} is not accepted" + (" with --heldout (the given documents are "
+                           "scored and every corpus document trains)" if heldout else "") + "; accepted: 0 (train on "
+                           "every document) or >= 2 (every k-th held out), e.g. --heldout-every 0")
+    heldout_every = (0 if heldout else 10) if heldout_every is None else heldout_every
     apply_threads(threads, console)
     if model is not None:
         refuse_unused("with --model (a pretrained backbone, frozen)", {
@@ -102,11 +108,11 @@ def train(
                                  layers=_layers(layers or "2"), max_n=max_n, params=parse_count(params or "20M"),
                                  heads=heads, slots=slots, head_dim=head_dim, gate=gate.value, table_lr=table_lr,
                                  site_lr=site_lr, seed=seed, softmax=softmax.value)
-        _train_model(model, corpus, out, site, fcfg, heldout_every=heldout_every, eval_tokens=eval_tokens,
+        _train_model(model, corpus, out, site, fcfg, heldout_every=heldout_every, eval_tokens=eval_tokens, heldout=heldout,
                      checkpoint_every=checkpoint_every, precision=precision.value,
                      overwrite=overwrite, json_out=json_out, device=device)
         return
-    refuse_unused("without --model", {"site": (site, None), "table_lr": (table_lr, 0.14), "site_lr": (site_lr, 1e-3),
+    refuse_unused("without --model", {"site": (site, None), "heldout": (heldout, None), "table_lr": (table_lr, 0.14), "site_lr": (site_lr, 1e-3),
                                       "softmax": (softmax, "corpus"), "eval_tokens": (eval_tokens, 16384)})
     steps = steps or 620
     batch_size = batch_size or 8
@@ -159,7 +165,9 @@ def _print_summary(summary: dict, cfg) -> None:
     for k, v in (("tokenizer", escape(s["tokenizer"])),
                  ("training tokens seen", f"{cfg.steps * cfg.batch_size * cfg.block_size:,} (training split: "
                                           f"{s['train_tokens_available']:,})"),
-                 ("held-out tokens", f"{s['heldout_tokens']:,}"),
+                 ("corpus read", _read_line(s["corpus_read"])),
+                 ("held-out tokens", f"{s['heldout_tokens']:,}" + ("" if s.get("heldout_every", 1) else
+                                                                 " (nothing held out: the training documents)")),
                  ("table rows touched", f"{s['rows_touched']:,} of {s['rows']:,}"),
                  (f"training loss, mean of the last {last} steps (JSON: final_loss)", f"{s['final_loss']:.3f} nats/token"),
                  ("held-out bits per byte, with the table", f"{on:.4f}"),
@@ -173,6 +181,11 @@ def _print_summary(summary: dict, cfg) -> None:
     verdict = "lowers" if on < off else "does not lower"
     console.print(f"verdict: the table {verdict} held-out bits per byte: {on - off:+.4f} ({(on - off) / off:+.2%}) "
                   "against the same model with it switched off", highlight=False)
+
+
+def _read_line(r: dict) -> str:
+    """How much of its training stream a run read, in words."""
+    return f"{r['share_read']:.1%} of {r['train_tokens']:,} tokens, {r['passes']:.2f} passes"
 
 
 def _layers(text: str) -> tuple[int, ...]:
@@ -189,7 +202,7 @@ def _layers(text: str) -> tuple[int, ...]:
 
 def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, cfg, *, heldout_every: int,
                  eval_tokens: int, overwrite: bool, json_out: Path | None, device: str = "auto",
-                 checkpoint_every: int = 0, precision: str = "auto") -> None:
+                 checkpoint_every: int = 0, heldout: list[Path] | None = None, precision: str = "auto") -> None:
     from polymem.models import load_model
     from polymem.recipes.frozen import train_table
     from polymem.torch.device import resolve_device
@@ -200,8 +213,14 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
     if not _join(device, {"--model": model, "--corpus": [[str(c), os.path.getsize(c) if os.path.isfile(c) else None]
                                                          for c in corpus], "training": asdict(cfg), "--out": str(out),
                           "--heldout-every": heldout_every, "--eval-tokens": eval_tokens,
-                          "--checkpoint-every": checkpoint_every}, cfg.layout(), cfg.batch_size):
+                          "--checkpoint-every": checkpoint_every, "--heldout": [str(p) for p in heldout or []]},
+                 cfg.layout(), cfg.batch_size):
         check_table_memory(cfg.layout(), trainable=True)  # and a table that cannot fit
+    held_texts = None
+    if heldout:
+        from polymem.recipes.data import read_documents
+
+        held_texts = read_documents(heldout)  # an unreadable file is said before the model loads
 
     from polymem.cli._precision import backbone_precision
 
@@ -222,10 +241,13 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
 
         summary = train_table(lm, corpus, out, cfg=cfg, site_dir=site, heldout_every=heldout_every,
                               eval_tokens=eval_tokens, overwrite=overwrite, on_step=on_step, checkpoint_every=checkpoint_every,
+                              heldout_texts=held_texts,
                               on_phase=lambda s: prog.update(task, description=escape(s)))
     t = Table(title=f"table {escape(summary['path'])} trained on {escape(summary['model'])} (site: "
                     f"{escape(summary['site'])})", show_header=False, title_justify="left")
-    rows = [("tokens seen", f"{summary['tokens_seen']:,}"), ("rows touched", f"{summary['rows_touched']:,} of {summary['rows']:,}"),
+    rows = [("tokens seen", f"{summary['tokens_seen']:,}"), ("corpus read", _read_line(summary["corpus_read"])),
+            ("scored", summary["scored_set"]),
+            ("rows touched", f"{summary['rows_touched']:,} of {summary['rows']:,}"),
             ("held-out bits per byte, model alone", f"{summary['heldout_bpb_before']:.4f}"),
             ("held-out bits per byte, with the table", f"{summary['heldout_bpb_after']:.4f}"),
             ("change", f"{summary['heldout_bpb_after'] - summary['heldout_bpb_before']:+.4f} "

@@ -49,8 +49,8 @@ else:
 
 
 def transfer(
-    asset: Annotated[str, typer.Option("--asset", "-a", help="Donor asset (from `polymem train`), a path or URL.")],
     corpus: CorpusFiles,
+    asset: Annotated[Optional[str], typer.Option("--asset", "-a", help="Donor asset (from `polymem train`), a path or URL. With --content-split: optional, a donor trained on exactly the donor part (else one is trained).")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", rich_help_panel="Pretrained recipient (--model), the main path", help="A pretrained recipient instead (smollm2-135m, gemma3-270m, a .gguf file, a checkpoint folder, hf:ORG/NAME), backbone frozen; arms none, random, null, donor, donor_finetune, in_place. Needs --out-dir.")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", parser=tokenizer_spec, rich_help_panel="From-scratch recipients (--tokenizer), a study", help="Recipient tokenizer spec (another family than the donor's); recipients are small models trained from scratch. Not with --model.")] = None,
     eval_corpus: Annotated[Optional[list[Path]], typer.Option("--eval-corpus", parser=corpus_source, help="Score the held-out split of these documents instead of --corpus's (default: --corpus); with --model, in addition to it (one scoring set per file).")] = None,
@@ -73,6 +73,10 @@ def transfer(
     gate: Annotated[Optional[Gate], typer.Option("--gate", rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: the sites' gate in every arm: scalar, context (Engram) or count (context, and rows weighted by how often the donor trained them). Default: the donor's.")] = None,
     donor_model: Annotated[Optional[str], typer.Option("--donor-model", rich_help_panel="Pretrained recipient (--model), the main path", help="With --init aligned: the donor's model (default: the one named in the donor asset's provenance).")] = None,
     donor_site: Annotated[Optional[Path], typer.Option("--donor-site", parser=local_path("a site folder"), rich_help_panel="Pretrained recipient (--model), the main path", help="With --init aligned: the donor's site folder (default: the asset's path + .site, as `polymem train --model` writes it).")] = None,
+    content_split: Annotated[Optional[str], typer.Option("--content-split", rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: split --corpus by document into donor-only, recipient-only and unseen parts with these shares (e.g. 0.3,0.5,0.2); the donor (--donor-model) trains on its part, the arms on theirs, and every arm and the donor itself are scored on donor-read and unseen documents (docs/real-models.md#carrying-content).")] = None,
+    split_seed: Annotated[int, typer.Option("--split-seed", min=0, rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split: the seed of the split (recorded in the results).")] = 0,
+    donor_steps: Annotated[int, typer.Option("--donor-steps", min=1, rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split: the donor's training steps on its part (batch and block as the arms').")] = 80,
+    donor_params: Annotated[str, typer.Option("--donor-params", rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split: the donor table's size in scalars (heads 8, head dim 32; site before --layers, default block 2).")] = "20M",
     site_lr: Annotated[float, typer.Option(min=0.0, rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: AdamW learning rate of the sites.")] = 1e-3,
     table_lr: Annotated[float, typer.Option(min=0.0, rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: table learning rate (row-wise RMS rule) of the null, donor_finetune and in_place arms.")] = 0.14,
     softmax: Annotated[Softmax, typer.Option(rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: training loss over the ids the corpus uses (corpus) or the whole vocabulary (full); scores are exact.")] = Softmax("corpus"),
@@ -120,9 +124,12 @@ def transfer(
             "scratch": (scratch, False), "n_layer": (n_layer, 4),
             "d_model": (d_model, 256), "n_head": (n_head, 4), "lr": (lr, 2e-3),
             "table_lr_mult": (table_lr_mult, 70.0), "bf16": (bf16, None)})
-        from polymem.cli._transfer_model import transfer_model
+        from polymem.cli._transfer_model import content_options, transfer_model
 
-        transfer_model(init=init.value if init else None, gate=gate.value if gate else None, donor_model=donor_model, donor_site=donor_site, eval_at=eval_at,
+        content = content_options(content_split, split_seed=split_seed, asset=asset, donor_steps=donor_steps,
+                                  donor_params=donor_params, batch_size=batch_size or 4, block_size=block_size,
+                                  layers=layers, site_lr=site_lr, table_lr=table_lr, softmax=softmax.value)
+        transfer_model(content=content, init=init.value if init else None, gate=gate.value if gate else None, donor_model=donor_model, donor_site=donor_site, eval_at=eval_at,
                        model=model, asset=asset, corpus=corpus, eval_corpus=eval_corpus or [], arms=arms,
                        seeds=seeds, seed_list=seed_list, steps=steps or 40, batch_size=batch_size or 4,
                        block_size=block_size, eval_every=eval_every, eval_tokens=eval_tokens, site_lr=site_lr,
@@ -133,7 +140,10 @@ def transfer(
         "out_dir": (out_dir, None), "seed_list": (seed_list, None), "eval_tokens": (eval_tokens, 4096),
         "site_lr": (site_lr, 1e-3), "table_lr": (table_lr, 0.14), "softmax": (softmax, "corpus"), "layers": (layers, None),
         "init": (init, None), "gate": (gate, None), "donor_model": (donor_model, None), "donor_site": (donor_site, None),
-        "eval_at": (eval_at, None)})
+        "eval_at": (eval_at, None), "content_split": (content_split, None), "split_seed": (split_seed, 0),
+        "donor_steps": (donor_steps, 80), "donor_params": (donor_params, "20M")})
+    if asset is None:
+        raise PolymemError("--asset is needed: the donor table the recipients read (from `polymem train`)")
     steps = steps or 400
     batch_size = batch_size or 8
     arm_list = _check_arms((arms or "none,random,donor,donor_finetune,scratch").split(",") + (["scratch"] if scratch else []))

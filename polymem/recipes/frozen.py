@@ -103,7 +103,7 @@ def corpus_stream(lm: Any, corpus: Sequence[str | Path] | None = None, *, texts:
 
     docs = list(texts) if texts is not None else read_documents(corpus or [])
     train, held = split_documents(docs, heldout_every)
-    names = [f"doc{i}" for i in range(len(docs)) if i % heldout_every == heldout_every - 1]
+    names = [f"doc{i}" for i in range(len(docs)) if heldout_every and i % heldout_every == heldout_every - 1]
     if max_heldout_docs is not None:
         held, names = held[:max_heldout_docs], names[:max_heldout_docs]
     sep = lm.eos_id
@@ -126,6 +126,14 @@ def window_batch(stream: np.ndarray, starts: np.ndarray, T: int, bos: int | None
     y = torch.from_numpy(stream[idx])
     x = torch.cat([torch.full((len(starts), 1), int(bos), dtype=torch.long), y[:, :-1]], dim=1)
     return x.contiguous(), y.contiguous()
+
+
+def stream_read(n_tokens: int, cfg: FrozenTrainConfig, bos: int | None) -> dict[str, Any]:
+    """How much of a training stream of ``n_tokens`` a run of ``cfg`` reads (:func:`polymem.recipes.data.corpus_read`:
+    share of its tokens predicted by at least one window, passes)."""
+    from polymem.recipes.data import corpus_read
+
+    return corpus_read(n_tokens, data_order(n_tokens, cfg), cfg.block_size, offset=0 if bos is not None else 1)
 
 
 def data_order(n_tokens: int, cfg: FrozenTrainConfig) -> np.ndarray:
@@ -225,7 +233,7 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
     sched = Schedule(steps=cfg.steps, lr=cfg.site_lr, table_lr=cfg.table_lr, grad_clip=cfg.grad_clip,
                      lr_factor=cfg.lr_factor, tokens_per_step=cfg.batch_size * cfg.block_size)
     # on_eval runs with the full output layer back (the cut one is swapped in for each step only)
-    return run_steps(sched, step_loss, opt, topt, site, table=handle.table if topt is not None else None,
+    return run_steps(sched, step_loss, opt, topt, site, handle=handle,
                      on_step=on_step, eval_at=eval_at, on_eval=on_eval, ck=ck, distributed=distributed)
 
 
@@ -234,11 +242,15 @@ def train_table(
     site_dir: str | Path | None = None, heldout_every: int = 10, eval_tokens: int | None = 16384,
     window: int = 512, overwrite: bool = False, on_step: Callable[[int, float], None] | None = None,
     on_phase: Callable[[str], None] | None = None, texts: Sequence[str] | None = None, checkpoint_every: int = 0,
+    heldout_texts: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Train a fresh table with the frozen pretrained ``lm`` and write it to ``out`` (an asset with provenance:
-    the model, its tokenizer's fingerprint, the corpus, the tokens seen) and its site to ``site_dir`` (default:
-    ``out`` + ``.site``). Returns a summary with held-out bits per byte before and after (``eval_tokens``
-    bounds the held-out text scored; None scores all of it)."""
+    the model, its tokenizer's fingerprint, the corpus, the tokens seen, how much of it was read) and its site to
+    ``site_dir`` (default: ``out`` + ``.site``). Returns a summary with held-out bits per byte before and after
+    (``eval_tokens`` bounds the held-out text scored; None scores all of it).
+
+    ``heldout_every=0`` trains on every document; ``heldout_texts`` are then scored (documents that never train),
+    and without them the run scores documents it trained on and says so (``scored_set``)."""
     from polymem.models.evaluate import Scorer
     from polymem.torch.attach import attach
     from polymem.torch.tablefile import save_table
@@ -251,8 +263,18 @@ def train_table(
             raise PolymemError(f"{str(p)!r} exists; pass --overwrite (overwrite=True) or another --out")
     t0 = time.perf_counter()
     say("reading corpus")
+    if heldout_texts is not None and heldout_every:
+        raise PolymemError(f"held-out documents were given and heldout_every={heldout_every} holds out more; pass "
+                           "heldout_every=0 (--heldout-every 0) to train on every corpus document and score the given ones")
     data = corpus_stream(lm, corpus, texts=texts, heldout_every=heldout_every)
-    held = _bounded_texts(lm, data.heldout_texts, eval_tokens)
+    if heldout_texts is not None:
+        scored_set, held_src = "held-out documents given", list(heldout_texts)
+    elif data.heldout_texts:
+        scored_set, held_src = f"every {heldout_every}th document, held out", data.heldout_texts
+    else:
+        scored_set, held_src = "training documents (nothing held out)", data.train_texts
+    held = _bounded_texts(lm, held_src, eval_tokens)
+    read = stream_read(int(data.train.size), cfg, lm.bos_id)
     say("scoring the model alone")
     scorer = Scorer(lm, held, window=window)
     before = scorer.score()
@@ -260,6 +282,7 @@ def train_table(
     from polymem.recipes.train import _distributed
 
     distributed = _distributed()
+    _refuse_sharded_count_gate(cfg.gate, distributed)
     table_in: Any = layout
     if distributed:  # rows sharded across the processes, each holding and updating its own
         from polymem.hash.spec import HashSpec
@@ -291,6 +314,7 @@ def train_table(
             "tokenizer": {"name": lm.tokenizer.name, "fingerprint": lm.tokenizer.fingerprint},
             "corpus": ", ".join(str(p) for p in corpus) if texts is None else "(texts)",
             "heldout_every": heldout_every, "tokens_seen": res["tokens"], "train_stream_tokens": int(data.train.size),
+            "corpus_read": read, "train_documents": documents_digest(data.train_texts), "scored_set": scored_set,
             "loss": float(np.mean(res["losses"][-20:])), "heldout_bpb": after["bpb"],
             "heldout_bpb_memory_off": before["bpb"], "heldout_scored_bytes": after["bytes"], "rows_touched": touched,
             "frozen_train_config": asdict(cfg),
@@ -316,12 +340,33 @@ def train_table(
 
     return {"process_memory": process_memory(handle.table, res.get("table_state_bytes", 0), distributed),
             "path": str(path), "site": str(site_dir), "model": lm.name, "tokenizer": lm.tokenizer.name,
-            "rows": layout.num_rows, "rows_touched": touched, "tokens_seen": res["tokens"],
+            "rows": layout.num_rows, "rows_touched": touched, "tokens_seen": res["tokens"], "corpus_read": read,
+            "scored_set": scored_set,
             "heldout_bpb_before": before["bpb"], "heldout_bpb_after": after["bpb"],
             "heldout_bytes": after["bytes"], "heldout_tokens": after["tokens"], "heldout_documents": len(held),
             "final_loss": prov["loss"], "tokens_per_s": res["tokens_per_s"],
             "train_s": res["train_s"], "elapsed_s": time.perf_counter() - t0, "resumed_at_step": res["resumed_at"],
             "checkpoints": res["checkpoints"]}
+
+
+def _refuse_sharded_count_gate(gate: str, distributed: bool) -> None:
+    """A table sharded across processes does not track its rows' counts while it trains, so a count gate would read
+    none in training and the asset's counts when served: refused."""
+    if distributed and gate == "count":
+        raise PolymemError("--gate count is not available when training across processes (the sharded table does not "
+                           "track its rows' counts while it trains, so training and serving would read different gate "
+                           "inputs); use --gate context or scalar, or train in one process")
+
+
+def documents_digest(texts: Sequence[str]) -> dict[str, Any]:
+    """What a table read, checkable against a split of a corpus: the number of documents and the sha256 of their
+    sorted sha256s (the same set of documents in any order gives the same digest)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for d in sorted(hashlib.sha256(t.encode("utf-8")).digest() for t in texts):
+        h.update(d)
+    return {"documents": len(texts), "sha256": h.hexdigest()}
 
 
 def _checkpoint_key(lm: Any, cfg: FrozenTrainConfig, stream: np.ndarray, heldout_every: int) -> str:

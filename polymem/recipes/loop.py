@@ -5,7 +5,8 @@ transfer arms (which train through :func:`.frozen.train_site`).
 A mode is one small function, ``step_loss(step) -> loss``: the batch of that step and the loss on it (its share of
 the global batch's mean under torch.distributed). :func:`run_steps` does the rest, the same way for every mode:
 the learning-rate schedule of both optimizers (the dense or site one, and the table's row-wise rule), backward,
-clipping and the optimizer steps (:func:`.train.apply_step`), the losses, the callbacks (``on_step``, and
+clipping and the optimizer steps (:func:`.train.apply_step`), the row counts a count gate reads while its table
+trains (:class:`.train.LiveCounts`), the losses, the callbacks (``on_step``, and
 ``on_eval`` at the steps of a learning curve, not counted as training time), checkpoints written and resumed
 (:class:`.checkpoint.Checkpoints`, not counted either), and the summary: losses, tokens, training seconds and
 tokens/s, and the table's row-wise state (bytes, per-row update counts for the asset).
@@ -36,14 +37,14 @@ class Schedule:
 
 
 def run_steps(sched: Schedule, step_loss: Callable[[int], torch.Tensor], opt: Any, topt: Any, dense: list, *,
-              table: Any = None, on_step: Callable[[int, float], None] | None = None,
+              handle: Any = None, on_step: Callable[[int, float], None] | None = None,
               eval_at: Collection[int] = (), on_eval: Callable[[int, int], None] | None = None, ck: Any = None,
               distributed: bool = False) -> dict[str, Any]:
     """Steps ``sched.steps`` of ``step_loss`` (see the module docstring), continuing from ``ck``'s checkpoint when
     it has one. ``on_eval(steps_done, tokens_seen)`` runs after each step in ``eval_at``. Returns {"losses",
     "tokens", "train_s", "tokens_per_s", "resumed_at", "checkpoints"} and, with a row-wise table optimizer,
     "table_state_bytes" and "row_counts" (this process's rows under torch.distributed, as a tensor; else uint32)."""
-    from polymem.recipes.train import apply_step, global_sum
+    from polymem.recipes.train import LiveCounts, apply_step, global_sum
 
     losses: list[float] = []
     first, before_s = 0, 0.0
@@ -51,6 +52,7 @@ def run_steps(sched: Schedule, step_loss: Callable[[int], torch.Tensor], opt: An
         got = ck.resume()
         if got is not None:
             first, losses, before_s = got["step"], got["losses"], got["train_s"]
+    live = LiveCounts(handle, topt)  # a count gate reads the counts as they grow (after a resume: the restored ones)
     evals = {int(s) for s in eval_at}
     t0, t_eval = time.perf_counter(), 0.0  # reading a checkpoint back is not training time
     for step in range(first, sched.steps):
@@ -60,8 +62,10 @@ def run_steps(sched: Schedule, step_loss: Callable[[int], torch.Tensor], opt: An
         if topt is not None:
             for g in topt.param_groups:
                 g["lr"] = sched.table_lr * f
+        live.reading()
         loss = step_loss(step)
         apply_step(loss, dense, sched.grad_clip, opt, topt, reduce=distributed)
+        live.settle()
         losses.append(global_sum(loss) if distributed else float(loss.detach()))
         if on_step is not None:
             on_step(step, losses[-1])
@@ -78,6 +82,7 @@ def run_steps(sched: Schedule, step_loss: Callable[[int], torch.Tensor], opt: An
     out: dict[str, Any] = {"losses": losses, "tokens": tokens, "train_s": el, "tokens_per_s": tokens / max(el, 1e-9),
                            "resumed_at": first,
                            "checkpoints": {"written": ck.written if ck else 0, "seconds": ck.write_s if ck else 0.0}}
+    table = getattr(handle, "table", None)
     if topt is not None and table is not None:  # per-row update counts (SparseRowRMS state), for the asset
         st = topt.state.get(table.weight, {})
         out["table_state_bytes"] = sum(t.numel() * t.element_size() for t in st.values() if isinstance(t, torch.Tensor))

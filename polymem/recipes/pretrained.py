@@ -8,7 +8,10 @@ initialisation (``1000 + seed``), and only the memory differs:
 * ``null``           — a trained table of a single row (every n-gram reads it): capacity 1, no n-gram content;
 * ``donor``          — the frozen donor table behind a fresh projection;
 * ``donor_finetune`` — the donor's rows as the start, trained on with the recipient (row-wise RMS rule);
-* ``in_place``       — a table of the donor's layout trained from zero on the recipient.
+* ``in_place``       — a table of the donor's layout trained from zero on the recipient;
+* ``stitch``         — (asked for by name, not in the default set) the frozen donor table read through the donor's
+  own site, frozen, with a learned linear stitch between the two residual streams (:mod:`polymem.torch.stitch`;
+  needs the donor's site folder).
 
 ``donor`` minus ``random`` / ``null`` is what the donor's n-gram content is worth to the recipient;
 ``donor_finetune`` against ``in_place`` at each budget says whether starting from the donor saves training.
@@ -37,7 +40,8 @@ import torch
 from polymem.errors import PolymemError
 from polymem.recipes.frozen import FrozenTrainConfig
 
-ARMS = ("none", "random", "null", "donor", "donor_finetune", "in_place")
+ARMS = ("none", "random", "null", "donor", "donor_finetune", "in_place")  # the default set
+EXTRA_ARMS = ("stitch",)  # run only when named
 DONOR_INITS = ("zero", "orthogonal", "aligned")  # how the projection of the arms that read the donor's rows starts
 # the fields of FrozenTrainConfig a transfer run uses (the table geometry and layers come from the donor)
 _BUDGET_FIELDS = ("steps", "batch_size", "block_size", "table_lr", "site_lr", "warmup_frac", "decay_frac",
@@ -51,10 +55,11 @@ def eval_points(eval_at: Sequence[int], steps: int) -> list[int]:
 
 def check_arms(arms: Sequence[str]) -> list[str]:
     arms = [a.strip() for a in arms if a.strip()]
-    bad = [a for a in arms if a not in ARMS]
+    bad = [a for a in arms if a not in ARMS + EXTRA_ARMS]
     if bad or not arms:
-        raise PolymemError(f"arms {bad or arms!r} unknown; accepted: {', '.join(ARMS)}, e.g. --arms {','.join(ARMS)}")
-    return [a for a in ARMS if a in arms]
+        raise PolymemError(f"arms {bad or arms!r} unknown; accepted: {', '.join(ARMS + EXTRA_ARMS)}, e.g. --arms "
+                           f"{','.join(ARMS)}")
+    return [a for a in ARMS + EXTRA_ARMS if a in arms]
 
 
 def arm_table(arm: str, donor: torch.Tensor, *, spec: Any, layout: Any, orders: tuple[int, ...], seed: int,
@@ -75,10 +80,12 @@ def arm_table(arm: str, donor: torch.Tensor, *, spec: Any, layout: Any, orders: 
         return t, "projection", "zero"
     if arm == "null":
         return SingleRowTable(spec=spec, layout=layout, orders=orders), "table", "orthogonal"
-    if arm in ("donor", "donor_finetune"):
+    if arm in ("donor", "donor_finetune", "stitch"):
         t = TrainableTable(donor, spec=spec, layout=layout, orders=orders, trainable=arm == "donor_finetune")
         if counts is not None:
             t.set_counts(counts)
+        if arm == "stitch":  # the sites are replaced by the stitched donor sites after attach
+            return t, "projection", "zero"
         return t, ("projection" if arm == "donor" else "table"), init
     if arm == "in_place":
         return TrainableTable(None, spec=spec, layout=layout, orders=orders), "table", "orthogonal"
@@ -117,19 +124,23 @@ class Experiment:
         if init not in DONOR_INITS:
             raise PolymemError(f"init {init!r} is unknown; accepted: {', '.join(DONOR_INITS)}")
         self.init = init
+        self.donor_site = Path(donor_site) if donor_site is not None else Path(self.donor_path + ".site")
         self.counts = a.row_counts() if callable(getattr(a, "row_counts", None)) else None
         self.spec, self.layout, self.orders = a.spec, a.layout, tuple(int(o) for o in a.orders)
         self.donor_tab = torch.from_numpy(np.ascontiguousarray(a.to_numpy(), dtype=np.float32))
         self.cache = TokenHashes.build(lm.tokenizer, a.spec)
-        # the donor's held-out split by default: on the donor's own corpus, never score what the donor trained on
-        heldout_every = int(heldout_every or self.prov.get("heldout_every") or 10)
+        # the donor's held-out split by default: on the donor's own corpus, never score what the donor trained on;
+        # 0: every document of ``corpus`` trains, and the scoring sets are ``eval_corpora`` / ``eval_texts`` only
+        heldout_every = int(heldout_every if heldout_every is not None else (self.prov.get("heldout_every") or 10))
         self.heldout_every = heldout_every
         self.data = corpus_stream(lm, corpus, texts=texts, heldout_every=heldout_every)
         self.corpus = [str(p) for p in corpus] if texts is None else ["(texts)"]
         sets: dict[str, list[str]] = {}
         first = Path(self.corpus[0]).name.split(".")[0] if texts is None else "texts"
         self.doc_tokens = int(doc_tokens or max(eval_tokens // 8, 1))
-        sets[first] = _bounded_texts(lm, self.data.heldout_texts, eval_tokens, doc_tokens=self.doc_tokens)
+        if self.data.heldout_texts:
+            sets[first] = _bounded_texts(lm, self.data.heldout_texts, eval_tokens, doc_tokens=self.doc_tokens)
+
         def add(name: str, tx: list[str], where: str) -> None:
             if name in sets:
                 raise PolymemError(f"two scoring sets are named {name!r} ({where}); scoring sets are named by file "
@@ -137,11 +148,14 @@ class Experiment:
             sets[name] = _bounded_texts(lm, tx, eval_tokens, doc_tokens=self.doc_tokens)
 
         for p in eval_corpora:
-            _, held = split_documents(read_documents([p]), heldout_every)
+            _, held = split_documents(read_documents([p]), heldout_every or 10)
             add(Path(str(p)).name.split(".")[0], held, str(p))
         for name, tx in (eval_texts or {}).items():
             add(name, list(tx), "eval_texts")
-        self.in_domain = first
+        if not sets:
+            raise PolymemError("heldout_every=0 trains on every document and no scoring set was given; pass "
+                               "eval_texts or eval_corpora (--eval-corpus)")
+        self.in_domain = first if first in sets else next(iter(sets))  # the set learning curves are scored on
         from polymem.models.evaluate import token_byte_lengths
 
         lengths = token_byte_lengths(lm.tokenizer)  # once for every scoring set
@@ -289,6 +303,28 @@ def _aligned_start(exp: Experiment, handle: Any, seed: int) -> dict[str, Any]:
     return {"scale": best, "losses": {str(c): v for c, v in losses.items()}, "tokens": int(B * T)}
 
 
+def _stitch(exp: Experiment, handle: Any, seed: int) -> None:
+    """Replace ``handle``'s sites by the donor's own sites, frozen, each behind a fresh stitch
+    (:class:`polymem.torch.stitch.StitchedSite`); the donor's sites and the recipient's are paired in layer order."""
+    from polymem.torch.stitch import StitchedSite, donor_sites
+
+    try:
+        donors = donor_sites(exp.donor_site, exp.layout, exp.asset_fingerprint())
+    except FileNotFoundError:
+        handle.detach()
+        raise PolymemError(f"the stitch arm reads the donor's own site, and {str(exp.donor_site)!r} holds none; pass "
+                           "the donor's site folder (--donor-site), as `polymem train --model` writes it") from None
+    keys = list(handle.sites.keys())
+    if len(donors) != len(keys) or any(d.cfg.max_n != exp.max_n for d in donors):
+        handle.detach()
+        raise PolymemError(f"the donor's site has {len(donors)} site(s) reading orders 1..{donors[0].cfg.max_n if donors else '?'}; "
+                           f"this run puts {len(keys)} reading 1..{exp.max_n}: pass --layers with {len(donors)} block(s) "
+                           "and the donor's --max-n")
+    for i, (k, d) in enumerate(zip(keys, donors)):
+        old = handle.sites[k]
+        handle.sites[k] = StitchedSite(d, old.cfg.d_model, seed=1000 + int(seed) + i).to(old.value.weight.device)
+
+
 def _docs(r: dict[str, Any]) -> dict[str, Any]:
     return {"bits": [float(x) for x in r["doc_bits"]], "bytes": [int(x) for x in r["doc_bytes"]]}
 
@@ -317,6 +353,8 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
                                    init=exp.init, counts=exp.counts)
     handle = attach(exp.lm.model, table, exp.cache, layers=list(exp.layers), train=mode, max_n=exp.max_n,
                     gate=exp.gate, init_seed=1000 + int(seed), value_init=vinit)
+    if arm == "stitch":
+        _stitch(exp, handle, seed)
     curve_t: list[int] = [0]
     curve: list[float] = []
     curve_docs: list[dict[str, Any]] = []
@@ -517,7 +555,7 @@ def summarize(exp: Experiment, arms: Sequence[str], seeds: Sequence[int],
 
 
 COLORS = {"none": "#7f7f7f", "random": "#bcbd22", "null": "#ff7f0e", "donor": "#1f77b4",
-          "donor_finetune": "#d62728", "in_place": "#2ca02c"}
+          "donor_finetune": "#d62728", "in_place": "#2ca02c", "stitch": "#9467bd"}
 
 
 def plot_result(result: dict[str, Any], path: str | Path) -> Path:

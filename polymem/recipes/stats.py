@@ -59,3 +59,37 @@ def tokens_to_match(curve_tokens: Sequence[int], curve_bpb: Sequence[float], tar
             f = (y[i - 1] - target) / max(y[i - 1] - y[i], 1e-300)
             return float(t[i - 1] + f * (t[i] - t[i - 1]))
     return None
+
+
+def content_bootstrap(read: tuple[Sequence[Sequence[float]], Sequence[float]],
+                      unseen: tuple[Sequence[Sequence[float]], Sequence[float]], *, resamples: int = 2000,
+                      seed: int = 0) -> dict[str, Any]:
+    """The content-specific part of a memory's gain, with a 95 % bootstrap interval over documents, per seed.
+
+    ``read`` and ``unseen``: (bits [seeds, documents] with the memory, bits [documents] of the model alone) on
+    documents the memory's training read and on documents nobody read. The change on a set is relative:
+    ``(bits - bits alone) / bits alone`` summed over its documents (the bytes are the same for both, so bits
+    per byte's ratio is the bits' ratio); the content part is the change on ``read`` minus the change on
+    ``unseen`` (negative: the memory knows what it read). Each resample draws the documents of each set anew
+    (the sets hold different documents), the same draws for every seed. Returns ``{"read": [per seed],
+    "unseen": [...], "diff": [...], "lo": [...], "hi": [...], "mean": float}``.
+
+    By hand: read bits [[9, 9]] against [10, 10] (−10 %), unseen [[10, 8]] against [10, 10] (−10 %): content 0."""
+    def change(bits: Any, alone: Any, idx: np.ndarray | None) -> np.ndarray:
+        a, b = np.asarray(bits, dtype=np.float64), np.asarray(alone, dtype=np.float64)
+        if a.ndim != 2 or a.shape[1] != b.size or b.size == 0:
+            raise PolymemError(f"content_bootstrap needs bits [seeds, documents] and [documents] alone; got {a.shape} "
+                               f"and {b.shape}")
+        if idx is None:
+            return (a.sum(1) - b.sum()) / b.sum()  # [S]
+        return (a[:, idx].sum(-1) - b[idx].sum(-1)) / b[idx].sum(-1)  # [S, R]
+
+    rng = np.random.default_rng(seed)
+    nr, nu = len(read[1]), len(unseen[1])
+    ir = rng.integers(0, nr, size=(int(resamples), nr))
+    iu = rng.integers(0, nu, size=(int(resamples), nu))
+    r, u = change(*read, None), change(*unseen, None)
+    boot = change(*read, ir) - change(*unseen, iu)  # [S, R]
+    return {"read": r.tolist(), "unseen": u.tolist(), "diff": (r - u).tolist(),
+            "lo": np.percentile(boot, 2.5, axis=1).tolist(), "hi": np.percentile(boot, 97.5, axis=1).tolist(),
+            "mean": float((r - u).mean()), "resamples": int(resamples), "documents": {"read": nr, "unseen": nu}}

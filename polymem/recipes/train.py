@@ -216,6 +216,45 @@ def apply_step(loss: torch.Tensor, dense: list, grad_clip: float, opt: Any, topt
         topt.zero_grad(set_to_none=True)
 
 
+class LiveCounts:
+    """What a gate="count" site reads while its table trains: the rows' training counts as they grow, so that
+    training and serving read the same gate input (a site attached again reads the asset's counts, which are
+    these counts at the end).
+
+    During a training step's forward every row reads its updates so far plus one (the update this step makes
+    counts; reading 0 would scale the row to nothing and no row would ever learn); after the step, and for
+    scoring, the updates so far. A table that starts with counts (a donor's) adds its updates to them. Off for
+    a frozen table (its counts do not change), a table without counts' room (sharded across processes) and
+    sites of other gates."""
+
+    def __init__(self, handle: Any, topt: Any) -> None:
+        from polymem.torch.tables import TrainableTable
+
+        self.on = (handle is not None and topt is not None and isinstance(handle.table, TrainableTable)
+                   and any(getattr(getattr(s, "cfg", None), "gate", None) == "count" for s in handle.sites.values()))
+        if not self.on:
+            return
+        self.table, self.topt = handle.table, topt
+        w = handle.table.weight
+        start = handle.table.counts
+        self.start = (start.detach().clone() if start is not None
+                      else torch.zeros(w.shape[0], dtype=torch.float32, device=w.device))  # [R]
+        self.settle()
+
+    def reading(self) -> None:
+        """Before a training step's forward: each row's updates so far, this step's included."""
+        if self.on:
+            self.table.counts = self.now + 1
+
+    def settle(self) -> None:
+        """After a step (and before scoring): each row's updates so far."""
+        if not self.on:
+            return
+        n = self.topt.state.get(self.table.weight, {}).get("n")
+        self.now = self.start if n is None else self.start + n.to(self.start.device, torch.float32)
+        self.table.counts = self.now
+
+
 def batch_share(batch_size: int) -> slice:
     """This process's sequences of a global batch (torch.distributed: rank k of N takes [B·k/N, B·(k+1)/N))."""
     import torch.distributed as dist
@@ -310,7 +349,7 @@ def train_loop(
     evals = [s for s in range(1, cfg.steps + 1) if s % eval_every == 0 or s == cfg.steps] if eval_every else []
     sched = Schedule(steps=cfg.steps, lr=cfg.lr, table_lr=cfg.lr * cfg.table_lr_mult, grad_clip=cfg.grad_clip,
                      lr_factor=cfg.lr_factor, tokens_per_step=cfg.batch_size * cfg.block_size)
-    out = run_steps(sched, step_loss, opt, topt, dense, table=handle.table if handle is not None else None,
+    out = run_steps(sched, step_loss, opt, topt, dense, handle=handle,
                     on_step=on_step, eval_at=evals, on_eval=eval_then_train if on_eval is not None else None, ck=ck,
                     distributed=distributed)
     out["elapsed_s"] = out["train_s"]
@@ -373,6 +412,8 @@ def train_donor(
     t0 = time.perf_counter()
     say("reading corpus")
     train_texts, held_texts = split_documents(read_documents(corpus), heldout_every)
+    if not held_texts:  # heldout_every=0: every document trains, and the scores are on what it read
+        held_texts = train_texts
     say("tokenizing")
     data = TokenData.build(tokenizer, train_texts, held_texts)
     model = build_model(data, cfg)
@@ -387,6 +428,9 @@ def train_donor(
                              vocab_size=data.cache.vocab_size)
         layout = xspec.layout(mem.head_dim)
     distributed = _distributed()
+    from polymem.recipes.frozen import _refuse_sharded_count_gate
+
+    _refuse_sharded_count_gate(mem.gate, distributed)
     if hash == "xor" and not distributed:
         table_in = TrainableTable(None, spec=xspec, layout=layout, orders=tuple(range(1, mem.max_n + 1)))
     if distributed:  # rows sharded across the processes, each holding and updating its own
@@ -406,6 +450,12 @@ def train_donor(
     res = train_loop(model, handle, data, cfg, on_step=on_step, distributed=distributed,
                      checkpoint=ckpt if checkpoint_every > 0 else None, checkpoint_every=checkpoint_every,
                      checkpoint_key=_checkpoint_key(cfg, mem, hash, data, heldout_every))
+    from polymem.recipes.data import corpus_read
+
+    read = corpus_read(int(data.train.size), batch_starts(data.train.size, block_size=cfg.block_size,
+                                                          batch_size=cfg.batch_size, steps=cfg.steps, seed=cfg.seed),
+                       cfg.block_size, offset=1)  # the window at s predicts stream[s + 1 : s + T + 1]
+    scored_set = "training documents (nothing held out)" if heldout_every == 0 else f"every {heldout_every}th document, held out"
     say("evaluating")
     bpb = evaluate_bpb(model, data, cfg, max_tokens=max_eval_tokens)
     with handle.disabled():
@@ -419,7 +469,8 @@ def train_donor(
     prov = {
         "tokenizer": {"name": data.name, "fingerprint": data.cache.fingerprint},
         "corpus": ", ".join(str(p) for p in corpus), "heldout_every": heldout_every,
-        "tokens_seen": res["tokens"], "train_stream_tokens": int(data.train.size), "loss": float(np.mean(res["losses"][-20:])),
+        "tokens_seen": res["tokens"], "train_stream_tokens": int(data.train.size), "corpus_read": read,
+        "scored_set": scored_set, "loss": float(np.mean(res["losses"][-20:])),
         "heldout_bpb": bpb, "heldout_bpb_memory_off": bpb_off, "rows_touched": touched,
         "train_config": asdict(cfg), "precision": {"chosen": precision, "reason": why}, "memory_config": asdict(mem), "created_by": "polymem train",
         "hash": hash,
@@ -442,6 +493,7 @@ def train_donor(
     if not return_model:
         handle.detach()
     return {"path": str(path), "tokenizer": data.name, "train_tokens_available": int(data.train.size),
+            "corpus_read": read, "scored_set": scored_set, "heldout_every": heldout_every,
             "heldout_tokens": int(data.heldout.size), "n_used": int(data.used_ids.size),
             "params_backbone": sum(p.numel() for p in model.parameters()), "layout": layout.to_dict(),
             "heldout_bpb": bpb, "heldout_bpb_memory_off": bpb_off, "rows_touched": touched,

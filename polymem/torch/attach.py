@@ -170,11 +170,12 @@ class AttachHandle:
         return None
 
     def _block_hook(self, name: str):
-        site = self.sites[name.replace(".", "/")]
+        key = name.replace(".", "/")
 
         def hook(module, args, kwargs):
             if not self.enabled:
                 return None
+            site = self.sites[key]  # looked up now: a site may be replaced (polymem.torch.stitch)
             if self._rows is None:
                 raise PolymemError(f"block {name} ran outside a forward of the attached model; call the model itself")
             h = args[0] if args else kwargs["hidden_states"]

@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from polymem.cli.app import app
+from polymem.errors import PolymemError
 from polymem.recipes.data import split_documents
 from polymem.recipes.train import MemoryConfig, TokenData, TrainConfig, evaluate_bpb, train_donor
 
@@ -160,3 +161,22 @@ def test_a_stopped_run_resumes_from_its_checkpoint_bit_for_bit(corpus, tmp_path)
     assert np.array_equal(np.asarray(a.to_numpy()), np.asarray(b.to_numpy()))
     assert np.array_equal(a.row_counts(), b.row_counts())
     assert again["heldout_bpb"] == whole["heldout_bpb"] and again["final_loss"] == whole["final_loss"]
+
+
+def test_train_on_every_document_reports_what_it_read(corpus, tmp_path):
+    """``heldout_every=0``: every document trains, the scores are on them and the summary says so; the share of
+    the training stream read and the passes are those of the run's window starts."""
+    from polymem.recipes.data import corpus_read, read_documents, split_documents
+    from polymem.recipes.train import TokenData, batch_starts, train_donor
+
+    s = train_donor("bytes", [corpus], tmp_path / "all.safetensors", cfg=TrainConfig(**TINY), mem=TINY_MEM,
+                    heldout_every=0)
+    docs = read_documents([corpus])
+    assert split_documents(docs, 0) == (docs, [])
+    n = TokenData.build("bytes", docs, docs[:1]).train.size
+    cfg = TrainConfig(**TINY)
+    want = corpus_read(n, batch_starts(n, block_size=32, batch_size=2, steps=4, seed=cfg.seed), 32, offset=1)
+    assert s["corpus_read"] == want and s["train_tokens_available"] == n and want["passes"] == 4 * 2 * 32 / n
+    assert s["scored_set"] == "training documents (nothing held out)" and s["heldout_every"] == 0
+    with pytest.raises(PolymemError, match="must be 0 \\(train on every document\\) or >= 2"):
+        split_documents(docs, 1)
