@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_precision import _model_name as cpu_model  # the CPU's model name from /proc/cpuinfo
 
 MODELS = ("smollm2-135m", "gemma3-270m")
 
@@ -42,16 +42,6 @@ def cpu_flags() -> str:
 
     flags = host_cpu_flags() or frozenset()
     return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "?"
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def pydocs() -> tuple[list[str], list[str]]:
