@@ -176,7 +176,7 @@ def main() -> None:
     train, texts = pydocs()
     res: dict = {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": a.threads, "torch": torch.__version__,
                  "rounds": a.rounds, "models": {}}
-    for name in a.models.split(","):
+    for name in [m for m in a.models.split(",") if m]:
         lms = {p: load_model(name, precision=p) for p in ("fp32", "bf16")}
         ps = prompts(lms["fp32"], 8)
         runs: dict[str, dict[str, list]] = {p: {} for p in lms}
