@@ -58,7 +58,10 @@ def attach_cmd(
 
     start: str = init.value
     gate_s: str | None = gate.value if gate is not None else None
-    check_outputs_not_inputs({"--out": out, "--json": json_out}, [("asset", asset), ("model", model)]
+    # the aligned start reads the donor's site (ASSET.site by default) and its model: inputs, even with --overwrite
+    donor_read = (donor_site or Path(f"{asset}.site")) if start == "aligned" else None
+    check_outputs_not_inputs({"--out": out, "--json": json_out}, [("asset", asset), ("model", model),
+                                                                  ("donor site", donor_read), ("model", donor_model)]
                              + [("corpus", c) for c in corpus])
     if out.exists() and not overwrite:
         raise PolymemError(f"{str(out)!r} exists; pass --overwrite or another --out")

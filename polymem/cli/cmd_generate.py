@@ -14,6 +14,7 @@ from polymem.cli._needs import check_needs
 from polymem.cli._options import Device, JsonOut, ModelOpt, Threads, local_path
 
 console = Console()
+MAX_PROMPTS_BYTES = 64 << 20  # prompts are decoded one by one; a bigger file is a corpus, not prompts
 
 
 def generate_cmd(
@@ -51,10 +52,17 @@ def generate_cmd(
         raise PolymemError("--asset and --table disk read a site's table; pass --site SITE (or drop them for the model alone)")
     check_outputs_not_inputs({"--json": json_out}, [("model", model), ("site", site), ("asset", asset),
                                                      ("prompts", prompts)])
+    from polymem.serve.service import check_cache_mb
+
+    check_cache_mb(cache_mb, "--cache-mb")  # inf or 1e30 said now, not after the model loads
     texts = list(prompt or [])
     if prompts is not None:
+        from polymem._io import read_bounded
+
+        data = read_bounded(prompts, what="prompts file", max_bytes=MAX_PROMPTS_BYTES, error=PolymemError,
+                            fix="pass a text file of prompts, one per line")
         try:
-            texts += [ln for ln in prompts.read_text(encoding="utf-8").splitlines() if ln.strip()]
+            texts += [ln for ln in data.decode("utf-8").splitlines() if ln.strip()]
         except UnicodeDecodeError as e:
             raise PolymemError(f"{str(prompts)!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     if not texts:

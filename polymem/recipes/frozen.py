@@ -214,7 +214,7 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
         from polymem.recipes.checkpoint import Checkpoints
 
         ck = Checkpoints(checkpoint, every=checkpoint_every, key=checkpoint_key, modules={"sites": handle.sites},
-                         opt=opt, table=handle.table, topt=topt)
+                         opt=opt, table=handle.table, topt=topt, steps=cfg.steps)
         got = ck.resume()
         if got is not None:
             first, losses, before_s = got["step"], got["losses"], got["train_s"]

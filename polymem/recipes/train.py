@@ -292,7 +292,8 @@ def train_loop(
         from polymem.recipes.checkpoint import Checkpoints
 
         ck = Checkpoints(checkpoint, every=checkpoint_every, key=checkpoint_key,
-                         modules={"model": model, "sites": handle.sites}, opt=opt, table=handle.table, topt=topt)
+                         modules={"model": model, "sites": handle.sites}, opt=opt, table=handle.table, topt=topt,
+                         steps=cfg.steps)
         got = ck.resume()
         if got is not None:
             first, losses, before_s = got["step"], got["losses"], got["train_s"]

@@ -7,7 +7,6 @@ fingerprint) and ``site.safetensors`` (site weights; the table when it was train
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -59,21 +58,22 @@ def read_site(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, A
     and version checked. :func:`polymem.torch.attach.load_attached` re-attaches them to a model."""
     from safetensors.torch import load_file
 
+    from polymem._io import load_regular_safetensors, read_json
+
     d = Path(path)
-    if not (d / "site.json").is_file():
-        raise PolymemError(f"{str(d)!r} has no site.json; pass the folder written by handle.save(...)")
     f = d / "site.json"
-    try:
-        header = json.loads(f.read_bytes().decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as e:
-        raise FormatError(f"{str(f)!r} is not a site header ({type(e).__name__}: {str(e)[:120]}); pass the folder "
-                          "written by handle.save(...)") from None
+    if not os.path.lexists(f):
+        raise PolymemError(f"{str(d)!r} has no site.json; pass the folder written by handle.save(...)")
+    header = read_json(f, what="site header", fix="pass the folder written by handle.save(...)")
     if not isinstance(header, dict) or header.get("format") != SITE_FORMAT or header.get("version") != 1:
         got = (header.get("format"), header.get("version")) if isinstance(header, dict) else (type(header).__name__, None)
         raise FormatError(f"{str(d)!r} holds format {got[0]!r} v{got[1]!r}; this polymem reads {SITE_FORMAT!r} v1")
     check_header(header, str(f))
     try:
-        tensors = load_file(str(d / "site.safetensors"))
+        tensors = load_regular_safetensors(d / "site.safetensors", what="site weights", load=load_file,
+                                           fix="the site is damaged: save it again")
+    except PolymemError:
+        raise
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error types (and OSError); all mean the same
         raise FormatError(f"{str(d / 'site.safetensors')!r} is not a readable safetensors file ({type(e).__name__}); "
                           "the site is damaged: save it again") from None

@@ -107,13 +107,14 @@ def _tamper(entry: Path) -> None:  # one weight byte changed, the manifest left 
 def _drop_a_weight(entry: Path) -> None:  # a consistent entry (manifest rehashed) missing one of the model's weights
     from safetensors.torch import load_file, save_file
 
-    from polymem.models._entry import file_hashes
+    from polymem.models._entry import file_hashes, manifest_crc
 
     weights = load_file(str(entry / "model.safetensors"))
     weights.pop(sorted(k for k in weights if "q_proj" in k)[0])
     save_file(weights, str(entry / "model.safetensors"), metadata={"format": "pt"})
     meta = json.loads((entry / MANIFEST).read_text())
     meta["files"] = file_hashes(entry, MANIFEST)
+    meta["manifest_crc32c"] = manifest_crc(meta)
     (entry / MANIFEST).write_text(json.dumps(meta))
 
 
