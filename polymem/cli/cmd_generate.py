@@ -14,7 +14,6 @@ from polymem.cli._needs import check_needs
 from polymem.cli._options import Device, JsonOut, ModelOpt, Threads, local_path
 
 console = Console()
-MAX_PROMPTS_BYTES = 64 << 20  # prompts are decoded one by one; a bigger file is a corpus, not prompts
 
 
 def generate_cmd(
@@ -57,14 +56,9 @@ def generate_cmd(
     check_cache_mb(cache_mb, "--cache-mb")  # inf or 1e30 said now, not after the model loads
     texts = list(prompt or [])
     if prompts is not None:
-        from polymem._io import read_bounded
+        from polymem.models.generate import read_prompts
 
-        data = read_bounded(prompts, what="prompts file", max_bytes=MAX_PROMPTS_BYTES, error=PolymemError,
-                            fix="pass a text file of prompts, one per line")
-        try:
-            texts += [ln for ln in data.decode("utf-8").splitlines() if ln.strip()]
-        except UnicodeDecodeError as e:
-            raise PolymemError(f"{str(prompts)!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+        texts += read_prompts(prompts)
     if not texts:
         raise PolymemError("no prompt given; pass --prompt TEXT (repeatable) or --prompts FILE (one per line)")
     decoding = Decoding(max_new_tokens, temperature, top_p, seed).check()

@@ -101,6 +101,8 @@ def read_manifest(folder: Path, manifest: str, fmt: int, fields: dict[str, Any] 
                          fix="the entry is damaged")
     except ValueError as e:  # the note names the entry's folder already: the file by its name
         raise ValueError(str(e).replace(repr(str(folder / manifest)), repr(manifest))) from None
+    except OSError as e:
+        raise ValueError(f"no readable {manifest} ({type(e).__name__})") from None
     validate(meta, manifest_schema(fmt, fields or {}), where=manifest, fix="the entry is damaged", error=ValueError)
     if meta["manifest_crc32c"] != manifest_crc(meta):
         raise ValueError(f"{manifest} differs from what was written (its own crc32c)")
