@@ -137,18 +137,40 @@ class Nullable(Schema):
 
 
 @dataclass(frozen=True)
-class ListOf(Schema):
-    """A list of at most ``max_len`` items, each of ``item``."""
+class AnyOf(Schema):
+    """A value of one of ``options`` (the first that fits)."""
 
-    item: Schema
-    max_len: int = 1 << 24
+    options: tuple[Schema, ...]
 
     @property
     def want(self) -> str:  # type: ignore[override]
-        return f"a list of at most {self.max_len:,} items, each {self.item.want}"
+        return " or ".join(o.want for o in self.options)
 
     def check(self, value: Any, path: str) -> None:
-        if not isinstance(value, list) or len(value) > self.max_len:
+        for o in self.options:
+            try:
+                o.check(value, path)
+                return
+            except _Misfit:
+                continue
+        raise _Misfit(path, value, self.want)
+
+
+@dataclass(frozen=True)
+class ListOf(Schema):
+    """A list of ``min_len`` to ``max_len`` items, each of ``item``."""
+
+    item: Schema
+    max_len: int = 1 << 24
+    min_len: int = 0
+
+    @property
+    def want(self) -> str:  # type: ignore[override]
+        size = f"at most {self.max_len:,}" if not self.min_len else f"{self.min_len:,} to {self.max_len:,}"
+        return f"a list of {size} items, each {self.item.want}"
+
+    def check(self, value: Any, path: str) -> None:
+        if not isinstance(value, list) or not self.min_len <= len(value) <= self.max_len:
             raise _Misfit(path, value, self.want)
         for i, v in enumerate(value):
             self.item.check(v, f"{path}[{i}]")

@@ -179,3 +179,27 @@ def test_a_corpus_of_one_oversized_document_says_so_and_names_the_bound(tmp_path
     msg = str(e.value)
     assert "no documents read from" in msg and "every one was left out (1 document too large)" in msg, msg
     assert "16,777,216 bytes" in msg and "one.txt" in msg, msg
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda h: h["site"].update(max_n=-1), "field 'site.max_n' is -1; expected an integer >= 0"),
+    (lambda h: h.update(layers=[]), "field 'layers' is []; expected a list of 1 to 4,096 items"),
+    (lambda h: h["site"].update(gate_init=float("nan")), "field 'site.gate_init' is nan; expected a finite number"),
+    (lambda h: h["table"].update(orders=[1, "2"]), "field 'table.orders[1]' is '2'; expected an integer"),
+    (lambda h: h.update(train="everything"), "field 'train' is 'everything'; expected one of 'projection'"),
+])
+def test_a_site_json_field_outside_its_schema_is_one_error(tmp_path, edit, says):
+    import shutil
+
+    from fuzz_seeds import seed_files
+    from polymem.torch.sitefile import read_site
+
+    site = tmp_path / "site"
+    shutil.copytree(seed_files("site")[0].parent, site)
+    read_site(site)
+    head = json.loads((site / "site.json").read_text())
+    edit(head)
+    (site / "site.json").write_text(json.dumps(head))
+    with pytest.raises(FormatError, match="save the site again") as e:
+        read_site(site)
+    assert says in str(e.value), str(e.value)
