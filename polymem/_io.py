@@ -266,14 +266,21 @@ def read_json(path: str | os.PathLike[str], *, what: str, max_bytes: int = MAX_J
         raise error(f"{what} {os.fspath(path)!r} is not JSON ({type(e).__name__}: {str(e)[:120]}): {fix}") from None
 
 
-def load_regular_safetensors(path: str | os.PathLike[str], *, what: str, load: Any,
-                             fix: str = "pass the file itself") -> Any:
-    """``load(path)`` (a safetensors loader that maps the file) when ``path`` is a regular file: it is opened with
-    :func:`open_regular` (no wait on a FIFO) and, where the system has ``/proc/self/fd``, loaded through that open
-    file, so a file swapped in after the check is never the one read."""
+@contextlib.contextmanager
+def regular_path(path: str | os.PathLike[str], *, what: str, fix: str = "pass the file itself") -> Iterator[str]:
+    """A path to hand a library that opens files itself (safetensors), for ``path`` checked to be a regular file:
+    it is opened with :func:`open_regular` (no wait on a FIFO) and, where the system has ``/proc/self/fd``, the
+    path yielded is that open file's, so a file swapped in after the check is never the one read."""
     with open_regular(path, what=what, max_bytes=1 << 50, fix=fix) as f:
         via = f"/proc/self/fd/{f.fileno()}"
-        return load(via if os.path.exists(via) else os.fspath(path))
+        yield via if os.path.exists(via) else os.fspath(path)
+
+
+def load_regular_safetensors(path: str | os.PathLike[str], *, what: str, load: Any,
+                             fix: str = "pass the file itself") -> Any:
+    """``load(path)`` (a safetensors loader that maps the file) when ``path`` is a regular file (:func:`regular_path`)."""
+    with regular_path(path, what=what, fix=fix) as p:
+        return load(p)
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

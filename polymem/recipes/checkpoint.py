@@ -291,6 +291,8 @@ class Checkpoints:
         processes)."""
         from safetensors import safe_open
 
+        from polymem._io import regular_path
+
         files = sorted((int(m[1]), int(m[2]), f) for f in self.path.iterdir() if (m := _ROWS.fullmatch(f.name)))
         edges = [files[0][0] if files else -1] + [b for _, b, _ in files]
         if edges[0] != 0 or any(a != e for (a, _, _), e in zip(files, edges)) or edges[-1] != self.table.layout.num_rows:
@@ -300,7 +302,8 @@ class Checkpoints:
             lo, hi = max(a, self.lo), min(b, self.hi)
             if lo >= hi:
                 continue
-            with safe_open(str(f), framework="pt") as g:
+            with regular_path(f, what="checkpoint row file", fix="remove the checkpoint to start over") as fp, \
+                    safe_open(fp, framework="pt") as g:
                 if sorted(g.keys()) != ["n", "v"]:
                     raise ValueError(f"its row file {f.name!r} holds {sorted(g.keys())[:4]}, not the tensors ['n', 'v']")
                 for k in g.keys():

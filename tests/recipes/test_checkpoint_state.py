@@ -146,3 +146,12 @@ def test_train_refuses_a_linked_checkpoint_before_the_model_loads(tmp_path):
     r = CliRunner().invoke(app, ["train", "--model", "no-such-model", "-c", str(c), "--out", str(tmp_path / "t.pmem")])
     assert isinstance(r.exception, PolymemError), (r.output, r.exception)
     assert "t.pmem.ckpt' is a symbolic link" in str(r.exception)
+
+
+@pytest.mark.parametrize("name", ["rows", "dense.safetensors"])
+def test_a_row_or_dense_file_that_is_a_fifo_is_refused_at_once(ckpt, name):
+    f = next(ckpt.glob("rows-*.safetensors")) if name == "rows" else ckpt / name
+    f.unlink()
+    with fifo(f):
+        got = quick(_run(ckpt, seed=1).resume)
+    assert isinstance(got, PolymemError) and "is a FIFO (named pipe)" in str(got), got
