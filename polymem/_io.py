@@ -218,26 +218,28 @@ def file_kind(mode: int) -> str:
 def open_regular(path: str | os.PathLike[str], *, what: str, max_bytes: int, error: type[Exception] = FormatError,
                  fix: str = "pass the file itself") -> BinaryIO:
     """Open ``path`` for reading when it is a regular file of at most ``max_bytes`` bytes; else ``error`` (one line
-    naming the path, what it is, the bound and ``fix``). The open is non-blocking, so a FIFO, a socket or a device
-    is refused at once instead of waiting for a writer; the checks run on the opened file (``fstat``), so a file
-    swapped in after a ``stat`` is caught too. A missing file is the OSError ``open`` raises.
+    naming the path, what it is, the bound and ``fix``). A FIFO, socket, device or directory is refused from
+    ``os.stat`` before it is opened (opening a FIFO waits for a writer, forever); the file is then opened
+    non-blocking and checked again with ``fstat``, so one swapped in after the ``stat`` is refused too, without
+    waiting. A missing file is the OSError ``stat`` raises.
 
         with open_regular("prompts.txt", what="prompts file", max_bytes=64 << 20) as f: ...
     """
     p = os.fspath(path)
-    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
+
+    def check(st: os.stat_result) -> None:
         if not stat.S_ISREG(st.st_mode):
-            raise error(f"{what} {p!r} is {file_kind(st.st_mode)}, not a regular file; polymem reads it from a "
-                        f"regular file only and never waits on a pipe or device: {fix}")
+            raise error(f"{what} {p!r} is {file_kind(st.st_mode)}, not a regular file; polymem reads only regular "
+                        f"files and never opens a pipe or device: {fix}")
         if st.st_size > max_bytes:
             raise error(f"{what} {p!r} is {st.st_size:,} bytes; polymem reads one of at most {max_bytes:,} bytes "
                         f"(it was not read): {fix}")
-        with contextlib.suppress(OSError, AttributeError):  # back to blocking reads (no platform needs it for files)
-            import fcntl
 
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    check(os.stat(p))
+    fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        check(os.fstat(fd))  # swapped between the stat and the open
+        os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
