@@ -322,9 +322,17 @@ def _check_checkpoint(folder: Path) -> None:
     polymem loads model classes transformers ships, from safetensors (or GGUF) only."""
     import json
 
+    from polymem._io import MAX_JSON_BYTES, read_bounded
+
+    def read(f: Path) -> Any:  # a regular file of at most 16 MiB: a FIFO config is refused, never waited on
+        return json.loads(read_bounded(f, what="model config", max_bytes=MAX_JSON_BYTES, error=PolymemError,
+                                       fix="pass a transformers checkpoint folder").decode("utf-8"))
+
     cfg_file = folder / "config.json"
     try:
-        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        cfg = read(cfg_file)
+    except PolymemError:
+        raise
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise PolymemError(f"{str(cfg_file)!r} is not a readable JSON config ({type(exc).__name__}: {str(exc)[:120]}); "
                            "pass a transformers checkpoint folder") from None
@@ -333,7 +341,9 @@ def _check_checkpoint(folder: Path) -> None:
                            "checkpoint folder")
     for name in ("config.json", "tokenizer_config.json"):
         try:
-            meta = cfg if name == "config.json" else json.loads((folder / name).read_text(encoding="utf-8"))
+            meta = cfg if name == "config.json" else read(folder / name)
+        except PolymemError:
+            raise
         except (OSError, UnicodeDecodeError, ValueError):
             continue  # a missing or bad tokenizer config is transformers' to report
         if isinstance(meta, dict) and meta.get("auto_map"):

@@ -203,3 +203,35 @@ def test_a_site_json_field_outside_its_schema_is_one_error(tmp_path, edit, says)
     with pytest.raises(FormatError, match="save the site again") as e:
         read_site(site)
     assert says in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "x.tiktoken", "sp.model"])
+def test_a_tokenizer_file_that_is_a_fifo_is_refused_unopened(tmp_path, name):
+    from polymem.errors import TokenizerError
+    from polymem.tokenizers import load_tokenizer
+
+    with fifo(tmp_path / name) as p:
+        got = quick(load_tokenizer, str(p))
+    assert isinstance(got, TokenizerError) and "is a FIFO (named pipe), not a regular file" in str(got), got
+
+
+@pytest.mark.parametrize("which", ["model config", "transfer result", "tokenizers check --text"])
+def test_other_files_read_whole_refuse_a_fifo(tmp_path, which):
+    """A model folder's config.json, a transfer result in --out-dir, a --text file: the same opener."""
+    from polymem.models.registry import _check_checkpoint
+    from polymem.recipes.pretrained import _read
+
+    if which == "model config":
+        with fifo(tmp_path / "config.json"):
+            got = quick(_check_checkpoint, tmp_path)
+    elif which == "transfer result":
+        with fifo(tmp_path / "r.json") as p:
+            got = quick(_read, p)
+    else:
+        from typer.testing import CliRunner
+
+        from polymem.cli.app import app
+
+        with fifo(tmp_path / "t.txt") as p:
+            got = quick(CliRunner().invoke, app, ["tokenizers", "check", "bytes", "--text", str(p)]).exception
+    assert isinstance(got, PolymemError) and "is a FIFO (named pipe), not a regular file" in str(got), got
