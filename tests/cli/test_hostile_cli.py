@@ -130,6 +130,9 @@ def test_an_output_over_a_file_an_input_names_is_refused(inputs, capsys, monkeyp
         "quantize -o over the check site it reads by default": (
             ["quantize", str(a), "--to", "float16", "--overwrite", "--check-model", "no-such-model", "--check-corpus",
              str(c), "-o", str(site)], "the site directory"),
+        "transfer --out-dir over the donor site --init aligned reads": (
+            ["transfer", "--model", "no-such-model", "--asset", str(a), "-c", str(c), "--init", "aligned",
+             "--out-dir", str(site)], "the donor site directory"),
         "attach --out over the donor site, --overwrite": (
             ["attach", "--model", "no-such-model", "--asset", str(a), "-c", str(c), "--out", str(site),
              "--overwrite"], "the donor site directory"),
