@@ -251,7 +251,16 @@ def read_bounded(path: str | os.PathLike[str], *, what: str, max_bytes: int, err
     """The bytes of a regular file of at most ``max_bytes`` (:func:`open_regular`); a file that grows past the bound
     while it is read is refused too."""
     with open_regular(path, what=what, max_bytes=max_bytes, error=error, fix=fix) as f:
-        data = f.read(max_bytes + 1)
+        size = os.fstat(f.fileno()).st_size  # read what is there (a read of max_bytes would allocate that much)
+        parts = [f.read(size + 1)]
+        got = len(parts[0])
+        while size < got <= max_bytes:  # it grew while read: the rest, in pieces, up to the bound
+            more = f.read(min(1 << 20, max_bytes + 1 - got))
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        data = b"".join(parts)
     if len(data) > max_bytes:
         raise error(f"{what} {os.fspath(path)!r} grew past {max_bytes:,} bytes while it was read: {fix}")
     return data
