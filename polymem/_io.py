@@ -289,7 +289,8 @@ def regular_path(path: str | os.PathLike[str], *, what: str, fix: str = "pass th
 
 def load_regular_safetensors(path: str | os.PathLike[str], *, what: str, load: Any,
                              fix: str = "pass the file itself") -> Any:
-    """``load(path)`` (a safetensors loader that maps the file) when ``path`` is a regular file (:func:`regular_path`)."""
+    """``load(path)`` (a safetensors loader that maps the file) when ``path`` is a regular file
+    (:func:`regular_path`)."""
     with regular_path(path, what=what, fix=fix) as p:
         return load(p)
 

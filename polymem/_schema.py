@@ -76,8 +76,8 @@ class Num(Schema):
 
     @property
     def want(self) -> str:  # type: ignore[override]
-        return ("a finite number" if self.finite else "a number") + (f" >= {self.lo}" if self.lo is not None else "") + (
-            f" <= {self.hi}" if self.hi is not None else "")
+        kind = "a finite number" if self.finite else "a number"
+        return kind + (f" >= {self.lo}" if self.lo is not None else "") + (f" <= {self.hi}" if self.hi is not None else "")
 
     def check(self, value: Any, path: str) -> None:
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
