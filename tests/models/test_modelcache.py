@@ -241,9 +241,9 @@ def _manifest_huge(entry: Path) -> None:  # 1 GiB (sparse): read whole, it took 
         f.truncate(1 << 30)
 
 
-def _manifest_field_edited(entry: Path) -> None:  # a field outside every file checksum, changed
+def _manifest_field_edited(entry: Path) -> None:  # a field outside every file checksum and check, changed
     meta = json.loads((entry / MANIFEST).read_text())
-    (entry / MANIFEST).write_text(json.dumps({**meta, "dtype": "float32 "}))
+    (entry / MANIFEST).write_text(json.dumps({**meta, "source": "other.gguf"}))
 
 
 @pytest.mark.parametrize("damage", [_link_weights_outside, _manifest_fifo, _manifest_huge, _manifest_field_edited],
