@@ -108,9 +108,12 @@ def transfer(
     from polymem._io import check_outputs_not_inputs
 
     # --init aligned reads the donor's site (ASSET.site by default) and model: inputs too
+    from polymem.cli._transfer_model import donor_model_spec
+
     aligned = init is not None and init.value == "aligned"
     check_outputs_not_inputs({"--json": json_out, "--plot": plot, "--out-dir": out_dir},
-                             [("asset", asset), ("tokenizer", tokenizer), ("model", model), ("model", donor_model),
+                             [("asset", asset), ("tokenizer", tokenizer), ("model", model),
+                              ("donor model", donor_model_spec(asset, donor_model) if aligned else None),
                               ("donor site", (donor_site or Path(f"{asset}.site")) if aligned else None)]
                              + [("corpus", c) for c in [*corpus, *(eval_corpus or [])]])
     if (tokenizer is None) == (model is None):

@@ -137,6 +137,13 @@ def test_an_output_over_a_file_an_input_names_is_refused(inputs, capsys, monkeyp
             ["attach", "--model", "no-such-model", "--asset", str(a), "-c", str(c), "--out", str(site),
              "--overwrite"], "the donor site directory"),
     }
+    gguf = root / "donor.gguf"  # the donor model an aligned start loads by default: the one the provenance names
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    named = small_asset(root / "named.pmem", provenance={"model": {"spec": str(gguf)}})
+    for cmd, extra in (("attach", ["--out", str(root / "new.site")]), ("transfer", ["--init", "aligned"])):
+        cases[f"{cmd} --json over the donor model the asset's provenance names"] = (
+            [cmd, "--model", "no-such-model", "--asset", str(named), "-c", str(c), *extra, "--json", str(gguf)],
+            "the donor model file")
     before = _snapshot(root)
     for what, (args, why) in cases.items():
         code, err = run_main(args, capsys, monkeypatch)
