@@ -14,7 +14,13 @@ A location that cannot be written (a parent that is a regular file, a read-only 
 permission, no space) raises :class:`OutputError`, one line naming the path, the reason and the fix; it is both
 a :class:`~polymem.errors.PolymemError` (the CLI prints it and exits 2) and an ``OSError``.
 :func:`check_output_path` runs the same check before long work starts; :func:`check_outputs_not_inputs` refuses an
-output that would replace one of the run's inputs (a report written over its corpus).
+output that would replace one of the run's inputs (a report written over its corpus), including the files an input
+names inside itself (the table a site's ``site.json`` records).
+
+Reading: :func:`open_regular` is the one way polymem opens a file it reads whole (a manifest, a header, a prompts
+file, a checkpoint's state): it opens non-blocking, so a FIFO or a device never makes it wait, refuses anything but
+a regular file, and refuses a file larger than the reader's bound before reading it; :func:`read_bounded` and
+:func:`read_json` read through it.
 
 What this module does not do: write directories atomically (the asset writer has its own temp-dir + rename),
 lock, or merge concurrent writers (the last rename wins).
@@ -28,12 +34,13 @@ import json
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from polymem._paths import is_url, kind_of
-from polymem.errors import OutputError
+from polymem.errors import FormatError, OutputError
 
 _REASONS = {
     errno.ENOTDIR: "a part of the path is a file, not a directory",
@@ -117,8 +124,11 @@ def check_outputs_not_inputs(outputs: Mapping[str, Any], inputs: Iterable[tuple[
     tokenizer name); a local glob stands for what it matches. Paths are compared after resolving links and
     ``..``, and by (st_dev, st_ino), so a hard link or a bind mount is the same file. Refused: an output that
     *is* an input; one inside an input directory (for a corpus directory: an existing file of a kind the corpus
-    reads; for any other directory, an asset say, anything inside it); a directory that holds an input."""
+    reads; for any other directory, an asset say, anything inside it); a directory that holds an input. An input
+    that names other files inside itself brings them in as inputs too (:func:`_named_inside`: a site folder's
+    table), so a report is never written over the table a ``--site`` reads."""
     found = [(what, Path(p)) for what, given in inputs for p in _local_matches(given)]
+    found += [named for _, p in found for named in _named_inside(p)]
     for option, out in outputs.items():
         if out is None or not _is_local(os.fspath(out)):
             continue
@@ -126,6 +136,27 @@ def check_outputs_not_inputs(outputs: Mapping[str, Any], inputs: Iterable[tuple[
         if clash:
             raise OutputError.for_path(out, f"{option} {str(out)!r} {clash}; choose another output path",
                                        errno=errno.EEXIST)
+
+
+def _named_inside(p: Path) -> list[tuple[str, Path]]:
+    """The local files an input names inside itself: a site folder's table (``site.json``'s ``table.source.path``,
+    taken both as written and relative to the site folder, whichever exists). A header that cannot be read names
+    nothing here; the command that reads the site says what is wrong with it."""
+    header = p / "site.json"
+    if not header.is_file():
+        return []
+    try:
+        head = read_json(header, what="site header", max_bytes=MAX_JSON_BYTES)
+    except (OSError, ValueError):
+        return []
+    table = head.get("table") if isinstance(head, dict) else None
+    source = table.get("source") if isinstance(table, dict) else None
+    path = source.get("path") if isinstance(source, dict) else None
+    if not isinstance(path, str) or not path or "\0" in path or not _is_local(path):
+        return []
+    path = path.removeprefix("file://")
+    where = [Path(path), p / path]
+    return [(f"site's table (named by {str(p)!r})", w) for w in dict.fromkeys(where) if os.path.exists(w)]
 
 
 def _is_local(path: str) -> bool:
@@ -171,6 +202,97 @@ def _clash(out: Path, inputs: list[tuple[str, Path]]) -> str | None:
         if me is not None and out.is_dir() and me in _parents(p):
             return f"holds an input of this run (the {what} {kind} {str(p)!r})"
     return None
+
+
+MAX_JSON_BYTES = 16 << 20  # a header, manifest or state file polymem writes is KBs; 16 MiB is far past any of them
+
+_FILE_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+               stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory"}
+
+
+def file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words ("a regular file", "a FIFO (named pipe)", ...)."""
+    return "a regular file" if stat.S_ISREG(mode) else _FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def open_regular(path: str | os.PathLike[str], *, what: str, max_bytes: int, error: type[Exception] = FormatError,
+                 fix: str = "pass the file itself") -> BinaryIO:
+    """Open ``path`` for reading when it is a regular file of at most ``max_bytes`` bytes; else ``error`` (one line
+    naming the path, what it is, the bound and ``fix``). A FIFO, socket, device or directory is refused from
+    ``os.stat`` before it is opened (opening a FIFO waits for a writer, forever); the file is then opened
+    non-blocking and checked again with ``fstat``, so one swapped in after the ``stat`` is refused too, without
+    waiting. A missing file is the OSError ``stat`` raises.
+
+        with open_regular("prompts.txt", what="prompts file", max_bytes=64 << 20) as f: ...
+    """
+    p = os.fspath(path)
+
+    def check(st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{what} {p!r} is {file_kind(st.st_mode)}, not a regular file; polymem reads only regular "
+                        f"files and never opens a pipe or device: {fix}")
+        if st.st_size > max_bytes:
+            raise error(f"{what} {p!r} is {st.st_size:,} bytes; polymem reads one of at most {max_bytes:,} bytes "
+                        f"(it was not read): {fix}")
+
+    check(os.stat(p))
+    fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        check(os.fstat(fd))  # swapped between the stat and the open
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: str | os.PathLike[str], *, what: str, max_bytes: int, error: type[Exception] = FormatError,
+                 fix: str = "pass the file itself") -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` (:func:`open_regular`); a file that grows past the bound
+    while it is read is refused too."""
+    with open_regular(path, what=what, max_bytes=max_bytes, error=error, fix=fix) as f:
+        size = os.fstat(f.fileno()).st_size  # read what is there (a read of max_bytes would allocate that much)
+        parts = [f.read(size + 1)]
+        got = len(parts[0])
+        while size < got <= max_bytes:  # it grew while read: the rest, in pieces, up to the bound
+            more = f.read(min(1 << 20, max_bytes + 1 - got))
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        data = b"".join(parts)
+    if len(data) > max_bytes:
+        raise error(f"{what} {os.fspath(path)!r} grew past {max_bytes:,} bytes while it was read: {fix}")
+    return data
+
+
+def read_json(path: str | os.PathLike[str], *, what: str, max_bytes: int = MAX_JSON_BYTES,
+              error: type[Exception] = FormatError, fix: str = "pass the file as polymem wrote it") -> Any:
+    """The JSON value in a regular UTF-8 file of at most ``max_bytes`` (:func:`read_bounded`); text that is not
+    UTF-8 or not JSON (nested past Python's limit, an integer of thousands of digits) is ``error``, one line."""
+    data = read_bounded(path, what=what, max_bytes=max_bytes, error=error, fix=fix)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise error(f"{what} {os.fspath(path)!r} is not JSON ({type(e).__name__}: {str(e)[:120]}): {fix}") from None
+
+
+@contextlib.contextmanager
+def regular_path(path: str | os.PathLike[str], *, what: str, fix: str = "pass the file itself") -> Iterator[str]:
+    """A path to hand a library that opens files itself (safetensors), for ``path`` checked to be a regular file:
+    it is opened with :func:`open_regular` (no wait on a FIFO) and, where the system has ``/proc/self/fd``, the
+    path yielded is that open file's, so a file swapped in after the check is never the one read."""
+    with open_regular(path, what=what, max_bytes=1 << 50, fix=fix) as f:
+        via = f"/proc/self/fd/{f.fileno()}"
+        yield via if os.path.exists(via) else os.fspath(path)
+
+
+def load_regular_safetensors(path: str | os.PathLike[str], *, what: str, load: Any,
+                             fix: str = "pass the file itself") -> Any:
+    """``load(path)`` (a safetensors loader that maps the file) when ``path`` is a regular file
+    (:func:`regular_path`)."""
+    with regular_path(path, what=what, fix=fix) as p:
+        return load(p)
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

@@ -195,6 +195,17 @@ class Corpus:
             return [local_info(f, explicit=False) for f in self._walk(Path(p))]
         return [local_info(Path(p), explicit=True)]
 
+    def nothing_read(self) -> PolymemError:
+        """The error for a corpus that gave no document: what was skipped and why (the first reason in full, e.g. a
+        document over the size bound, which names the bound), or that nothing was found."""
+        where = [str(p) for p in self.paths]
+        if self.skipped:
+            first = self.skipped[0]
+            kinds = ", ".join(f"{n} {k}" for k, n in self.skipped_by_reason().items())
+            return PolymemError(f"no documents read from {where}: every one was left out ({kinds}); first: "
+                                f"{first.source!r}: {first.reason}")
+        return PolymemError(f"no documents found in {where}; pass .txt/.md/.jsonl(.gz) files or folders")
+
     def skipped_by_reason(self) -> dict[str, int]:
         """{reason kind: count}, the kind being the reason up to its first ':' (e.g. 'binary file')."""
         return dict(Counter(s.reason.split(":")[0] for s in self.skipped))

@@ -256,3 +256,116 @@ def corpus_files(data: st.DataObject, d: Path) -> list[Path]:
         p.write_bytes(body)
         paths.append(p)
     return paths
+
+
+# ------------------------------------------------------------------------ files swapped for what they are not
+def swap_kind(data: st.DataObject, path: Path, outside: Path) -> str | None:
+    """One time in six: ``path`` replaced by a FIFO (no writer ever comes), a link to a file ``outside`` its
+    folder, or a sparse 1 GiB file; returns what it did (None: left alone)."""
+    import os
+
+    how = data.draw(st.sampled_from([None] * 15 + ["fifo", "link", "huge"]))
+    if how is None:
+        return None
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    if how == "fifo":
+        os.mkfifo(path)
+    elif how == "link":
+        outside.write_bytes(b'{"format": 2}')
+        path.symlink_to(outside)
+    else:
+        with open(path, "wb") as f:
+            f.truncate(1 << 30)
+    return how
+
+
+# ------------------------------------------------------------------------------------------ model cache entries
+def cache_entry(root: Path) -> tuple[Path, str, int, dict[str, Any]]:
+    """A weights-cache entry as the cache writes it (``write_entry``: files, then the manifest with every size and
+    crc32c and its own crc): (folder, manifest name, format, the kind's declared fields)."""
+    from polymem.models import _weightcache
+    from polymem.models._entry import write_entry
+
+    folder = root / "models" / "weights" / f"{'ab' * 32}-float32-transformers-4.0"
+
+    def fill(tmp: Path) -> dict[str, Any]:
+        (tmp / "config.json").write_text('{"model_type": "llama"}')
+        (tmp / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+        return {"format": _weightcache._FORMAT, "gguf_sha256": "ab" * 32, "source": "tiny.gguf", "dtype": "float32",
+                "transformers": "4.0", "safetensors": "0.4", "class": "LlamaForCausalLM", "weights": ["a", "b"]}
+
+    assert write_entry(folder, _weightcache.MANIFEST, fill) is None
+    return folder, _weightcache.MANIFEST, _weightcache._FORMAT, _weightcache._fields()
+
+
+def mutate_cache_entry(data: st.DataObject, folder: Path, manifest: str) -> None:
+    """The manifest mutated as JSON (its crc32c kept, or recomputed so the schema is what refuses it), one file's
+    bytes mutated, or a file swapped for a FIFO, a link outside or a huge file."""
+    from polymem.models._entry import manifest_crc
+
+    how = data.draw(st.sampled_from(["json", "json", "json-sealed", "bytes", "kind"]))
+    f = folder / manifest
+    if how.startswith("json"):
+        doc = mutate_json(data, json.loads(f.read_text()))
+        if how == "json-sealed" and isinstance(doc, dict):
+            doc["manifest_crc32c"] = manifest_crc(doc)
+        f.write_text(dumps(doc))
+        return
+    name = data.draw(st.sampled_from([manifest, "config.json", "model.safetensors"]))
+    if how == "bytes":
+        (folder / name).write_bytes(mutate_bytes(data, (folder / name).read_bytes(), max_ops=2))
+    else:
+        swap_kind(data, folder / name, folder.parent.parent.parent / "outside.json") or (folder / name).unlink()
+
+
+# ------------------------------------------------------------------------------------------ training checkpoints
+CKPT_STEPS = 10
+
+
+def checkpoints(path: Path) -> Any:
+    """A :class:`~polymem.recipes.checkpoint.Checkpoints` of a small run (a table with its row-wise optimizer, a
+    linear layer with AdamW, 10 steps) at ``path``."""
+    import torch
+
+    from polymem.hash.layout import Layout
+    from polymem.hash.spec import HashSpec
+    from polymem.recipes.checkpoint import Checkpoints
+    from polymem.torch.optim import SparseRowRMS
+    from polymem.torch.tables import TrainableTable
+
+    torch.manual_seed(0)
+    table = TrainableTable(None, spec=HashSpec(), layout=Layout.for_params(64 * 4 * 4 * 8, heads=4, slots=4, head_dim=8),
+                           orders=(1, 2))
+    lin = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(lin.parameters())
+    lin(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    return Checkpoints(path, every=2, key="k", modules={"m": lin}, opt=opt, table=table,
+                       topt=SparseRowRMS([table.weight]), steps=CKPT_STEPS)
+
+
+def mutate_checkpoint(data: st.DataObject, path: Path) -> None:
+    """state.json mutated as JSON, a file's bytes mutated (state, dense, a row file, the table's zarr.json), or a
+    file swapped for a FIFO, a link outside or a huge file."""
+    how = data.draw(st.sampled_from(["json", "json", "bytes", "kind"]))
+    if how == "json":
+        f = path / "state.json"
+        f.write_text(dumps(mutate_json(data, json.loads(f.read_text()))))
+        return
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    f = data.draw(st.sampled_from(files))
+    if how == "bytes":
+        f.write_bytes(mutate_bytes(data, f.read_bytes(), max_ops=2))
+    else:
+        swap_kind(data, f, path.parent / "outside.bin") or f.unlink()
+
+
+# ------------------------------------------------------------------------------------------------ prompts files
+PROMPTS = "def f(x):\n\n  return x ** 2  # naïve café\n日本語\r\n\tlast line".encode()
+
+
+def prompts_file(data: st.DataObject, path: Path) -> None:
+    """A prompts file: the seed text mutated as bytes, or swapped for a FIFO, a link or a huge file."""
+    path.write_bytes(mutate_bytes(data, PROMPTS))
+    swap_kind(data, path, path.parent / "outside.txt")

@@ -1,5 +1,6 @@
 """Fuzzing every parser of untrusted input (docs/reliability.md, "Fuzzing"): safetensors and GGUF headers, checkpoint
-indexes and engine import, asset headers and zarr.json, site folders, token caches, tokenizer files and corpora.
+indexes and engine import, asset headers and zarr.json, site folders, model cache entries, training checkpoints,
+prompts files, token caches, tokenizer files and corpora (files swapped for FIFOs, links and huge files too).
 
 Each target starts from small valid files made by the real writers (tests/data/fuzz/, see tests/fuzz_seeds.py; assets
 are written here with polymem's own API), mutates them (tests/fuzzing.py: byte flips, truncation, a JSON field
@@ -24,10 +25,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzz_inputs import (corpus_files, make_assets, mutate_asset, mutate_site, mutate_token_cache, mutated_gguf,
-                         mutated_safetensors, qwen_checkpoint, small_qwen)
+from fuzz_inputs import (cache_entry, checkpoints, corpus_files, make_assets, mutate_asset, mutate_cache_entry,
+                         mutate_checkpoint, mutate_site, mutate_token_cache, mutated_gguf, mutated_safetensors,
+                         prompts_file, qwen_checkpoint, small_qwen, swap_kind)
 from fuzz_seeds import SITE_LAYOUT, seed_files, tiny_gpt
-from fuzzing import Watch, dumps, fuzz, mutate_bytes, mutate_json, refused_or
+from fuzzing import Watch, budget, dumps, fuzz, mutate_bytes, mutate_json, refused_or
 from polymem.asset._format import sha256_hex
 from polymem.engines import _gguf
 from polymem.engines import _safetensors as st_file
@@ -225,6 +227,7 @@ KNOWN_SITE_CRASHES: dict[tuple[str, str, str], str] = {}
 def test_site_folders(data: st.DataObject) -> None:
     """A saved site with a mutated site.json or site.safetensors: `polymem eval --site`'s header reader, read_site
     and load_attached (onto the model it was saved from)."""
+    from polymem._io import check_outputs_not_inputs
     from polymem.cli.cmd_eval import _site_header, _table_path
     from polymem.torch.attach import load_attached
     from polymem.torch.sitefile import read_site
@@ -234,7 +237,9 @@ def test_site_folders(data: st.DataObject) -> None:
         site = d / "site"
         shutil.copytree(seed_files("site")[0].parent, site)
         mutate_site(data, site)
+        swap_kind(data, site / data.draw(st.sampled_from(["site.json", "site.safetensors"])), d / "outside.json")
         with Watch(d):
+            refused_or(check_outputs_not_inputs, {"--json": str(d / "report.json")}, [("site", site)])
             header = refused_or(_site_header, site)
             if header is not None:
                 assert isinstance(header, dict) and isinstance(header["table"], dict)
@@ -244,6 +249,88 @@ def test_site_folders(data: st.DataObject) -> None:
             h = refused_or(load_attached, tiny_gpt(), site, tokenizer="bytes", known=KNOWN_SITE_CRASHES)
             if h is not None:
                 h.detach()
+    finally:
+        _done(d)
+
+
+# ------------------------------------------------------------------------------------------ model cache entries
+@fuzz(40)
+@given(data=st.data())
+def test_model_cache_entries(data: st.DataObject) -> None:
+    """A weights-cache entry with a mutated manifest (its crc kept or recomputed), a mutated file, or a file that is
+    a FIFO, a link outside or 1 GiB: read_manifest reads it back or says why it is damaged (the ValueError the
+    cache turns into one note), and `polymem models`' listing never fails."""
+    import os
+
+    from polymem.errors import PolymemError
+    from polymem.models._entry import read_manifest
+    from polymem.models.cache import list_entries
+
+    def read_or_refuse(folder: Path, manifest: str, fmt: int, fields: dict[str, Any]) -> Any:
+        try:
+            return read_manifest(folder, manifest, fmt, fields)
+        except ValueError as e:
+            if isinstance(e, (UnicodeError, json.JSONDecodeError)):  # the reader's own words, not a stray decoder's
+                raise
+            raise PolymemError(str(e)) from None
+
+    d = _fresh()
+    old = os.environ.get("POLYMEM_CACHE_DIR")
+    os.environ["POLYMEM_CACHE_DIR"] = str(d)
+    try:
+        folder, manifest, fmt, fields = cache_entry(d)
+        mutate_cache_entry(data, folder, manifest)
+        with Watch(d):
+            meta = refused_or(read_or_refuse, folder, manifest, fmt, fields)
+            if meta is not None:  # accepted: exactly the files it lists, each regular
+                assert sorted(meta["files"]) == sorted(p.name for p in folder.iterdir() if p.name != manifest)
+                assert all((folder / n).is_file() and not (folder / n).is_symlink() for n in meta["files"])
+            with budget():
+                listed = list_entries()
+            assert [e.path for e in listed if e.kind == "weights"] == [folder]
+    finally:
+        if old is None:
+            del os.environ["POLYMEM_CACHE_DIR"]
+        else:
+            os.environ["POLYMEM_CACHE_DIR"] = old
+        _done(d)
+
+
+# ------------------------------------------------------------------------------------------ training checkpoints
+@fuzz(25)
+@given(data=st.data())
+def test_checkpoint_files(data: st.DataObject) -> None:
+    """A training checkpoint with a mutated state.json, a mutated file (dense, rows, the table's asset) or a file
+    swapped for a FIFO, a link or 1 GiB: resume restores a run that fits its schema or raises a PolymemError."""
+    from fuzz_inputs import CKPT_STEPS
+
+    d = _fresh()
+    try:
+        p = d / "out.pmem.ckpt"
+        checkpoints(p).save(4, [2.0, 1.5, 1.25, 1.0], 3.5)
+        mutate_checkpoint(data, p)
+        with Watch(d):
+            got = refused_or(checkpoints(p).resume)
+        if got is not None:
+            assert isinstance(got["step"], int) and 1 <= got["step"] < CKPT_STEPS
+            assert len(got["losses"]) == got["step"] and got["train_s"] >= 0
+    finally:
+        _done(d)
+
+
+# ------------------------------------------------------------------------------------------------ prompts files
+@fuzz(40)
+@given(data=st.data())
+def test_prompts_files(data: st.DataObject) -> None:
+    """`polymem generate --prompts`' reader on mutated text, a FIFO, a link or a 1 GiB file: prompts or one error."""
+    from polymem.models.generate import read_prompts
+
+    d = _fresh()
+    try:
+        prompts_file(data, d / "p.txt")
+        with Watch(d):
+            got = refused_or(read_prompts, d / "p.txt")
+        assert got is None or all(isinstance(t, str) and t.strip() for t in got)
     finally:
         _done(d)
 

@@ -401,7 +401,7 @@ def test_circle_rule_catches_what_it_names(tmp_path: Path) -> None:
 # The stages of the flow, lowest first (docs/architecture.md). A module may import from its own stage or a lower
 # one, never a higher one; the package root (`polymem/__init__.py`, lazy names for users) stands above them all.
 STAGES = [
-    ("base", ("polymem.errors", "polymem._cpus", "polymem._paths", "polymem._globs", "polymem._io", "polymem._npy", "polymem._optional", "polymem.samples")),
+    ("base", ("polymem.errors", "polymem._cpus", "polymem._paths", "polymem._globs", "polymem._io", "polymem._npy", "polymem._schema", "polymem._optional", "polymem.samples")),
     ("inputs", ("polymem.sources", "polymem._discover", "polymem.corpus", "polymem.tokenizers")),
     ("hash", ("polymem.hash",)),
     ("asset format", ("polymem.asset",)),

@@ -278,6 +278,23 @@ def _eval_steps(eval_at: str | None, eval_every: int | None, steps: int) -> list
     return sorted(pts)
 
 
+def donor_model_spec(asset: str, spec: str | None) -> str | None:
+    """The donor model an aligned start loads: ``spec``, else the one the donor asset's provenance names (None when
+    it names none, or the asset cannot be opened: the command says why when it opens it). An input of the run."""
+    from polymem.errors import PolymemError
+    from polymem.torch.tablefile import open_table
+
+    if spec is not None:
+        return spec
+    try:
+        prov = getattr(open_table(asset), "provenance", {}) or {}
+    except (PolymemError, OSError):
+        return None
+    m = prov.get("model") if isinstance(prov, dict) else None
+    got = (m.get("spec") or m.get("name")) if isinstance(m, dict) else None
+    return got if isinstance(got, str) else None
+
+
 def _donor_model(asset: str, spec: str | None, device: str, why: str = "for the aligned start",
                  precision: str = "fp32") -> Any:
     """The donor's model for an aligned start: ``spec``, else the model the donor asset's provenance names (the

@@ -182,7 +182,10 @@ def quantize(
     from polymem._io import check_outputs_not_inputs
 
     options = parse_storage_options(storage_options)
-    check_outputs_not_inputs({"--output": output}, [("asset", asset)])
+    # with --check-model, the site it reads (ASSET.site by default) and the corpus are inputs too
+    site_read = (check_site or Path(f"{asset}.site")) if check_model is not None else None
+    check_outputs_not_inputs({"--output": output}, [("asset", asset), ("site", site_read), ("model", check_model)]
+                             + [("corpus", c) for c in check_corpus or []])
     src = MemoryAsset.open(asset, storage_options=options)
     if check_model is None and (check_corpus or check_site or max_loss is not None or force):
         raise PolymemError("--check-corpus, --check-site, --max-loss and --force go with --check-model MODEL")

@@ -48,7 +48,7 @@ def attach_cmd(
     import torch
 
     from polymem._io import atomic_write_json, check_outputs_not_inputs
-    from polymem.cli._transfer_model import _donor_model
+    from polymem.cli._transfer_model import _donor_model, donor_model_spec
     from polymem.cli.cmd_eval import progress_bar
     from polymem.cli.cmd_train import _layers
     from polymem.errors import PolymemError
@@ -60,7 +60,13 @@ def attach_cmd(
 
     start: str = init.value
     gate_s: str | None = gate.value if gate is not None else None
-    check_outputs_not_inputs({"--out": out, "--json": json_out, "--bundle": bundle}, [("asset", asset), ("model", model)]
+    # the aligned start reads the donor's site (ASSET.site by default) and its model (by default the one the asset's
+    # provenance names): inputs, even with --overwrite
+    aligned = start == "aligned"
+    donor_read = (donor_site or Path(f"{asset}.site")) if aligned else None
+    check_outputs_not_inputs({"--out": out, "--json": json_out, "--bundle": bundle},
+                             [("asset", asset), ("model", model), ("donor site", donor_read),
+                              ("donor model", donor_model_spec(asset, donor_model) if aligned else None)]
                              + [("corpus", c) for c in corpus])
     for p in (out, bundle):
         if p is not None and p.exists() and not overwrite:

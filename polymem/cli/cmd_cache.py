@@ -92,7 +92,12 @@ def demo(
     from polymem.samples import sample_text
     from polymem.tokenizers import check_fidelity, load_tokenizer
 
-    body = text.read_text(encoding="utf-8") if text else sample_text()
+    from polymem._io import read_bounded
+    from polymem.sources import MAX_DOCUMENT_BYTES
+    from polymem.errors import PolymemError
+
+    body = (read_bounded(text, what="--text file", max_bytes=MAX_DOCUMENT_BYTES, error=PolymemError,
+                         fix="pass a UTF-8 text file").decode("utf-8") if text else sample_text())
     spec = HashSpec()
     sides = []
     for name in (a, b):

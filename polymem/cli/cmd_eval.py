@@ -176,21 +176,15 @@ def _attacher(lm, site: Path, table):
 
 
 def _site_header(site: Path) -> dict:
-    import json
+    import os
 
+    from polymem._io import read_json
     from polymem.errors import FormatError, PolymemError
 
     f = site / "site.json"
-    if not f.is_file():
+    if not os.path.lexists(f):
         raise PolymemError(f"{str(site)!r} has no site.json; pass the folder written by `polymem train --model` (--site)")
-    try:
-        header = json.loads(f.read_bytes())
-    except RecursionError:
-        raise FormatError(f"{str(f)!r} is not a site header (JSON nested deeper than Python's limit); pass the folder "
-                          "written by `polymem train --model` or handle.save") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
-        raise FormatError(f"{str(f)!r} is not valid JSON ({e}); pass the folder written by `polymem train --model` "
-                          "or handle.save") from None
+    header = read_json(f, what="site header", fix="pass the folder written by `polymem train --model` or handle.save")
     if not isinstance(header, dict) or not isinstance(header.get("table"), dict):
         raise FormatError(f"{str(f)!r} is not a site header (no 'table' object); pass the folder written by "
                           "`polymem train --model` or handle.save")

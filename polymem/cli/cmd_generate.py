@@ -52,12 +52,14 @@ def generate_cmd(
         raise PolymemError("--asset and --table disk read a site's table; pass --site SITE (or drop them for the model alone)")
     check_outputs_not_inputs({"--json": json_out}, [("model", model), ("site", site), ("asset", asset),
                                                      ("prompts", prompts)])
+    from polymem.serve.service import check_cache_mb
+
+    check_cache_mb(cache_mb, "--cache-mb")  # inf or 1e30 said now, not after the model loads
     texts = list(prompt or [])
     if prompts is not None:
-        try:
-            texts += [ln for ln in prompts.read_text(encoding="utf-8").splitlines() if ln.strip()]
-        except UnicodeDecodeError as e:
-            raise PolymemError(f"{str(prompts)!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+        from polymem.models.generate import read_prompts
+
+        texts += read_prompts(prompts)
     if not texts:
         raise PolymemError("no prompt given; pass --prompt TEXT (repeatable) or --prompts FILE (one per line)")
     decoding = Decoding(max_new_tokens, temperature, top_p, seed).check()

@@ -51,7 +51,11 @@ def check(
 
     tok = load_tokenizer(spec)
     try:
-        body = text.read_bytes().decode("utf-8")
+        from polymem._io import read_bounded
+        from polymem.sources import MAX_DOCUMENT_BYTES
+
+        body = read_bounded(text, what="--text file", max_bytes=MAX_DOCUMENT_BYTES, error=PolymemError,
+                            fix="pass a UTF-8 text file").decode("utf-8")
     except UnicodeDecodeError as e:
         raise PolymemError(f"{str(text)!r} is not UTF-8 text ({e}); convert it, e.g. `iconv -t UTF-8`") from None
     rep = check_fidelity(tok, [body])

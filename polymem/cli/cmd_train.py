@@ -83,6 +83,10 @@ def train(
     default_site = out.with_name(out.name + ".site") if model is not None and site is None else None
     check_outputs_not_inputs({"--out": out, "--site": site or default_site, "--json": json_out},
                              [("corpus", c) for c in corpus] + [("tokenizer", tokenizer), ("model", model)])
+    if checkpoint_every > 0:  # a linked OUT.ckpt is said now, not after the run trained and wrote its asset
+        from polymem.recipes.checkpoint import check_checkpoint_path
+
+        check_checkpoint_path(out.with_name(out.name + ".ckpt"))
     for what, p in (("--out", out), ("--site", site or default_site)):
         if p is not None and p.exists() and not overwrite:  # said now, not after the model loads and trains
             raise PolymemError(f"{what} {str(p)!r} exists; pass --overwrite to replace it, or another {what}")

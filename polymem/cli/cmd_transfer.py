@@ -111,8 +111,14 @@ def transfer(
     from polymem.recipes.transfer import _check_arms, plot_curves, plot_transfer, run_transfer, write_json
     from polymem._io import check_outputs_not_inputs
 
+    # --init aligned reads the donor's site (ASSET.site by default) and model: inputs too
+    from polymem.cli._transfer_model import donor_model_spec
+
+    aligned = init is not None and init.value == "aligned" and asset is not None
     check_outputs_not_inputs({"--json": json_out, "--plot": plot, "--out-dir": out_dir},
-                             [("asset", asset), ("tokenizer", tokenizer), ("model", model)]
+                             [("asset", asset), ("tokenizer", tokenizer), ("model", model),
+                              ("donor model", donor_model_spec(asset, donor_model) if aligned else None),
+                              ("donor site", (donor_site or Path(f"{asset}.site")) if aligned else None)]
                              + [("corpus", c) for c in [*corpus, *(eval_corpus or [])]])
     if (tokenizer is None) == (model is None):
         raise PolymemError("pass --tokenizer (recipients trained from scratch) or --model (a pretrained recipient, "

@@ -6,7 +6,7 @@
 
 A FIFO, socket, device or directory is refused from ``os.stat`` before it is opened (opening a FIFO waits for a
 writer, forever); the file is opened with ``O_NONBLOCK`` and checked again with ``fstat``, so what is read is what
-was checked. A file name read from a checkpoint (its index) is one plain name in the folder, and after links are
+was checked (:func:`polymem._io.open_regular`, the one opener for files polymem reads). A file name read from a checkpoint (its index) is one plain name in the folder, and after links are
 resolved the file lies in the folder; the one link layout followed out of it is the Hugging Face hub cache's
 (``snapshots/REV/NAME -> ../../blobs/HASH``). Not here: what the files hold (``_safetensors``, ``_gguf``).
 """
@@ -15,51 +15,31 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from polymem.errors import FormatError, MissingError
 
 MAX_JSON_BYTES = 64 << 20  # an index or an addressing spec: a few MB at most (DeepSeek-V3's index is 9 MB)
-_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
-def _refuse(path: Path, what: str, mode: int) -> FormatError:
-    return FormatError(f"{what} {str(path)!r} is {_kind(mode)}, not a regular file; polymem reads checkpoints, "
-                       "indexes and specs from regular files only and never opens a pipe or device. Pass the file "
-                       "itself")
+_FIX = "pass the checkpoint, index or spec file itself"
 
 
 def open_regular(path: Path, what: str) -> int:
-    """A read-only descriptor of ``path``, which must be a regular file; ``what`` names it in the error."""
+    """A read-only descriptor of ``path``, which must be a regular file (:func:`polymem._io.open_regular`, the one
+    opener for files polymem reads); ``what`` names it in the error."""
+    from polymem._io import open_regular as open_checked
+
     try:
-        mode = os.stat(path).st_mode
+        with open_checked(path, what=what, max_bytes=1 << 62, fix=_FIX) as f:
+            return os.dup(f.fileno())
     except FileNotFoundError:
         raise MissingError(f"{what} {str(path)!r} does not exist; check the path (a checkpoint needs every file "
                            "its index names)", path) from None
+    except FormatError:
+        raise
     except (OSError, ValueError, UnicodeEncodeError) as e:  # a name too long, or not encodable
         raise FormatError(f"{what} {str(path)[:120]!r} cannot be a file here ({type(e).__name__}: {e}); pass a "
                           "path that exists") from None
-    if not stat.S_ISREG(mode):
-        raise _refuse(path, what, mode)
-    fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):  # swapped between the stat and the open
-            raise _refuse(path, what, mode)
-        if _NONBLOCK:
-            os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -7,7 +7,8 @@ transformers and tokenizers versions (a new file or a new converter gets a new e
 
 Each entry holds a manifest, written last (:mod:`polymem.models._entry`: temporary folder, rename): the size and
 crc32c of every saved file, polymem's tokenizer fingerprint, the bos/eos ids and the ids of a probe text (as
-polymem's tokenizer and transformers' give them). A read builds polymem's tokenizer from the entry's
+polymem's tokenizer and transformers' give them), and a crc32c of the manifest's own fields (so a changed
+``bos_id`` is a damaged entry, not a silently different score). A read builds polymem's tokenizer from the entry's
 ``tokenizer.json`` and is used only when its files, fingerprint and probe ids match (transformers' tokenizer is
 read from the entry on first use, and checked then); anything else (a truncated file, a missing manifest, a load
 error) counts as damaged: one line on stderr, and the entry is converted again. A cache that cannot take the entry
@@ -26,7 +27,17 @@ from polymem.errors import PolymemError
 from polymem.models._entry import note, read_manifest, write_entry
 
 MANIFEST = "polymem-tokenizer-cache.json"
-_FORMAT = 3  # files: {name: {"bytes", "crc32c"}}; polymem_probe_ids
+_FORMAT = 4  # files: {name: {"bytes", "crc32c"}}; polymem_probe_ids; manifest_crc32c
+
+
+def _fields() -> dict[str, Any]:
+    """The tokenizer manifest's own fields, declared (:func:`polymem.models._entry.manifest_schema`)."""
+    from polymem._schema import Int, ListOf, Nullable, Str
+
+    ids = ListOf(Int(0, (1 << 24) - 1), max_len=4096)
+    return {"fingerprint": Str(256), "vocab_size": Int(1, 1 << 24), "bos_id": Nullable(Int(0, (1 << 24) - 1)),
+            "eos_id": Nullable(Int(0, (1 << 24) - 1)), "probe_ids": ids, "polymem_probe_ids": ids, "class": Str(256),
+            "gguf_sha256": Str(64), "source": Str(4096, empty=True), "transformers": Str(64)}
 # Mixed scripts, whitespace runs, tabs, digits and special-token look-alikes: ids that differ on any of these
 # mean the cached tokenizer would not reproduce the converted one.
 PROBE = ("Hello world, naïve café — 日本語のテキスト, Ünïcödé\n\n  def f(x):\treturn x ** 2  # 12345 67.89\r\n"
@@ -74,13 +85,16 @@ def _read(folder: Path, tf: Any) -> GgufTokenizer:
     checked) when first asked for."""
     from polymem.tokenizers import load_tokenizer
 
-    manifest = read_manifest(folder, MANIFEST, _FORMAT)
+    manifest = read_manifest(folder, MANIFEST, _FORMAT, _fields())
     tok = load_tokenizer(str(folder / "tokenizer.json"))
     got = {"fingerprint": tok.fingerprint, "vocab_size": int(tok.vocab_size),
            "polymem_probe_ids": [int(i) for i in tok.encode(PROBE)]}
     bad = [k for k in _POLYMEM_FACTS if manifest.get(k) != got[k]]
     if bad:
         raise ValueError(f"it loads with a different {', '.join(bad)}")
+    for k in ("bos_id", "eos_id"):  # scoring starts every window from BOS: an id the vocabulary lacks is damage
+        if manifest[k] is not None and manifest[k] >= tok.vocab_size:
+            raise ValueError(f"its {k} {manifest[k]} is not an id of its {tok.vocab_size:,}-id vocabulary")
 
     def hf() -> Any:
         hf_tok = tf.AutoTokenizer.from_pretrained(str(folder))

@@ -25,7 +25,15 @@ from polymem._paths import cache_root
 from polymem.models._entry import note, read_manifest, write_entry
 
 MANIFEST = "polymem-model-cache.json"
-_FORMAT = 1
+_FORMAT = 2  # format 1 had no manifest_crc32c
+
+
+def _fields() -> dict[str, Any]:
+    """The weights manifest's own fields, declared (:func:`polymem.models._entry.manifest_schema`)."""
+    from polymem._schema import ListOf, Str
+
+    return {"dtype": Str(32), "class": Str(256), "weights": ListOf(Str(1024), max_len=1 << 16), "gguf_sha256": Str(64),
+            "source": Str(4096, empty=True), "transformers": Str(64), "safetensors": Str(64)}
 _SPARE = 64 << 20  # free space to leave beside an entry
 
 
@@ -52,7 +60,7 @@ def _weight_names(model: Any) -> list[str]:
 
 def _read(folder: Path, tf: Any, dtype: Any) -> Any:
     """The cached model; ValueError saying what is wrong when the entry is damaged."""
-    meta = read_manifest(folder, MANIFEST, _FORMAT)
+    meta = read_manifest(folder, MANIFEST, _FORMAT, _fields())
     if meta.get("dtype") != dtype_name(dtype):
         raise ValueError(f"it holds {meta.get('dtype')} weights, not {dtype_name(dtype)}")
     model, info = tf.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, output_loading_info=True)

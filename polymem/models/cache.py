@@ -17,7 +17,8 @@ folders are entries being written; one whose process is gone is a leftover that 
 
 from __future__ import annotations
 
-import json
+import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,23 +52,46 @@ def models_dir() -> Path:
     return cache_root() / "models"
 
 
+# the names the cache gives its entries; a folder named otherwise under models/ is not the cache's and is never
+# listed or removed
+NAMES = {"weights": re.compile(r"[0-9a-f]{64}-[A-Za-z0-9_]+-transformers-[^/]+"),
+         "tokenizers": re.compile(r"[0-9a-f]{64}-transformers-[^/]+-tokenizers-[^/]+"),
+         "by-name": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")}
+
+
 def _manifest(path: Path, name: str) -> dict[str, Any]:
+    """What a listing shows of an entry's manifest (read bounded, never waiting on a FIFO; {} when unreadable)."""
+    from polymem._io import read_json
+    from polymem.models._entry import MAX_MANIFEST_BYTES
+
     try:
-        meta = json.loads((path / name).read_text(encoding="utf-8"))
+        meta = read_json(path / name, what="manifest", max_bytes=MAX_MANIFEST_BYTES)
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}
 
 
+def _check_not_linked(root: Path) -> None:
+    """Refuse a cache whose ``models/<kind>`` folder is a symbolic link: what is under it is not the cache's own, and
+    ``clear`` must never remove a folder elsewhere."""
+    for kind in (*KINDS, "by-name"):
+        p = root / kind
+        if p.is_symlink():
+            raise PolymemError(f"the model cache folder {str(p)!r} is a symbolic link (to {os.readlink(p)!r}); polymem "
+                               "lists and removes only the cache's own folders, never through a link. Remove the link "
+                               f"(rm {str(p)!r}); to keep models on another disk, point POLYMEM_CACHE_DIR there")
+
+
 def list_entries() -> list[CacheEntry]:
     """Every entry of the model cache with its size on disk (damaged entries too: their manifest may be gone)."""
     root = models_dir()
+    _check_not_linked(root)
     out: list[CacheEntry] = []
     if root.is_dir():
         out += [CacheEntry("gguf", p, p.stat().st_size, p.name, "assembled from its packages")
                 for p in sorted(root.glob("*.gguf")) if p.is_file()]
     for kind, manifest in KINDS.items():
-        for p in entries(root / kind):
+        for p in entries(root / kind, NAMES[kind]):
             meta = _manifest(p, manifest)
             what = " ".join(str(meta[k]) for k in ("dtype",) if k in meta)
             versions = f"transformers {meta['transformers']}" if "transformers" in meta else "no manifest (damaged)"
@@ -76,7 +100,7 @@ def list_entries() -> list[CacheEntry]:
         out += [CacheEntry("leftover", p, tree_bytes(p), "", "an interrupted write")
                 for p in leftovers(root / kind)]
     out += [CacheEntry("by-name", p, tree_bytes(p), p.name, "a builtin model's tokenizer.json, for tokenizer options")
-            for p in entries(root / "by-name")]
+            for p in entries(root / "by-name", NAMES["by-name"])]
     return out
 
 
@@ -98,6 +122,8 @@ def clear(selectors: list[str] | None = None, *, include_gguf: bool = False) -> 
     else:
         chosen = [e for e in found if e.kind != "gguf" or include_gguf]
     for e in chosen:
+        if e.path.is_symlink():  # listed as the cache's own a moment ago: never followed now
+            continue
         if e.path.is_dir():
             shutil.rmtree(e.path)
         else:

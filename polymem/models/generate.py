@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import codecs
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -26,6 +27,21 @@ from typing import Any, Callable, Sequence
 import torch
 
 from polymem.errors import PolymemError
+
+MAX_PROMPTS_BYTES = 64 << 20  # prompts are decoded one by one; a bigger file is a corpus, not prompts
+
+
+def read_prompts(path: str | os.PathLike[str]) -> list[str]:
+    """The prompts of a UTF-8 text file, one per line (blank lines skipped): a regular file of at most 64 MiB
+    (:func:`polymem._io.read_bounded`: a FIFO is refused at once, never waited on); one PolymemError otherwise."""
+    from polymem._io import read_bounded
+
+    data = read_bounded(path, what="prompts file", max_bytes=MAX_PROMPTS_BYTES, error=PolymemError,
+                        fix="pass a text file of prompts, one per line")
+    try:
+        return [ln for ln in data.decode("utf-8").splitlines() if ln.strip()]
+    except UnicodeDecodeError as e:
+        raise PolymemError(f"{str(path)!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
 
 
 @dataclass

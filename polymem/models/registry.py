@@ -183,17 +183,25 @@ def check_gguf_header(path: Path) -> None:
 _GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 GGUF_MAX_ARRAY = 1 << 22  # elements of one metadata array: 16x the largest vocabulary shipped (262,144)
+GGUF_MAX_OTHER_ARRAY = 1 << 16  # elements of an array outside tokenizer.ggml.* (tags, languages: a handful)
+# transformers' GGUF reader keeps every metadata array element as Python objects: about 660 bytes each (a
+# half-million-element array raised a load's peak by 330 MB), so the bound on what the metadata may cost is in
+# bytes: Gemma 3's vocabulary arrays (786,432 elements) cost about 0.5 GB
+GGUF_BYTES_PER_ELEMENT = 700
+GGUF_MAX_METADATA_MEMORY = 3 << 29  # 1.5 GiB: about 2.3M elements in all
 
 
 def _check_gguf_metadata(path: Path, kvs: int, size: int) -> None:
     """Walk the metadata entries without decoding them: every length inside the file, every array at most
-    GGUF_MAX_ARRAY elements. transformers turns each metadata array into a Python list (8 bytes and more per
-    element), so an array of 100M one-byte values would take GBs at load; it is refused here instead."""
+    GGUF_MAX_ARRAY elements (GGUF_MAX_OTHER_ARRAY outside the tokenizer's ``tokenizer.ggml.*``), and all arrays
+    together at most GGUF_MAX_METADATA_MEMORY bytes as the loader holds them (GGUF_BYTES_PER_ELEMENT each).
+    transformers turns each metadata array into Python objects (hundreds of bytes per element), so an array of
+    100M one-byte values would take GBs at load, and half a million 330 MB; they are refused here instead."""
     import mmap
     import struct
 
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        pos = 24
+        pos, elements = 24, 0
 
         def need(n: int, what: str) -> int:
             nonlocal pos
@@ -217,6 +225,19 @@ def _check_gguf_metadata(path: Path, kvs: int, size: int) -> None:
                     raise PolymemError(f"{str(path)!r}: metadata {key!r} is an array of {count:,} elements; polymem "
                                        f"loads at most {GGUF_MAX_ARRAY:,} per array (a model's vocabulary is under "
                                        "300,000), as the loader turns each into a Python list in memory")
+                if count > GGUF_MAX_OTHER_ARRAY and not key.startswith("tokenizer.ggml."):
+                    raise PolymemError(f"{str(path)!r}: metadata {key!r} is an array of {count:,} elements (about "
+                                       f"{count * GGUF_BYTES_PER_ELEMENT / 2**20:,.0f} MiB as the loader holds it); "
+                                       f"outside the tokenizer's arrays (tokenizer.ggml.*) polymem loads at most "
+                                       f"{GGUF_MAX_OTHER_ARRAY:,} elements per array (a model's tags and languages "
+                                       "are a handful); the file is damaged or not a model")
+                elements += count
+                if elements * GGUF_BYTES_PER_ELEMENT > GGUF_MAX_METADATA_MEMORY:
+                    raise PolymemError(f"{str(path)!r}: its metadata arrays hold more than {elements:,} elements, "
+                                       f"about {elements * GGUF_BYTES_PER_ELEMENT / 2**30:.2f} GiB as the loader "
+                                       f"holds them ({GGUF_BYTES_PER_ELEMENT} bytes each); polymem loads at most "
+                                       f"{GGUF_MAX_METADATA_MEMORY / 2**30:.1f} GiB of metadata (Gemma 3's "
+                                       "vocabulary: 0.5 GiB); the file is damaged or not a model")
             if elem in _GGUF_SCALAR_BYTES:
                 need(count * _GGUF_SCALAR_BYTES[elem], f"metadata {key!r}")
             elif elem == _GGUF_STRING:
@@ -306,9 +327,17 @@ def _check_checkpoint(folder: Path) -> None:
     polymem loads model classes transformers ships, from safetensors (or GGUF) only."""
     import json
 
+    from polymem._io import MAX_JSON_BYTES, read_bounded
+
+    def read(f: Path) -> Any:  # a regular file of at most 16 MiB: a FIFO config is refused, never waited on
+        return json.loads(read_bounded(f, what="model config", max_bytes=MAX_JSON_BYTES, error=PolymemError,
+                                       fix="pass a transformers checkpoint folder").decode("utf-8"))
+
     cfg_file = folder / "config.json"
     try:
-        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        cfg = read(cfg_file)
+    except PolymemError:
+        raise
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise PolymemError(f"{str(cfg_file)!r} is not a readable JSON config ({type(exc).__name__}: {str(exc)[:120]}); "
                            "pass a transformers checkpoint folder") from None
@@ -317,7 +346,9 @@ def _check_checkpoint(folder: Path) -> None:
                            "checkpoint folder")
     for name in ("config.json", "tokenizer_config.json"):
         try:
-            meta = cfg if name == "config.json" else json.loads((folder / name).read_text(encoding="utf-8"))
+            meta = cfg if name == "config.json" else read(folder / name)
+        except PolymemError:
+            raise
         except (OSError, UnicodeDecodeError, ValueError):
             continue  # a missing or bad tokenizer config is transformers' to report
         if isinstance(meta, dict) and meta.get("auto_map"):

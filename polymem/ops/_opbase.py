@@ -32,9 +32,10 @@ def _documents(corpus: Any) -> list[str]:
 
     if isinstance(corpus, (str, os.PathLike)):
         corpus = [corpus]
-    texts = [d.text for d in Corpus([str(c) for c in corpus])]
+    reader = Corpus([str(c) for c in corpus])
+    texts = [d.text for d in reader]
     if not texts:
-        raise PolymemError(f"no documents found in {[str(c) for c in corpus]}; pass .txt/.md/.jsonl(.gz) files or folders")
+        raise reader.nothing_read()
     return texts
 
 

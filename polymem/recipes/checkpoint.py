@@ -13,6 +13,11 @@ A checkpoint is a folder (``<out>.ckpt`` beside the asset ``polymem train`` writ
 * ``state.json``, written last: format, the step reached, the losses so far, the training seconds, how many
   processes wrote it, and a key of everything that determines the run (not the number of processes).
 
+Reading one back checks everything before it is used: ``state.json`` is a regular file of at most 16 MiB that
+fits :func:`state_schema` (the step in range, one loss per step); the dense file holds exactly this run's weights
+and moments shaped like their parameters; each row file holds ``v`` and ``n`` for exactly its rows. Anything else
+is one error saying to remove the checkpoint. A checkpoint path that is a link is refused before the run starts.
+
 It is built in a temporary folder and renamed over the previous one, so a run killed at any moment (a process
 of several included) leaves the last whole checkpoint. A run started again with the same settings continues from
 it — with any number of processes: each reads its rows from the asset and the row files that overlap them —
@@ -23,7 +28,7 @@ unpickled. Across machines, the folder must be on a file system every process se
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -47,10 +52,11 @@ class Checkpoints:
     then every call is collective); ``topt``: its row-wise optimizer or None."""
 
     def __init__(self, path: Path, *, every: int, key: str, modules: Mapping[str, torch.nn.Module],
-                 opt: torch.optim.Optimizer, table: Any, topt: Any) -> None:
+                 opt: torch.optim.Optimizer, table: Any, topt: Any, steps: int | None = None) -> None:
         from polymem.torch.sharded import ShardedTable
 
-        self.path, self.every, self.key = Path(path), int(every), key
+        check_checkpoint_path(path)
+        self.path, self.every, self.key, self.steps = Path(path), int(every), key, steps
         self.modules, self.opt, self.table, self.topt = dict(modules), opt, table, topt
         self.sharded = isinstance(table, ShardedTable)
         self.rank = table.rank if self.sharded else 0
@@ -186,10 +192,13 @@ class Checkpoints:
                 "world": int(head.get("world", 1))}
 
     def _head(self) -> dict[str, Any]:
+        from polymem._io import read_json
+        from polymem._schema import validate
+
         p = self.path
         try:
-            head = json.loads((p / "state.json").read_text())
-        except (OSError, ValueError) as e:
+            head = read_json(p / "state.json", what="checkpoint state", fix="remove the checkpoint to start over")
+        except OSError as e:
             raise FormatError(f"{str(p)!r} is not a readable checkpoint ({e}); remove it to start over") from None
         if not isinstance(head, dict) or head.get("format") != FORMAT or head.get("version") != VERSION:
             found = (f"format {head.get('format')!r} version {head.get('version')!r}" if isinstance(head, dict)
@@ -197,18 +206,28 @@ class Checkpoints:
             raise FormatError(f"{str(p)!r} is not a polymem training checkpoint this version reads ({found}; this "
                               f"polymem reads {FORMAT!r} version {VERSION}: an older or newer polymem wrote it); "
                               "remove it to start over, or resume with the polymem that wrote it")
-        if head.get("key") != self.key:
+        validate(head, state_schema(self.steps), where=str(p / "state.json"),
+                 fix="the checkpoint was edited or is damaged; remove it to start over")
+        if head["key"] != self.key:
             raise PolymemError(f"{str(p)!r} is a checkpoint of other settings (model, corpus, table or budget); remove "
                                "it to start over, or run with the settings it was made with")
+        if len(head["losses"]) != head["step"]:
+            raise FormatError(f"{str(p / 'state.json')!r}: it records {len(head['losses'])} losses for step "
+                              f"{head['step']} (one per step); the checkpoint was edited or is damaged: remove it to "
+                              "start over")
         return head
 
     def _restore(self) -> None:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        from polymem._io import load_regular_safetensors
+
         p = self.path
         try:
-            dense = load_file(str(p / "dense.safetensors"))
+            dense = load_regular_safetensors(p / "dense.safetensors", what="checkpoint dense state", load=load_file,
+                                             fix="remove the checkpoint to start over")
+            self._check_dense(dense)
             for name, m in self.modules.items():
                 m.load_state_dict({k[len(name) + 1:]: v for k, v in dense.items() if k.startswith(name + ".")})
             sd = self.opt.state_dict()
@@ -223,6 +242,33 @@ class Checkpoints:
         except (OSError, KeyError, RuntimeError, ValueError, SafetensorError) as e:
             raise FormatError(f"{str(p)!r} does not fit this run ({type(e).__name__}: {e}); remove it to start "
                               "over") from None
+
+    def _check_dense(self, dense: Mapping[str, torch.Tensor]) -> None:
+        """The dense file holds exactly this run's dense weights (names, shapes, dtypes) and AdamW moments shaped
+        like their parameters; ValueError naming the first tensor that does not fit."""
+        want = {f"{name}.{k}": v for name, m in self.modules.items() for k, v in m.state_dict().items()}
+        got = {k: v for k, v in dense.items() if not k.startswith("adam.")}
+        if sorted(got) != sorted(want):
+            extra, missing = sorted(set(got) - set(want)), sorted(set(want) - set(got))
+            raise ValueError(f"its dense state lacks {missing[:3]} and holds {extra[:3]} (of this run's {len(want)} weights)")
+        for k, v in want.items():
+            if got[k].shape != v.shape or got[k].dtype != v.dtype:
+                raise ValueError(f"its weight {k!r} is {got[k].dtype} {tuple(got[k].shape)}; this run's is "
+                                 f"{v.dtype} {tuple(v.shape)}")
+        params = [q for g in self.opt.param_groups for q in g["params"]]
+        for k, v in dense.items():
+            if not k.startswith("adam."):
+                continue
+            parts = k.split(".", 2)
+            i = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else -1
+            if not 0 <= i < len(params):
+                raise ValueError(f"its optimizer state {k!r} names no parameter of this run's {len(params)}")
+            if parts[2] == "step":
+                if v.numel() != 1 or not torch.isfinite(v).all() or float(v) < 0:
+                    raise ValueError(f"its optimizer state {k!r} is not one step count")
+            elif v.shape != params[i].shape or not v.is_floating_point():
+                raise ValueError(f"its optimizer moment {k!r} is {v.dtype} {tuple(v.shape)}; its parameter is "
+                                 f"{tuple(params[i].shape)}")
 
     def _read_rows(self, src: Path) -> None:
         """This process's rows [lo, hi) from the checkpoint's asset, a block of pages at a time."""
@@ -245,6 +291,8 @@ class Checkpoints:
         processes)."""
         from safetensors import safe_open
 
+        from polymem._io import regular_path
+
         files = sorted((int(m[1]), int(m[2]), f) for f in self.path.iterdir() if (m := _ROWS.fullmatch(f.name)))
         edges = [files[0][0] if files else -1] + [b for _, b, _ in files]
         if edges[0] != 0 or any(a != e for (a, _, _), e in zip(files, edges)) or edges[-1] != self.table.layout.num_rows:
@@ -254,9 +302,17 @@ class Checkpoints:
             lo, hi = max(a, self.lo), min(b, self.hi)
             if lo >= hi:
                 continue
-            with safe_open(str(f), framework="pt") as g:
+            with regular_path(f, what="checkpoint row file", fix="remove the checkpoint to start over") as fp, \
+                    safe_open(fp, framework="pt") as g:
+                if sorted(g.keys()) != ["n", "v"]:
+                    raise ValueError(f"its row file {f.name!r} holds {sorted(g.keys())[:4]}, not the tensors ['n', 'v']")
                 for k in g.keys():
-                    out.setdefault(k, []).append(g.get_slice(k)[lo - a:hi - a])
+                    sl = g.get_slice(k)
+                    shape, dtype = list(sl.get_shape()), sl.get_dtype()
+                    if shape != [b - a] or dtype != {"v": "F32", "n": "I32"}[k]:
+                        raise ValueError(f"its row file {f.name!r} holds {k!r} as {dtype} {shape}; rows [{a}, {b}) "
+                                         f"need {{'v': 'F32', 'n': 'I32'}}[{k!r}] [{b - a}]")
+                    out.setdefault(k, []).append(sl[lo - a:hi - a])
         return {k: torch.cat(v) for k, v in out.items()}
 
     # -------------------------------------------------------------------------------------------- helpers
@@ -275,6 +331,29 @@ class Checkpoints:
             raise PolymemError(problem)
 
 
+def state_schema(steps: int | None = None) -> Any:
+    """The declared schema of ``state.json``: a checkpoint is written after step 1..steps-1 (never after the last:
+    then the asset is written), with one loss per step (a diverged run's may be inf or NaN), non-negative seconds
+    and at least one process."""
+    from polymem._schema import Const, Int, ListOf, Num, Obj, Str
+
+    last = steps - 1 if steps is not None else 10**12
+    return Obj({"format": Const((FORMAT,)), "version": Const((VERSION,)), "key": Str(256), "step": Int(1, last),
+                "world": Int(1, 1 << 20), "losses": ListOf(Num(finite=False), max_len=max(last, 0)),
+                "train_s": Num(0)})
+
+
+def check_checkpoint_path(path: str | Path) -> None:
+    """Refuse, before a run starts, a checkpoint path (``OUT.ckpt``, or its ``.tmp``/``.old`` sibling) that is a
+    symbolic link: a checkpoint is replaced and removed whole, and polymem never does that through a link."""
+    p = Path(path)
+    for q in (p, p.with_name(p.name + ".tmp"), p.with_name(p.name + ".old")):
+        if q.is_symlink():
+            raise PolymemError(f"the checkpoint path {str(q)!r} is a symbolic link (to {os.readlink(q)!r}); polymem "
+                               "replaces and removes a checkpoint whole, never through a link. Remove the link "
+                               f"(rm {str(q)!r}) or choose another --out")
+
+
 def remove_checkpoint(path: Path, distributed: bool = False) -> None:
     """Remove a run's checkpoint once its asset is written (across processes: process 0, after every process)."""
     if distributed:
@@ -283,6 +362,7 @@ def remove_checkpoint(path: Path, distributed: bool = False) -> None:
         dist.barrier()
         if dist.get_rank() != 0:
             return
+    check_checkpoint_path(path)
     for p in (path, path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")):
         if p.exists():
             shutil.rmtree(p)

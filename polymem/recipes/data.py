@@ -26,9 +26,10 @@ def read_named_documents(paths: Sequence[str | Path], text_field: str = "text") 
     line)."""
     from polymem.corpus import Corpus
 
-    docs = [(d.id, d.text) for d in Corpus([str(p) for p in paths], text_field=text_field)]
+    corpus = Corpus([str(p) for p in paths], text_field=text_field)
+    docs = [(d.id, d.text) for d in corpus]
     if not docs:
-        raise PolymemError(f"no documents found in {[str(p) for p in paths]}; pass .txt/.md/.jsonl(.gz) files or folders")
+        raise corpus.nothing_read()
     return docs
 
 

@@ -219,7 +219,7 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
         from polymem.recipes.checkpoint import Checkpoints
 
         ck = Checkpoints(checkpoint, every=checkpoint_every, key=checkpoint_key, modules={"sites": handle.sites},
-                         opt=opt, table=handle.table, topt=topt)
+                         opt=opt, table=handle.table, topt=topt, steps=cfg.steps)
 
     def step_loss(step: int) -> torch.Tensor:
         x, y = window_batch(stream, starts[step][share], cfg.block_size, lm.bos_id)

@@ -485,8 +485,13 @@ def run_transfer(exp: Experiment, *, arms: Sequence[str], seeds: Sequence[int], 
 
 def _read(path: Path) -> dict[str, Any]:
     """One (arm, seed) result, its shape checked: a file edited or cut short is refused, never summarised."""
+    from polymem._io import MAX_JSON_BYTES, read_bounded
+
     try:
-        got = json.loads(path.read_bytes().decode("utf-8"))
+        got = json.loads(read_bounded(path, what="transfer result", max_bytes=MAX_JSON_BYTES, error=PolymemError,
+                                      fix="remove it and run again").decode("utf-8"))
+    except PolymemError:
+        raise
     except (OSError, ValueError, RecursionError) as e:
         raise PolymemError(f"{str(path)!r} is not a readable result ({type(e).__name__}: {str(e)[:100]}); remove it and "
                            "run again") from None

@@ -330,7 +330,8 @@ def train_loop(
         from polymem.recipes.checkpoint import Checkpoints
 
         ck = Checkpoints(checkpoint, every=checkpoint_every, key=checkpoint_key,
-                         modules={"model": model, "sites": handle.sites}, opt=opt, table=handle.table, topt=topt)
+                         modules={"model": model, "sites": handle.sites}, opt=opt, table=handle.table, topt=topt,
+                         steps=cfg.steps)
 
     def step_loss(step: int) -> torch.Tensor:
         x, y = get_batch(data.train, starts[step][share], cfg.block_size, dev)

@@ -376,9 +376,18 @@ class PageService(ChunkCache, LaneMixin):
         return out
 
 
+MAX_CACHE_MB = 1 << 30  # 1 PiB of cached pages: far above any table; a larger number is a typo (1e30, inf)
+
+
+def check_cache_mb(cache_mb: Any, name: str = "cache_mb") -> None:
+    """A page cache size in MiB: a finite number in [0, MAX_CACHE_MB] (one PolymemError naming ``name``)."""
+    if not isinstance(cache_mb, (int, float)) or isinstance(cache_mb, bool) or not 0 <= cache_mb <= MAX_CACHE_MB:
+        raise PolymemError(f"{name}={cache_mb!r} must be a number in [0, {MAX_CACHE_MB:,}] (MiB of RAM for cached "
+                           "pages; a cache as large as the table already holds all of it), e.g. 256")
+
+
 def _check_args(cache_mb: Any, workers: Any) -> None:
-    if not isinstance(cache_mb, (int, float)) or isinstance(cache_mb, bool) or not cache_mb >= 0:
-        raise PolymemError(f"cache_mb={cache_mb!r} must be a number >= 0 (MiB of RAM for cached pages), e.g. 256")
+    check_cache_mb(cache_mb)
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise PolymemError(f"read_workers={workers!r} must be a positive integer (reader threads), e.g. 4")
 

@@ -102,6 +102,9 @@ def _load_str(spec: str) -> Tokenizer:
     raise TokenizerError(f"unknown tokenizer {spec!r}.{hint} Accepted: {_accepted()}")
 
 
+MAX_TOKENIZER_FILE_BYTES = 1 << 30  # Gemma 3's tokenizer.json is 33 MB; a GiB is no tokenizer
+
+
 def _load_path(path: Path) -> Tokenizer:
     from polymem.tokenizers.sentencepiece_adapter import load_sentencepiece_path
 
@@ -118,9 +121,15 @@ def _load_path(path: Path) -> Tokenizer:
             f"directory {str(path)!r} holds neither tokenizer.json nor tokenizer.model; pass the tokenizer file itself"
         )
     name = path.parent.name if path.stem == "tokenizer" and path.parent.name else path.stem
+    from polymem._io import open_regular, read_bounded
+
+    fix = "pass the tokenizer file itself"
+    with open_regular(path, what="tokenizer file", max_bytes=MAX_TOKENIZER_FILE_BYTES, error=TokenizerError, fix=fix):
+        pass  # a FIFO or device is refused here, unopened; a file larger than any tokenizer, unread
     if path.name.endswith(".json"):
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_bounded(path, what="tokenizer file", max_bytes=MAX_TOKENIZER_FILE_BYTES, error=TokenizerError,
+                                fix=fix).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise TokenizerError(
                 f"cannot read {str(path)!r} as a UTF-8 tokenizer.json: {exc}. Pass the model's tokenizer.json"

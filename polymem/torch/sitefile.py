@@ -12,7 +12,6 @@ table found inside or beside a moved site). A *bundle* (:func:`bundle_site`) is 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -132,60 +131,45 @@ def read_site(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, A
     and version checked. :func:`polymem.torch.attach.load_attached` re-attaches them to a model."""
     from safetensors.torch import load_file
 
+    from polymem._io import load_regular_safetensors, read_json
+
     d = Path(path)
-    if not (d / "site.json").is_file():
-        raise PolymemError(f"{str(d)!r} has no site.json; pass the folder written by handle.save(...)")
     f = d / "site.json"
-    try:
-        header = json.loads(f.read_bytes().decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as e:
-        raise FormatError(f"{str(f)!r} is not a site header ({type(e).__name__}: {str(e)[:120]}); pass the folder "
-                          "written by handle.save(...)") from None
+    if not os.path.lexists(f):
+        raise PolymemError(f"{str(d)!r} has no site.json; pass the folder written by handle.save(...)")
+    header = read_json(f, what="site header", fix="pass the folder written by handle.save(...)")
     if not isinstance(header, dict) or header.get("format") != SITE_FORMAT or header.get("version") != 1:
         got = (header.get("format"), header.get("version")) if isinstance(header, dict) else (type(header).__name__, None)
         raise FormatError(f"{str(d)!r} holds format {got[0]!r} v{got[1]!r}; this polymem reads {SITE_FORMAT!r} v1")
     check_header(header, str(f))
     try:
-        tensors = load_file(str(d / "site.safetensors"))
+        tensors = load_regular_safetensors(d / "site.safetensors", what="site weights", load=load_file,
+                                           fix="the site is damaged: save it again")
+    except PolymemError:
+        raise
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error types (and OSError); all mean the same
         raise FormatError(f"{str(d / 'site.safetensors')!r} is not a readable safetensors file ({type(e).__name__}); "
                           "the site is damaged: save it again") from None
     return header, tensors
 
 
-def check_header(h: dict[str, Any], where: str) -> None:
-    """Every field of ``site.json`` that attaching reads has the type it must have (one FormatError naming it)."""
-    def bad(field: str, want: str) -> FormatError:
-        return FormatError(f"{where}: field {field!r} must be {want}; the file was edited or is damaged: save the site again")
+def site_schema() -> Any:
+    """The declared schema of the ``site.json`` fields attaching reads (:mod:`polymem._schema`)."""
+    from polymem._schema import AnyOf, Const, Int, ListOf, Num, Obj, Str
 
-    for k in ("site", "table", "tokenizer"):
-        if not isinstance(h.get(k), dict):
-            raise bad(k, "an object")
-    layers = h.get("layers")
-    if not isinstance(layers, list) or not layers or not all(isinstance(x, (str, int)) and not isinstance(x, bool)
-                                                              and str(x) for x in layers):
-        raise bad("layers", "a non-empty list of block names or indices")
-    if h.get("train") not in ("projection", "table", "all"):
-        raise bad("train", "one of projection, table, all")
-    site, table = h["site"], h["table"]
-    for k in ("max_n", "init_seed"):
-        v = site.get(k)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise bad(f"site.{k}", "a non-negative integer")
-    for k in ("gate_init",):
-        v = site.get(k)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
-            raise bad(f"site.{k}", "a number")
-    if not isinstance(site.get("gate"), str) or not isinstance(site.get("conv"), bool):
-        raise bad("site.gate / site.conv", "a gate name and a boolean")
-    orders = table.get("orders")
-    if not isinstance(orders, list) or not all(isinstance(o, int) and not isinstance(o, bool) for o in orders):
-        raise bad("table.orders", "a list of integers")
-    for k in ("fingerprint",):
-        if not isinstance(table.get(k), str):
-            raise bad(f"table.{k}", "a string")
-    for k in ("hash_spec", "layout"):
-        if not isinstance(table.get(k), dict):
-            raise bad(f"table.{k}", "an object")
-    if not isinstance(h["tokenizer"].get("fingerprint"), str):
-        raise bad("tokenizer.fingerprint", "a string")
+    obj = Obj({})  # an object: hash_spec and layout are checked by their own parsers
+    return Obj({
+        "train": Const(("projection", "table", "all")),
+        "layers": ListOf(AnyOf((Str(256), Int())), max_len=4096, min_len=1),
+        "site": Obj({"max_n": Int(0), "init_seed": Int(0), "gate_init": Num(), "gate": Str(64),
+                     "conv": Const((True, False))}),
+        "table": Obj({"orders": ListOf(Int(), max_len=64), "fingerprint": Str(256), "hash_spec": obj, "layout": obj}),
+        "tokenizer": Obj({"fingerprint": Str(256)}),
+    })
+
+
+def check_header(h: dict[str, Any], where: str) -> None:
+    """Every field of ``site.json`` that attaching reads fits :func:`site_schema` (one FormatError naming it)."""
+    from polymem._schema import validate
+
+    validate(h, site_schema(), where=where, fix="the file was edited or is damaged: save the site again")

@@ -111,6 +111,48 @@ def test_an_output_over_an_input_is_refused_before_any_work(inputs, capsys, monk
         assert _snapshot(inputs["root"]) == before, what  # nothing written, nothing replaced
 
 
+def test_an_output_over_a_file_an_input_names_is_refused(inputs, capsys, monkeypatch) -> None:
+    """The files a site names (its table), and the sites a command reads by default (quantize --check-model:
+    ASSET.site; attach --init aligned: the donor's ASSET.site), are inputs too, --overwrite or not. Before: the
+    table's metadata replaced by a report, the donor site replaced by the new one."""
+    c, a, root = inputs["corpus"], inputs["asset"], inputs["root"]
+    site = root / "t.pmem.site"
+    site.mkdir()
+    (site / "site.json").write_text(json.dumps({"format": "polymem.memory-site", "version": 1,
+                                                "table": {"source": {"kind": "asset", "path": str(a)}}}))
+    cases = {
+        "eval --json over the table the site names": (
+            ["eval", "--model", "no-such-model", "-c", str(c), "--site", str(site), "--json", str(a / "zarr.json")],
+            "the site's table (named by"),
+        "generate --json over the table the site names": (
+            ["generate", "--model", "no-such-model", "--prompt", "x", "--site", str(site), "--json",
+             str(a / "zarr.json")], "the site's table (named by"),
+        "quantize -o over the check site it reads by default": (
+            ["quantize", str(a), "--to", "float16", "--overwrite", "--check-model", "no-such-model", "--check-corpus",
+             str(c), "-o", str(site)], "the site directory"),
+        "transfer --out-dir over the donor site --init aligned reads": (
+            ["transfer", "--model", "no-such-model", "--asset", str(a), "-c", str(c), "--init", "aligned",
+             "--out-dir", str(site)], "the donor site directory"),
+        "attach --out over the donor site, --overwrite": (
+            ["attach", "--model", "no-such-model", "--asset", str(a), "-c", str(c), "--out", str(site),
+             "--overwrite"], "the donor site directory"),
+    }
+    gguf = root / "donor.gguf"  # the donor model an aligned start loads by default: the one the provenance names
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    named = small_asset(root / "named.pmem", provenance={"model": {"spec": str(gguf)}})
+    for cmd, extra in (("attach", ["--out", str(root / "new.site")]), ("transfer", ["--init", "aligned"])):
+        cases[f"{cmd} --json over the donor model the asset's provenance names"] = (
+            [cmd, "--model", "no-such-model", "--asset", str(named), "-c", str(c), *extra, "--json", str(gguf)],
+            "the donor model file")
+    before = _snapshot(root)
+    for what, (args, why) in cases.items():
+        code, err = run_main(args, capsys, monkeypatch)
+        text = one_line(err)
+        assert code == 2, (what, err)
+        assert why in text and "choose another output path" in text, (what, text)
+        assert _snapshot(root) == before, what
+
+
 def test_outputs_beside_the_inputs_are_still_fine(inputs) -> None:
     c = inputs["corpus"]
     rep = c / "report.json"  # a new file in the corpus directory, of a kind the corpus does not read

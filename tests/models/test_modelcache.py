@@ -108,13 +108,14 @@ def _tamper(entry: Path) -> None:  # one weight byte changed, the manifest left 
 def _drop_a_weight(entry: Path) -> None:  # a consistent entry (manifest rehashed) missing one of the model's weights
     from safetensors.torch import load_file, save_file
 
-    from polymem.models._entry import file_hashes
+    from polymem.models._entry import file_hashes, manifest_crc
 
     weights = load_file(str(entry / "model.safetensors"))
     weights.pop(sorted(k for k in weights if "q_proj" in k)[0])
     save_file(weights, str(entry / "model.safetensors"), metadata={"format": "pt"})
     meta = json.loads((entry / MANIFEST).read_text())
     meta["files"] = file_hashes(entry, MANIFEST)
+    meta["manifest_crc32c"] = manifest_crc(meta)
     (entry / MANIFEST).write_text(json.dumps(meta))
 
 
@@ -224,3 +225,126 @@ def test_models_command_lists_sizes_and_clears(cache, gguf_file):
     assert list_entries() == [] and not dead.exists()
     r = runner.invoke(app, ["models"], env={"COLUMNS": "250"})
     assert "is empty" in r.output
+
+
+def _link_weights_outside(entry: Path) -> None:  # the weights moved out and linked back: sizes and crcs still match
+    outside = entry.parent.parent.parent / "elsewhere.safetensors"
+    os.replace(entry / "model.safetensors", outside)
+    (entry / "model.safetensors").symlink_to(outside)
+
+
+def _manifest_fifo(entry: Path) -> None:  # made by the test (tests/fifos.py), so a reader that waits is released
+    (entry / MANIFEST).unlink()
+
+
+def _manifest_huge(entry: Path) -> None:  # 1 GiB (sparse): read whole, it took 2 GB of memory
+    with open(entry / MANIFEST, "r+b") as f:
+        f.truncate(1 << 30)
+
+
+def _manifest_field_edited(entry: Path) -> None:  # a field outside every file checksum and check, changed
+    meta = json.loads((entry / MANIFEST).read_text())
+    (entry / MANIFEST).write_text(json.dumps({**meta, "source": "other.gguf"}))
+
+
+@pytest.mark.parametrize("damage", [_link_weights_outside, _manifest_fifo, _manifest_huge, _manifest_field_edited],
+                         ids=lambda f: f.__name__[1:])
+def test_an_entry_holding_a_link_a_fifo_or_an_oversized_manifest_is_never_used(cache, gguf_file, reference, capfd,
+                                                                               damage):
+    """The cache is the user's own folder, checked for accidents: a weights file linked to one outside the entry
+    is not followed (even when its size and crc32c match), a FIFO manifest is refused without waiting for a writer,
+    a 1 GiB manifest unread, an edited manifest field fails the manifest's own crc32c. One note, the GGUF loads."""
+    import contextlib
+    import tracemalloc
+
+    from fifos import fifo, quick
+
+    from polymem.models._entry import read_manifest
+
+    load_model(gguf_file)
+    entry = _entry(gguf_file)
+    damage(entry)
+    with contextlib.ExitStack() as stack:
+        if damage is _manifest_fifo:
+            stack.enter_context(fifo(entry / MANIFEST))
+            assert "FIFO" in str(quick(read_manifest, entry, MANIFEST, 2))  # at once, not when a writer comes
+        capfd.readouterr()
+        tracemalloc.start()
+        lm = load_model(gguf_file)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peak < 256 << 20  # the de-quantised tiny model, not the manifest
+    err = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("note: the cached weights") and "damaged" in err[0], err
+    assert lm.load["weights"] == "gguf, cached"
+    _same(lm, reference)
+    outside = cache / "elsewhere.safetensors"
+    if damage is _link_weights_outside:
+        assert "is a symbolic link" in err[0] and outside.is_file() and outside.stat().st_size > 0
+    if damage is _manifest_fifo:
+        assert "FIFO" in err[0]
+    if damage is _manifest_huge:
+        assert "1,073,741,824 bytes" in err[0]
+    if damage is _manifest_field_edited:
+        assert "its own crc32c" in err[0]
+
+
+def test_a_manifest_fifo_never_hangs_the_listing(cache, gguf_file):
+    from fifos import fifo, quick
+
+    from polymem.models.cache import list_entries
+
+    load_model(gguf_file)
+    entry = _entry(gguf_file)
+    (entry / MANIFEST).unlink()
+    with fifo(entry / MANIFEST):
+        found = quick(list_entries)
+    assert [e.detail for e in found if e.path == entry] == ["no manifest (damaged)"]
+
+
+def test_an_edited_tokenizer_bos_id_is_a_damaged_entry(cache, gguf_file, capfd):
+    """bos_id starts every scored window: an edit to it (outside every file checksum before) is caught by the
+    manifest's own crc32c, and a recomputed crc with an id outside the vocabulary by the range check."""
+    from polymem.models._entry import manifest_crc
+    from polymem.models._tokcache import MANIFEST as TOK_MANIFEST
+    from polymem.models._tokcache import cache_dir as tok_dir
+    from polymem.models.registry import _sha256
+
+    first = load_model(gguf_file)
+    entry = tok_dir(_sha256(gguf_file))
+    meta = json.loads((entry / TOK_MANIFEST).read_text())
+    for bos, crc in ((meta["bos_id"] + 1, False), (10**6, True)):
+        edited = {**meta, "bos_id": bos}
+        if crc:
+            edited["manifest_crc32c"] = manifest_crc(edited)
+        (entry / TOK_MANIFEST).write_text(json.dumps(edited))
+        capfd.readouterr()
+        lm = load_model(gguf_file)
+        err = capfd.readouterr().err
+        assert "note: the cached tokenizer" in err and "damaged" in err, err
+        assert ("own crc32c" in err) if not crc else ("is not an id of its" in err), err
+        assert lm.bos_id == first.bos_id
+
+
+def test_clear_never_follows_a_linked_cache_folder(cache, gguf_file, tmp_path):
+    """models/weights a link to a folder of the user's: `polymem models clear` refuses (before: it removed the
+    user's folder as an entry); a folder under models/ not named as the cache names entries is never removed."""
+    load_model(gguf_file)
+    mine = tmp_path / "mine"
+    (mine / "project").mkdir(parents=True)
+    (mine / "project" / "notes.txt").write_text("keep me")
+    weights = cache / "models" / "weights"
+    for p in list(weights.iterdir()):
+        os.replace(p, mine / p.name)
+    weights.rmdir()
+    weights.symlink_to(mine)
+    r = CliRunner().invoke(app, ["models", "clear"])
+    assert r.exit_code != 0 and "is a symbolic link" in str(r.exception) and "never through a link" in str(r.exception)
+    assert (mine / "project" / "notes.txt").read_text() == "keep me"
+    weights.unlink()
+    weights.mkdir()
+    (weights / "project").mkdir()
+    (weights / "project" / "notes.txt").write_text("keep me too")
+    r = CliRunner().invoke(app, ["models", "clear"])
+    assert r.exit_code == 0, r.output
+    assert (weights / "project" / "notes.txt").read_text() == "keep me too"

@@ -84,7 +84,7 @@ def test_damaged_entry_is_converted_again_with_a_notice(tmp_path, monkeypatch, c
     tokenizer with two ids swapped."""
     import transformers
 
-    from polymem.models._entry import file_hashes
+    from polymem.models._entry import file_hashes, manifest_crc
     from polymem.models._tokcache import MANIFEST, _write, cache_dir, gguf_tokenizer
 
     monkeypatch.setenv("POLYMEM_CACHE_DIR", str(tmp_path))
@@ -102,6 +102,7 @@ def test_damaged_entry_is_converted_again_with_a_notice(tmp_path, monkeypatch, c
         (entry / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
         manifest = json.loads((entry / MANIFEST).read_text())
         manifest["files"] = file_hashes(entry, MANIFEST)
+        manifest["manifest_crc32c"] = manifest_crc(manifest)
         (entry / MANIFEST).write_text(json.dumps(manifest))
     capfd.readouterr()
     got = gguf_tokenizer(transformers, *gguf)

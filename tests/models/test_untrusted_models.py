@@ -176,6 +176,30 @@ def test_a_huge_gguf_metadata_array_is_refused_before_any_parser_lists_it(tmp_pa
     assert peak < 4 << 20
 
 
+@pytest.mark.parametrize("arrays, says", [
+    ([("x.big", 500_000)], r"metadata 'x\.big' is an array of 500,000 elements \(about 334 MiB as the loader holds "
+                           r"it\); outside the tokenizer's arrays .* at most 65,536"),
+    ([(f"tokenizer.ggml.a{i}", 1_000_000) for i in range(3)],
+     r"its metadata arrays hold more than 3,000,000 elements, about 1\.96 GiB as the loader holds them .* at most "
+     r"1\.5 GiB"),
+])
+def test_gguf_metadata_is_bounded_by_the_bytes_the_loader_would_hold(tmp_path, arrays, says):
+    """Under the element-count bound, half a million one-byte values still raised a load's peak by 330 MB (the
+    loader holds hundreds of bytes per element): the bound is on bytes, per array outside the tokenizer's and in
+    all. Refused from the header walk, in bounded memory."""
+    import struct
+    import tracemalloc
+
+    kvs = b"".join(_key(name, 9) + struct.pack("<IQ", 0, n) + bytes(n) for name, n in arrays)
+    f = _kv_gguf(tmp_path / "wide.gguf", kvs, n=len(arrays))
+    tracemalloc.start()
+    with pytest.raises(PolymemError, match=says):
+        load_model(f)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 << 20
+
+
 @pytest.mark.parametrize("kvs, says", [
     (_key("s", 8) + (1 << 40).to_bytes(8, "little"), r"claims 1,099,511,627,776 bytes for a string of metadata 's'"),
     (_key("a", 9) + (8).to_bytes(4, "little") + (3).to_bytes(8, "little") + (1 << 50).to_bytes(8, "little"),

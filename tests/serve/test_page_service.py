@@ -514,8 +514,9 @@ def test_workers_stop_on_detach_and_on_garbage_collection(byte_cache, ids, asset
 
 def test_bad_serving_options_are_refused(byte_cache, assets):
     model = llama()
-    with pytest.raises(PolymemError, match=r"cache_mb=-1 must be a number >= 0"):
-        attach(model, assets["nf4"], byte_cache, in_memory=False, cache_mb=-1)
+    for bad in (-1, float("inf"), 1e30, float("nan")):
+        with pytest.raises(PolymemError, match=r"cache_mb=.* must be a number in \[0, 1,073,741,824\]"):
+            attach(model, assets["nf4"], byte_cache, in_memory=False, cache_mb=bad)
     with pytest.raises(PolymemError, match=r"read_workers=0 must be a positive integer"):
         attach(model, assets["nf4"], byte_cache, in_memory=False, read_workers=0)
 
