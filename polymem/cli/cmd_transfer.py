@@ -117,7 +117,7 @@ def transfer(
     aligned = init is not None and init.value == "aligned" and asset is not None
     check_outputs_not_inputs({"--json": json_out, "--plot": plot, "--out-dir": out_dir},
                              [("asset", asset), ("tokenizer", tokenizer), ("model", model),
-                              ("donor model", donor_model_spec(asset, donor_model) if aligned else None),
+                              ("donor model", donor_model_spec(asset, donor_model) if aligned and asset else None),
                               ("donor site", (donor_site or Path(f"{asset}.site")) if aligned else None)]
                              + [("corpus", c) for c in [*corpus, *(eval_corpus or [])]])
     if (tokenizer is None) == (model is None):
