@@ -31,7 +31,8 @@ def _seeds(seeds: int, seed_list: str | None) -> list[int]:
 
 def content_options(split: str | None, *, split_seed: int, asset: str | None, donor_steps: int, donor_params: str,
                     batch_size: int, block_size: int, layers: str | None, site_lr: float, table_lr: float,
-                    softmax: str, teach_tokens: int = 4096) -> Any:
+                    softmax: str, teach_tokens: int = 4096,
+                    teach_select: float = 1.0, teach_prompts: str = "recipient") -> Any:
     """``--content-split`` and the donor's options as :class:`polymem.recipes.content.ContentOptions` (None
     without a split; the donor's options given without one are refused)."""
     from polymem.cli._options import parse_count, refuse_unused
@@ -43,10 +44,12 @@ def content_options(split: str | None, *, split_seed: int, asset: str | None, do
     if split is None:
         refuse_unused("without --content-split", {"split_seed": (split_seed, 0), "donor_steps": (donor_steps, 80),
                                                    "donor_params": (donor_params, "20M"),
-                                                   "teach_tokens": (teach_tokens, 4096)})
+                                                   "teach_tokens": (teach_tokens, 4096),
+                                                   "teach_select": (teach_select, 1.0),
+                                                   "teach_prompts": (teach_prompts, "recipient")})
         return None
     sp = ContentSplit.parse(split, seed=split_seed)
-    teach = TeachConfig(tokens=teach_tokens)
+    teach = TeachConfig(tokens=teach_tokens, select=teach_select, prompts_from=teach_prompts)
     if asset is not None:
         return ContentOptions(split=sp, donor_asset=asset, teach=teach)
     cfg = FrozenTrainConfig(steps=donor_steps, batch_size=batch_size, block_size=block_size,
@@ -262,6 +265,13 @@ def print_content(summary: dict[str, Any]) -> None:
                   f"{100 * c['mean']:+.1f} [{100 * min(c['lo']):+.1f}, {100 * max(c['hi']):+.1f}]",
                   f"{100 * float(np.mean(rec)):.0f} %" if rec else "-")
     console.print(t)
+    taught = [a for a in ("teach", "distill") if a in summary["transfer"]["arms"]]
+    if taught:
+        t0 = summary["transfer"]["arms"][taught[0]]["teach"][0] or {}
+        console.print(f"the donor's text ({', '.join(taught)}): {t0.get('new_tokens', 0):,} new tokens kept of "
+                      f"{t0.get('written_tokens') or t0.get('new_tokens', 0):,} written from {t0.get('prompts', 0)} prompts, {t0.get('generate_s', 0):.0f} s to write "
+                      f"({t0.get('total_s', 0):.0f} s with the donor's chunk likelihoods); {t0.get('chunks', 0):,} "
+                      "byte-aligned chunks", highlight=False)
     s = summary["split"]
     console.print(f"documents: {len(s['indices']['donor'])} donor-read, {len(s['indices']['recipient'])} recipient's, "
                   f"{len(s['indices']['unseen'])} unseen (split seed {s['seed']}); content part: change on donor-read "

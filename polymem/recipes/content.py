@@ -327,7 +327,8 @@ def run_content_transfer(lm: Any, donor_lm: Any, corpus: Sequence[str | Path] | 
 
         ev("phase", what="the donor writes")
         exp.teach_cfg = content.teach or TeachConfig()
-        exp.teach = teach_data(lm, load_donor_text(donor_lm, asset, site, t["recipient"], exp.teach_cfg, out))
+        exp.teach = teach_data(lm, load_donor_text(donor_lm, asset, site, t[exp.teach_cfg.prompts_from],
+                                                   exp.teach_cfg, out))
     ev("phase", what="arms")
     transfer = run_transfer(exp, arms=arms, seeds=seeds, eval_at=eval_at, out_dir=out / "arms", on_event=ev)
     ev("phase", what="donor_own")

@@ -2,8 +2,8 @@
 recipient learns from that text — on hard targets (the ``teach`` arm), or also by matching the donor's
 likelihoods across the two tokenizers (the ``distill`` arm).
 
-**The donor's text.** Prompts are the starts of the recipient's own documents (their first ``prompt_chars``
-characters, short ones first, so that the donor's table, not the prompt, steers what follows); the donor with its
+**The donor's text.** Prompts are the starts of the recipient's own documents (their first ``prompt_tokens``
+donor tokens, short ones first, so that the donor's table, not the prompt, steers what follows); the donor with its
 table and site continues each one (:func:`polymem.models.generate.generate`, low temperature) until ``tokens`` new
 tokens are written. No prompt is taken from the documents the donor read: what leads into them is the donor's
 own continuation.
@@ -40,6 +40,7 @@ import torch
 from polymem.errors import PolymemError
 
 TEACH_ARMS = ("teach", "distill")
+PROMPT_SOURCES = ("recipient", "donor")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,27 +49,43 @@ class TeachConfig:
 
     tokens: int = 4096  # new tokens the donor writes in all (the generation budget)
     new_tokens: int = 128  # new tokens per prompt
-    prompt_chars: tuple[int, ...] = (16, 48)  # each recipient document's first 16 and 48 characters are prompts
-    temperature: float = 0.5  # low: the donor's most likely text, where its table pushes hardest
+    prompt_tokens: tuple[int, ...] = (2, 6)  # each recipient document's first 2 and 6 donor tokens are prompts
+    temperature: float = 0.7  # below 1: the donor's likely text, where its table pushes hardest (0.5 repeats itself)
     top_p: float = 0.95
     seed: int = 0
-    batch: int = 8  # prompts of equal token length decoded together
+    batch: int = 16  # prompts of equal token length decoded together
+    select: float = 1.0  # write select x tokens and keep the texts the donor's table knows best (see donor_text)
+    # whose documents' starts are the prompts: "recipient" (the method), or "donor" (a diagnostic, not a method:
+    # the starts of the documents the donor read, which a recipient does not have; an upper bound)
+    prompts_from: str = "recipient"
     distill_weight: float = 1.0  # weight of the chunk-likelihood term against the hard targets (distill arm)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.tokens, int) and self.tokens >= 1):
             raise PolymemError(f"teach tokens={self.tokens!r} must be a whole number >= 1 (the new tokens the donor "
                                "writes in all), e.g. --teach-tokens 4096")
+        if self.prompts_from not in PROMPT_SOURCES:
+            raise PolymemError(f"teach prompts_from={self.prompts_from!r} is unknown; accepted: {', '.join(PROMPT_SOURCES)}, "
+                               "e.g. --teach-prompts recipient")
+        if not (isinstance(self.select, (int, float)) and self.select >= 1):
+            raise PolymemError(f"teach select={self.select!r} must be a number >= 1 (how many times the budget the donor "
+                               "writes before keeping the texts its table knows best; 1 keeps all), e.g. --teach-select 2")
 
 
-def teach_prompts(texts: Sequence[str], cfg: TeachConfig) -> list[str]:
-    """As many prompts as the budget needs (``ceil(tokens / new_tokens)``), dealt from the documents' starts:
-    every document's shortest start first, then the next length, again from the first document when all are
-    used (a sampled continuation differs each time)."""
-    starts = [t[:k] for k in sorted(cfg.prompt_chars) for t in texts if t[:k].strip()]
+def teach_prompts(texts: Sequence[str], cfg: TeachConfig, tokenizer: Any) -> list[str]:
+    """As many prompts as the budget needs (``ceil(tokens / new_tokens)``), dealt from the documents' starts (cut
+    after a whole number of the donor's tokens, so that prompts of one length decode together): every
+    document's shortest start first, then the next length, again from the first document when all are used (a
+    sampled continuation differs each time)."""
+    tb = tokenizer.all_token_bytes()
+
+    def start(t: str, k: int) -> str:
+        return b"".join(tb[int(i)] or b"" for i in tokenizer.encode(t)[:k]).decode("utf-8", "ignore")
+
+    starts = [p for k in sorted(cfg.prompt_tokens) for p in (start(t, k) for t in texts) if p.strip()]
     if not starts:
         raise PolymemError("the recipient's documents are empty; the teach and distill arms need text to prompt from")
-    need = -(-cfg.tokens // cfg.new_tokens)
+    need = -(-int(cfg.tokens * cfg.select) // cfg.new_tokens)
     return [starts[i % len(starts)] for i in range(need)]
 
 
@@ -104,7 +121,12 @@ def donor_text(donor_lm: Any, asset: str | Path, site: str | Path, prompts: Sequ
                ) -> dict[str, Any]:
     """The donor with its own table and site continues each prompt; then, with the table still on, each whole
     text's donor tokens (byte ends and nats) for distillation. Returns the texts and the cost (new tokens,
-    seconds)."""
+    seconds).
+
+    With ``cfg.select`` > 1 the donor writes that many times the budget, scores each text again without its
+    table, and keeps the texts on which its table lowers its loss most (relative), up to ``cfg.tokens`` new
+    tokens: on the documents it read the table's gain is large, on other text small, so this keeps what the
+    table knows."""
     from polymem.models.generate import Decoding, generate
     from polymem.torch.attach import load_attached
 
@@ -124,8 +146,25 @@ def donor_text(donor_lm: Any, asset: str | Path, site: str | Path, prompts: Sequ
                          "donor_nats": None if nats is None else [float(v) for v in nats]})
     finally:
         h.detach()
-    return {"docs": docs, "new_tokens": int(sum(len(r.new_ids) for r in g["results"])), "prompts": len(prompts),
-            "generate_s": gen_s, "total_s": time.perf_counter() - t0, "tokens_per_s": g["tokens_per_s"]}
+    written = [len(r.new_ids) for r in g["results"]]
+    if cfg.select > 1:
+        for d in docs:
+            if d["donor_nats"] is None:
+                d["table_gain"] = float("-inf")
+                continue
+            ids = [int(t) for t in donor_lm.tokenizer.encode(d["text"])]
+            alone = float(np.nansum(donor_token_nats(donor_lm, ids)))
+            d["table_gain"] = (alone - float(np.nansum(d["donor_nats"]))) / max(alone, 1e-9)
+        keep, n = [], 0
+        for i in sorted(range(len(docs)), key=lambda i: -docs[i]["table_gain"]):
+            if n >= cfg.tokens:
+                break
+            keep.append(i)
+            n += written[i]
+        docs, written = [docs[i] for i in sorted(keep)], [written[i] for i in sorted(keep)]
+    return {"docs": docs, "new_tokens": int(sum(written)), "written_tokens": int(sum(len(r.new_ids) for r in g["results"])),
+            "prompts": len(prompts), "generate_s": gen_s, "total_s": time.perf_counter() - t0,
+            "tokens_per_s": g["tokens_per_s"]}
 
 
 def load_donor_text(donor_lm: Any, asset: str | Path, site: str | Path, recipient_texts: Sequence[str],
@@ -137,7 +176,7 @@ def load_donor_text(donor_lm: Any, asset: str | Path, site: str | Path, recipien
     from polymem.torch.tablefile import open_table
     from polymem.torch.tables import table_fingerprint
 
-    prompts = teach_prompts(recipient_texts, cfg)
+    prompts = teach_prompts(recipient_texts, cfg, donor_lm.tokenizer)
     a = open_table(asset)
     tab = torch.from_numpy(np.ascontiguousarray(a.to_numpy(), dtype=np.float32))
     key = hashlib.sha256(json.dumps({
@@ -208,7 +247,8 @@ def teach_data(lm: Any, got: dict[str, Any]) -> TeachData:
     return TeachData(stream=stream, teacher=teacher, first=np.concatenate(first),
                      digest=hashlib.sha256(stream.tobytes() + np.nan_to_num(teacher, nan=1.0).tobytes()).hexdigest()[:24],
                      chunks=int(np.isfinite(teacher).sum()),
-                     cost={k: got[k] for k in ("new_tokens", "prompts", "generate_s", "total_s", "tokens_per_s")})
+                     cost={k: got.get(k) for k in ("new_tokens", "written_tokens", "prompts", "generate_s", "total_s",
+                                                    "tokens_per_s")})
 
 
 def chunk_loss(data: TeachData, nats: torch.Tensor, starts: np.ndarray, bos: int | None) -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from polymem.cli.app import app
+from polymem.errors import PolymemError
 
 pytest.importorskip("transformers")
 torch.set_num_threads(1)
@@ -129,6 +130,22 @@ def test_teach_and_distill_arms_in_the_content_study(lms, docs, tmp_path):
     again = run_content_transfer(lms["gemma3"], lms["llama"], None, **kw,
                                  on_event=lambda kind, **k: events.append((kind, k.get("arm"))))
     assert not [e for e in events if e[0] in ("run", "donor_step")] and again["arms"] == res["arms"]
+    # select: the donor writes twice the budget and keeps the texts its table lowers its loss on most
+    from polymem.recipes.teach import donor_text, teach_prompts
+
+    tc = TeachConfig(tokens=32, new_tokens=16, batch=4, select=2.0)
+    prompts = teach_prompts(docs[:3], tc, lms["llama"].tokenizer)
+    sel = donor_text(lms["llama"], out / "donor.pmem", out / "donor.pmem.site", prompts, tc)
+    assert len(prompts) == 4 and sel["written_tokens"] > sel["new_tokens"] >= 32 and len(sel["docs"]) == 2
+    every = donor_text(lms["llama"], out / "donor.pmem", out / "donor.pmem.site", prompts,
+                       TeachConfig(tokens=64, new_tokens=16, batch=4))
+    gains = sorted(d["table_gain"] for d in sel["docs"])
+    assert {d["text"] for d in sel["docs"]} < {d["text"] for d in every["docs"]}
+    assert "table_gain" not in every["docs"][0] and gains[0] > -1
+    with pytest.raises(PolymemError, match=r"teach select=0.5 must be a number >= 1"):
+        TeachConfig(select=0.5)
+    with pytest.raises(PolymemError, match=r"teach prompts_from='both' is unknown; accepted: recipient, donor"):
+        TeachConfig(prompts_from="both")
 
 
 def test_cli_teach_arms_need_the_content_study(tmp_path):
