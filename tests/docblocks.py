@@ -51,7 +51,8 @@ _MARK = re.compile(r"<!--\s*(not run|runs small|run by \.ci/run)\s*:?\s*(.*?)\s*
 # Flags whose value is a file or folder the command writes: it must be there afterwards.
 OUTPUT_FLAGS = {"--out", "-o", "--output", "--json", "--csv", "--plot", "--out-dir"}
 # A `runs small` block's sizes: flag -> the value it runs with (only where the doc's value is larger).
-SHRINK = {"--steps": 2, "--donor-steps": 2, "--seeds": 1, "--eval-every": 1, "--max-eval-tokens": 1024, "--eval-tokens": 512}
+SHRINK = {"--steps": 2, "--donor-steps": 2, "--seeds": 1, "--eval-every": 1, "--max-eval-tokens": 1024, "--eval-tokens": 512,
+          "--teach-tokens": 64}
 
 
 def _native_bf16() -> bool:

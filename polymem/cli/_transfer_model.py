@@ -31,25 +31,31 @@ def _seeds(seeds: int, seed_list: str | None) -> list[int]:
 
 def content_options(split: str | None, *, split_seed: int, asset: str | None, donor_steps: int, donor_params: str,
                     batch_size: int, block_size: int, layers: str | None, site_lr: float, table_lr: float,
-                    softmax: str) -> Any:
+                    softmax: str, teach_tokens: int = 4096,
+                    teach_select: float = 1.0, teach_prompts: str = "recipient") -> Any:
     """``--content-split`` and the donor's options as :class:`polymem.recipes.content.ContentOptions` (None
     without a split; the donor's options given without one are refused)."""
     from polymem.cli._options import parse_count, refuse_unused
     from polymem.cli.cmd_train import _layers
     from polymem.recipes.content import ContentOptions, ContentSplit
     from polymem.recipes.frozen import FrozenTrainConfig
+    from polymem.recipes.teach import TeachConfig
 
     if split is None:
         refuse_unused("without --content-split", {"split_seed": (split_seed, 0), "donor_steps": (donor_steps, 80),
-                                                   "donor_params": (donor_params, "20M")})
+                                                   "donor_params": (donor_params, "20M"),
+                                                   "teach_tokens": (teach_tokens, 4096),
+                                                   "teach_select": (teach_select, 1.0),
+                                                   "teach_prompts": (teach_prompts, "recipient")})
         return None
     sp = ContentSplit.parse(split, seed=split_seed)
+    teach = TeachConfig(tokens=teach_tokens, select=teach_select, prompts_from=teach_prompts)
     if asset is not None:
-        return ContentOptions(split=sp, donor_asset=asset)
+        return ContentOptions(split=sp, donor_asset=asset, teach=teach)
     cfg = FrozenTrainConfig(steps=donor_steps, batch_size=batch_size, block_size=block_size,
                             layers=_layers(layers or "2"), params=parse_count(donor_params), site_lr=site_lr,
                             table_lr=table_lr, softmax=softmax)
-    return ContentOptions(split=sp, donor_cfg=cfg)
+    return ContentOptions(split=sp, donor_cfg=cfg, teach=teach)
 
 
 def transfer_model(*, model: str, asset: str | None, corpus: list[Path], eval_corpus: list[Path], arms: str | None,
@@ -98,6 +104,11 @@ def transfer_model(*, model: str, asset: str | None, corpus: list[Path], eval_co
         raise PolymemError(f"--init {init!r} is unknown; accepted: {', '.join(DONOR_INITS)}, e.g. --init aligned")
     if gate is not None and gate not in GATES:
         raise PolymemError(f"--gate {gate!r} is unknown; accepted: {', '.join(GATES)}, e.g. --gate context")
+    taught = [a for a in arm_list if a in ("teach", "distill")]
+    if content is None and taught:
+        raise PolymemError(f"the {' and '.join(taught)} arm(s) learn from text the donor model writes with its table, "
+                           "which the content study prepares; add --content-split (with --donor-model) or drop them "
+                           "from --arms")
     if content is None and init != "aligned" and donor_model:
         raise PolymemError("--donor-model is read only with --init aligned or --content-split; add one or drop it")
     if content is None and init != "aligned" and donor_site and "stitch" not in arm_list:
@@ -254,6 +265,13 @@ def print_content(summary: dict[str, Any]) -> None:
                   f"{100 * c['mean']:+.1f} [{100 * min(c['lo']):+.1f}, {100 * max(c['hi']):+.1f}]",
                   f"{100 * float(np.mean(rec)):.0f} %" if rec else "-")
     console.print(t)
+    taught = [a for a in ("teach", "distill") if a in summary["transfer"]["arms"]]
+    if taught:
+        t0 = summary["transfer"]["arms"][taught[0]]["teach"][0] or {}
+        console.print(f"the donor's text ({', '.join(taught)}): {t0.get('new_tokens', 0):,} new tokens kept of "
+                      f"{t0.get('written_tokens') or t0.get('new_tokens', 0):,} written from {t0.get('prompts', 0)} prompts, {t0.get('generate_s', 0):.0f} s to write "
+                      f"({t0.get('total_s', 0):.0f} s with the donor's chunk likelihoods); {t0.get('chunks', 0):,} "
+                      "byte-aligned chunks", highlight=False)
     s = summary["split"]
     console.print(f"documents: {len(s['indices']['donor'])} donor-read, {len(s['indices']['recipient'])} recipient's, "
                   f"{len(s['indices']['unseen'])} unseen (split seed {s['seed']}); content part: change on donor-read "

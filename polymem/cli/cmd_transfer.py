@@ -54,7 +54,7 @@ def transfer(
     model: Annotated[Optional[str], typer.Option("--model", "-m", rich_help_panel="Pretrained recipient (--model), the main path", help="A pretrained recipient instead (smollm2-135m, gemma3-270m, a .gguf file, a checkpoint folder, hf:ORG/NAME), backbone frozen; arms none, random, null, donor, donor_finetune, in_place. Needs --out-dir.")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", parser=tokenizer_spec, rich_help_panel="From-scratch recipients (--tokenizer), a study", help="Recipient tokenizer spec (another family than the donor's); recipients are small models trained from scratch. Not with --model.")] = None,
     eval_corpus: Annotated[Optional[list[Path]], typer.Option("--eval-corpus", parser=corpus_source, help="Score the held-out split of these documents instead of --corpus's (default: --corpus); with --model, in addition to it (one scoring set per file).")] = None,
-    arms: Annotated[Optional[str], typer.Option(help="Comma-separated arms: none, random, donor (adds donor_memory_off), donor_finetune, scratch (default: all). With --model: none, random, null, donor, donor_finetune, in_place (default: all).")] = None,
+    arms: Annotated[Optional[str], typer.Option(help="Comma-separated arms: none, random, donor (adds donor_memory_off), donor_finetune, scratch (default: all). With --model: none, random, null, donor, donor_finetune, in_place (default: these), and by name stitch, and with --content-split teach and distill (the donor model writes text with its table; docs/real-models.md#carrying-content).")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Number of seeds (0..seeds-1); each seed fixes init and data order for all arms.")] = 3,
     steps: TransferSteps = None,
     batch_size: BatchSize = None,
@@ -77,6 +77,9 @@ def transfer(
     split_seed: Annotated[int, typer.Option("--split-seed", min=0, rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split: the seed of the split (recorded in the results).")] = 0,
     donor_steps: Annotated[int, typer.Option("--donor-steps", min=1, rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split: the donor's training steps on its part (batch and block as the arms').")] = 80,
     donor_params: Annotated[str, typer.Option("--donor-params", rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split: the donor table's size in scalars (heads 8, head dim 32; site before --layers, default block 2).")] = "20M",
+    teach_tokens: Annotated[int, typer.Option("--teach-tokens", min=1, rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split and the teach or distill arm: the new tokens the donor model writes, with its table, from the starts of the recipient's documents (the text those arms learn from).")] = 4096,
+    teach_prompts: Annotated[str, typer.Option("--teach-prompts", rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split and the teach or distill arm: whose documents' starts prompt the donor: recipient (the method) or donor (a diagnostic upper bound: the starts of the documents the donor read, which a recipient does not have).")] = "recipient",
+    teach_select: Annotated[float, typer.Option("--teach-select", min=1.0, rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split and the teach or distill arm: the donor writes this many times --teach-tokens and keeps the texts on which its table lowers its own loss most (1: keeps all).")] = 1.0,
     site_lr: Annotated[float, typer.Option(min=0.0, rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: AdamW learning rate of the sites.")] = 1e-3,
     table_lr: Annotated[float, typer.Option(min=0.0, rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: table learning rate (row-wise RMS rule) of the null, donor_finetune and in_place arms.")] = 0.14,
     softmax: Annotated[Softmax, typer.Option(rich_help_panel="Pretrained recipient (--model), the main path", help="With --model: training loss over the ids the corpus uses (corpus) or the whole vocabulary (full); scores are exact.")] = Softmax("corpus"),
@@ -134,7 +137,8 @@ def transfer(
 
         content = content_options(content_split, split_seed=split_seed, asset=asset, donor_steps=donor_steps,
                                   donor_params=donor_params, batch_size=batch_size or 4, block_size=block_size,
-                                  layers=layers, site_lr=site_lr, table_lr=table_lr, softmax=softmax.value)
+                                  layers=layers, site_lr=site_lr, table_lr=table_lr, softmax=softmax.value,
+                                  teach_tokens=teach_tokens, teach_select=teach_select, teach_prompts=teach_prompts)
         transfer_model(content=content, init=init.value if init else None, gate=gate.value if gate else None, donor_model=donor_model, donor_site=donor_site, eval_at=eval_at,
                        model=model, asset=asset, corpus=corpus, eval_corpus=eval_corpus or [], arms=arms,
                        seeds=seeds, seed_list=seed_list, steps=steps or 40, batch_size=batch_size or 4,
@@ -147,7 +151,8 @@ def transfer(
         "site_lr": (site_lr, 1e-3), "table_lr": (table_lr, 0.14), "softmax": (softmax, "corpus"), "layers": (layers, None),
         "init": (init, None), "gate": (gate, None), "donor_model": (donor_model, None), "donor_site": (donor_site, None),
         "eval_at": (eval_at, None), "content_split": (content_split, None), "split_seed": (split_seed, 0),
-        "donor_steps": (donor_steps, 80), "donor_params": (donor_params, "20M")})
+        "donor_steps": (donor_steps, 80), "donor_params": (donor_params, "20M"), "teach_tokens": (teach_tokens, 4096),
+        "teach_select": (teach_select, 1.0), "teach_prompts": (teach_prompts, "recipient")})
     if asset is None:
         raise PolymemError("--asset is needed: the donor table the recipients read (from `polymem train`)")
     steps = steps or 400

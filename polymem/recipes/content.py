@@ -42,7 +42,11 @@ METHODS = {"none": "the model alone", "random": "a frozen random table of the do
            "donor_finetune": "the donor's table fine-tuned with a fresh site on the recipient's part",
            "in_place": "a table of the donor's layout trained from zero on the recipient's part",
            "stitch": "the donor's table and its own site frozen, a learned linear stitch between the residual "
-                     "streams trained on the recipient's part"}
+                     "streams trained on the recipient's part",
+           "teach": "the donor's table fine-tuned with a fresh site on text the donor model wrote with its table "
+                    "(hard targets)",
+           "distill": "as teach, plus matching the donor's likelihoods of byte-aligned chunks (approximate likelihood "
+                      "matching across the tokenizers)"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +108,7 @@ class ContentOptions:
     donor_cfg: FrozenTrainConfig | None = None  # how the donor trains on its part (None: with donor_asset)
     donor_asset: str | None = None  # a donor trained before on exactly the donor part (its provenance says so)
     resamples: int = 2000  # bootstrap resamples of the content part's interval
+    teach: Any = None  # how the donor writes text for the teach and distill arms (TeachConfig; None: its defaults)
 
 
 def content_parts(docs: Sequence[str], split: ContentSplit) -> dict[str, Any]:
@@ -317,6 +322,13 @@ def run_content_transfer(lm: Any, donor_lm: Any, corpus: Sequence[str | Path] | 
                      eval_texts={"read": t["donor"], "unseen": t["unseen"]}, eval_tokens=eval_tokens, window=window,
                      gate=gate, init=init, donor_lm=donor_lm if init == "aligned" else None, donor_site=site,
                      layers=layers, max_n=max_n)
+    if any(a in ("teach", "distill") for a in arms):
+        from polymem.recipes.teach import TeachConfig, load_donor_text, teach_data
+
+        ev("phase", what="the donor writes")
+        exp.teach_cfg = content.teach or TeachConfig()
+        exp.teach = teach_data(lm, load_donor_text(donor_lm, asset, site, t[exp.teach_cfg.prompts_from],
+                                                   exp.teach_cfg, out))
     ev("phase", what="arms")
     transfer = run_transfer(exp, arms=arms, seeds=seeds, eval_at=eval_at, out_dir=out / "arms", on_event=ev)
     ev("phase", what="donor_own")

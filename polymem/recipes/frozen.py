@@ -193,9 +193,12 @@ def site_optimizers(handle: Any, cfg: FrozenTrainConfig):
 def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig, *,
                on_step: Callable[[int, float], None] | None = None, eval_at: Sequence[int] = (),
                on_eval: Callable[[int, int], None] | None = None, checkpoint: Path | None = None,
-               checkpoint_every: int = 0, checkpoint_key: str = "", distributed: bool = False) -> dict[str, Any]:
+               checkpoint_every: int = 0, checkpoint_key: str = "", distributed: bool = False,
+               aux: Callable[[torch.Tensor, np.ndarray], torch.Tensor] | None = None) -> dict[str, Any]:
     """Train ``handle``'s sites (and table, when trainable) on ``stream`` with the model frozen.
 
+    ``aux(nats, starts)``: a term added to each step's loss, given the per-token nats [B, T] of the batch and its
+    window starts in ``stream`` [B] (the distill arm's chunk-likelihood loss, :mod:`polymem.recipes.teach`).
     ``on_eval(steps_done, tokens_seen)`` runs after each step in ``eval_at`` (not counted in tokens_per_s).
     ``checkpoint``: a folder the state is written to every ``checkpoint_every`` steps and continued from when it
     is there (:mod:`polymem.recipes.checkpoint`; ``checkpoint_key`` names the settings it belongs to).
@@ -224,10 +227,13 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
     def step_loss(step: int) -> torch.Tensor:
         x, y = window_batch(stream, starts[step][share], cfg.block_size, lm.bos_id)
         if cut is None:
-            loss = token_nats(lm.model, x.to(dev), y.to(dev)).mean()
+            nats = token_nats(lm.model, x.to(dev), y.to(dev))
         else:
             with cut as remap:
-                loss = token_nats(lm.model, x.to(dev), remap[y].to(dev)).mean()
+                nats = token_nats(lm.model, x.to(dev), remap[y].to(dev))
+        loss = nats.mean()
+        if aux is not None:
+            loss = loss + aux(nats, starts[step][share])
         return loss * (x.shape[0] / cfg.batch_size) if distributed else loss  # this process's share of the mean
 
     sched = Schedule(steps=cfg.steps, lr=cfg.site_lr, table_lr=cfg.table_lr, grad_clip=cfg.grad_clip,

@@ -12,6 +12,9 @@ initialisation (``1000 + seed``), and only the memory differs:
 * ``stitch``         — (asked for by name, not in the default set) the frozen donor table read through the donor's
   own site, frozen, with a learned linear stitch between the two residual streams (:mod:`polymem.torch.stitch`;
   needs the donor's site folder).
+* ``teach``, ``distill`` — (by name, in the content study only) the donor's rows fine-tuned with a fresh site on
+  text the donor model writes with its own table, on hard targets (``teach``) and also matching the donor's
+  chunk likelihoods across the tokenizers (``distill``; :mod:`polymem.recipes.teach`).
 
 ``donor`` minus ``random`` / ``null`` is what the donor's n-gram content is worth to the recipient;
 ``donor_finetune`` against ``in_place`` at each budget says whether starting from the donor saves training.
@@ -41,7 +44,7 @@ from polymem.errors import PolymemError
 from polymem.recipes.frozen import FrozenTrainConfig
 
 ARMS = ("none", "random", "null", "donor", "donor_finetune", "in_place")  # the default set
-EXTRA_ARMS = ("stitch",)  # run only when named
+EXTRA_ARMS = ("stitch", "teach", "distill")  # run only when named
 DONOR_INITS = ("zero", "orthogonal", "aligned")  # how the projection of the arms that read the donor's rows starts
 # the fields of FrozenTrainConfig a transfer run uses (the table geometry and layers come from the donor)
 _BUDGET_FIELDS = ("steps", "batch_size", "block_size", "table_lr", "site_lr", "warmup_frac", "decay_frac",
@@ -80,8 +83,8 @@ def arm_table(arm: str, donor: torch.Tensor, *, spec: Any, layout: Any, orders: 
         return t, "projection", "zero"
     if arm == "null":
         return SingleRowTable(spec=spec, layout=layout, orders=orders), "table", "orthogonal"
-    if arm in ("donor", "donor_finetune", "stitch"):
-        t = TrainableTable(donor, spec=spec, layout=layout, orders=orders, trainable=arm == "donor_finetune")
+    if arm in ("donor", "donor_finetune", "stitch", "teach", "distill"):
+        t = TrainableTable(donor, spec=spec, layout=layout, orders=orders, trainable=arm != "donor" and arm != "stitch")
         if counts is not None:
             t.set_counts(counts)
         if arm == "stitch":  # the sites are replaced by the stitched donor sites after attach
@@ -162,6 +165,8 @@ class Experiment:
         self.scorers = {k: Scorer(lm, v, window=window, lengths=lengths) for k, v in sets.items()}
         self.eval_texts = sets
         self.alignment: dict[str, Any] | None = None
+        self.teach: Any = None  # the donor's text and chunk targets (polymem.recipes.teach.TeachData), teach arms
+        self.teach_cfg: Any = None  # how it was written (polymem.recipes.teach.TeachConfig)
         if init == "aligned":
             self.alignment = self._align(donor_lm, donor_site)
 
@@ -222,6 +227,18 @@ class Experiment:
             "eval": {k: hashlib.sha256("\x00".join(v).encode()).hexdigest() for k, v in self.eval_texts.items()},
         }, sort_keys=True, default=str).encode())
         return h.hexdigest()[:24]
+
+    def arm_key(self, arm: str, points: Sequence[int] = ()) -> str:
+        """:meth:`key`, and for the arms that learn from the donor's text, that text too."""
+        from polymem.recipes.teach import TEACH_ARMS
+
+        if arm not in TEACH_ARMS:
+            return self.key(points)
+        if self.teach is None:
+            raise PolymemError(f"the {arm} arm learns from text the donor model writes, which only the content study "
+                               "has (--content-split with --donor-model); drop it from --arms or add --content-split")
+        w = f"-w{self.teach_cfg.distill_weight:g}" if arm == "distill" else ""
+        return self.key(points) + "-" + self.teach.digest + w
 
     def asset_fingerprint(self) -> str:
         if not hasattr(self, "_fp"):
@@ -355,6 +372,16 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
                     gate=exp.gate, init_seed=1000 + int(seed), value_init=vinit)
     if arm == "stitch":
         _stitch(exp, handle, seed)
+    stream, aux = exp.data.train, None
+    if arm in ("teach", "distill"):
+        stream = exp.teach.stream
+        if arm == "distill":
+            from polymem.recipes.teach import chunk_loss
+
+            w, td, bos = exp.teach_cfg.distill_weight, exp.teach, exp.lm.bos_id
+
+            def aux(nats: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
+                return w * chunk_loss(td, nats, starts, bos)
     curve_t: list[int] = [0]
     curve: list[float] = []
     curve_docs: list[dict[str, Any]] = []
@@ -376,7 +403,7 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
             curve_docs.append(_docs(r))
             ev("eval", arm=arm, seed=seed, tokens=tokens, bpb=curve[-1])
 
-        res = train_site(exp.lm, handle, exp.data.train, cfg, eval_at=points, on_eval=on_eval,
+        res = train_site(exp.lm, handle, stream, cfg, eval_at=points, on_eval=on_eval, aux=aux,
                          on_step=lambda i, loss: ev("step", arm=arm, seed=seed, step=i, loss=loss))
         others = [k for k in exp.scorers if k != ind]
         final = exp.score_docs(others) if others else {}
@@ -391,7 +418,9 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
             out["aligned_start"] = start
         if arm == "donor" and not torch.equal(handle.table.weight.detach().cpu(), exp.donor_tab):
             raise RuntimeError("the frozen donor table changed during training (a bug; please report)")
-        if arm == "donor_finetune":
+        if arm in ("teach", "distill"):
+            out["teach"] = {"chunks": exp.teach.chunks, "stream_tokens": int(exp.teach.stream.size), **exp.teach.cost}
+        if arm in ("donor_finetune", "teach", "distill"):
             w = handle.table.weight.detach().cpu()
             out["table_drift"] = {"rows_changed": int(((w - exp.donor_tab).abs().sum(1) > 0).sum()),
                                   "relative_change": float((w - exp.donor_tab).norm() / exp.donor_tab.norm().clamp_min(1e-12))}
@@ -457,11 +486,12 @@ def run_transfer(exp: Experiment, *, arms: Sequence[str], seeds: Sequence[int], 
     arms = check_arms(arms)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    key = exp.key(eval_points(eval_at, exp.cfg.steps))
+    pts = eval_points(eval_at, exp.cfg.steps)
     runs: dict[tuple[str, int], dict[str, Any]] = {}
     for seed in seeds:
         for arm in arms:
             f = out / f"{arm}-seed{int(seed)}.json"
+            key = exp.arm_key(arm, pts)
             if f.is_file():
                 got = _read(f)
                 if got.get("key") != key:
@@ -527,6 +557,8 @@ def summarize(exp: Experiment, arms: Sequence[str], seeds: Sequence[int],
         res["arms"][arm] = {"bpb": {k: [r["bpb"][k] for r in rs] for k in sets},
                             "train_s": [r.get("train_s", 0.0) for r in rs],
                             "elapsed_s": [r.get("elapsed_s", 0.0) for r in rs]}
+        if arm in ("teach", "distill"):
+            res["arms"][arm]["teach"] = [r.get("teach") for r in rs]
         if arm == "donor_finetune":
             res["arms"][arm]["table_drift"] = [r.get("table_drift") for r in rs]
         res["curves"][arm] = {"tokens": rs[0]["curve_tokens"], "bpb": [r["curve_bpb"] for r in rs]}
