@@ -77,7 +77,8 @@ def transfer_model(*, model: str, asset: str | None, corpus: list[Path], eval_co
     from polymem.errors import PolymemError
     from polymem.models import load_model
     from polymem.recipes.frozen import FrozenTrainConfig
-    from polymem.recipes.pretrained import ARMS, Experiment, check_arms, plot_result, run_transfer
+    from polymem.recipes.pretrained import ARMS, Experiment, check_arms, run_transfer
+    from polymem.recipes.pretrained_plot import plot_result
 
     if out_dir is None:
         raise PolymemError("--model needs --out-dir DIR: each (arm, seed) result is written there as it ends, so a "

@@ -288,7 +288,9 @@ def train_table(
     from polymem.recipes.train import _distributed
 
     distributed = _distributed()
-    _refuse_sharded_count_gate(cfg.gate, distributed)
+    from polymem.recipes.loop import refuse_sharded_count_gate
+
+    refuse_sharded_count_gate(cfg.gate, distributed)
     table_in: Any = layout
     if distributed:  # rows sharded across the processes, each holding and updating its own
         from polymem.hash.spec import HashSpec
@@ -355,13 +357,6 @@ def train_table(
             "checkpoints": res["checkpoints"]}
 
 
-def _refuse_sharded_count_gate(gate: str, distributed: bool) -> None:
-    """A table sharded across processes does not track its rows' counts while it trains, so a count gate would read
-    none in training and the asset's counts when served: refused."""
-    if distributed and gate == "count":
-        raise PolymemError("--gate count is not available when training across processes (the sharded table does not "
-                           "track its rows' counts while it trains, so training and serving would read different gate "
-                           "inputs); use --gate context or scalar, or train in one process")
 
 
 def documents_digest(texts: Sequence[str]) -> dict[str, Any]:

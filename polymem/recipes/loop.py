@@ -23,6 +23,8 @@ from typing import Any, Callable, Collection
 import numpy as np
 import torch
 
+from polymem.errors import PolymemError
+
 
 @dataclass(frozen=True, kw_only=True)
 class Schedule:
@@ -44,8 +46,6 @@ def run_steps(sched: Schedule, step_loss: Callable[[int], torch.Tensor], opt: An
     it has one. ``on_eval(steps_done, tokens_seen)`` runs after each step in ``eval_at``. Returns {"losses",
     "tokens", "train_s", "tokens_per_s", "resumed_at", "checkpoints"} and, with a row-wise table optimizer,
     "table_state_bytes" and "row_counts" (this process's rows under torch.distributed, as a tensor; else uint32)."""
-    from polymem.recipes.train import LiveCounts, apply_step, global_sum
-
     losses: list[float] = []
     first, before_s = 0, 0.0
     if ck is not None:
@@ -89,3 +89,78 @@ def run_steps(sched: Schedule, step_loss: Callable[[int], torch.Tensor], opt: An
         n = st.get("n", torch.zeros(table.weight.shape[0], dtype=torch.int32))  # (this process's rows)
         out["row_counts"] = n.detach().cpu() if distributed else n.detach().cpu().numpy().astype(np.uint32)
     return out
+
+
+def apply_step(loss: torch.Tensor, dense: list, grad_clip: float, opt: Any, topt: Any = None,
+               reduce: bool = False) -> None:
+    """Backward, clip the dense parameters' gradient norm (when grad_clip > 0), step both optimizers (the table's
+    row-wise one may be None) and clear their gradients. ``reduce``: sum the dense gradients over the processes
+    of torch.distributed first (each process's loss weighted by its share of the global batch)."""
+    loss.backward()
+    if reduce:
+        from polymem.torch.sharded import all_reduce_grads
+
+        all_reduce_grads(dense)
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(dense, grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if topt is not None:
+        topt.step()
+        topt.zero_grad(set_to_none=True)
+
+
+def global_sum(x: torch.Tensor) -> float:
+    import torch.distributed as dist
+
+    x = x.detach().float().clone()
+    dist.all_reduce(x)
+    return float(x)
+
+
+class LiveCounts:
+    """What a gate="count" site reads while its table trains: the rows' training counts as they grow, so that
+    training and serving read the same gate input (a site attached again reads the asset's counts, which are
+    these counts at the end).
+
+    During a training step's forward every row reads its updates so far plus one (the update this step makes
+    counts; reading 0 would scale the row to nothing and no row would ever learn); after the step, and for
+    scoring, the updates so far. A table that starts with counts (a donor's) adds its updates to them. Off for
+    a frozen table (its counts do not change), a table without counts' room (sharded across processes) and
+    sites of other gates."""
+
+    def __init__(self, handle: Any, topt: Any) -> None:
+        from polymem.torch.tables import TrainableTable
+
+        self.on = (handle is not None and topt is not None and isinstance(handle.table, TrainableTable)
+                   and any(getattr(getattr(s, "cfg", None), "gate", None) == "count" for s in handle.sites.values()))
+        if not self.on:
+            return
+        self.table, self.topt = handle.table, topt
+        w = handle.table.weight
+        start = handle.table.counts
+        self.start = (start.detach().clone() if start is not None
+                      else torch.zeros(w.shape[0], dtype=torch.float32, device=w.device))  # [R]
+        self.settle()
+
+    def reading(self) -> None:
+        """Before a training step's forward: each row's updates so far, this step's included."""
+        if self.on:
+            self.table.counts = self.now + 1
+
+    def settle(self) -> None:
+        """After a step (and before scoring): each row's updates so far."""
+        if not self.on:
+            return
+        n = self.topt.state.get(self.table.weight, {}).get("n")
+        self.now = self.start if n is None else self.start + n.to(self.start.device, torch.float32)
+        self.table.counts = self.now
+
+
+def refuse_sharded_count_gate(gate: str, distributed: bool) -> None:
+    """A table sharded across processes does not track its rows' counts while it trains, so a count gate would read
+    none in training and the asset's counts when served: refused."""
+    if distributed and gate == "count":
+        raise PolymemError("--gate count is not available when training across processes (the sharded table does not "
+                           "track its rows' counts while it trains, so training and serving would read different gate "
+                           "inputs); use --gate context or scalar, or train in one process")

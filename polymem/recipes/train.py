@@ -197,62 +197,8 @@ def _optimizers(model, handle, cfg: TrainConfig):
     return opt, topt, dense
 
 
-def apply_step(loss: torch.Tensor, dense: list, grad_clip: float, opt: Any, topt: Any = None,
-               reduce: bool = False) -> None:
-    """Backward, clip the dense parameters' gradient norm (when grad_clip > 0), step both optimizers (the table's
-    row-wise one may be None) and clear their gradients. ``reduce``: sum the dense gradients over the processes
-    of torch.distributed first (each process's loss weighted by its share of the global batch)."""
-    loss.backward()
-    if reduce:
-        from polymem.torch.sharded import all_reduce_grads
-
-        all_reduce_grads(dense)
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(dense, grad_clip)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    if topt is not None:
-        topt.step()
-        topt.zero_grad(set_to_none=True)
 
 
-class LiveCounts:
-    """What a gate="count" site reads while its table trains: the rows' training counts as they grow, so that
-    training and serving read the same gate input (a site attached again reads the asset's counts, which are
-    these counts at the end).
-
-    During a training step's forward every row reads its updates so far plus one (the update this step makes
-    counts; reading 0 would scale the row to nothing and no row would ever learn); after the step, and for
-    scoring, the updates so far. A table that starts with counts (a donor's) adds its updates to them. Off for
-    a frozen table (its counts do not change), a table without counts' room (sharded across processes) and
-    sites of other gates."""
-
-    def __init__(self, handle: Any, topt: Any) -> None:
-        from polymem.torch.tables import TrainableTable
-
-        self.on = (handle is not None and topt is not None and isinstance(handle.table, TrainableTable)
-                   and any(getattr(getattr(s, "cfg", None), "gate", None) == "count" for s in handle.sites.values()))
-        if not self.on:
-            return
-        self.table, self.topt = handle.table, topt
-        w = handle.table.weight
-        start = handle.table.counts
-        self.start = (start.detach().clone() if start is not None
-                      else torch.zeros(w.shape[0], dtype=torch.float32, device=w.device))  # [R]
-        self.settle()
-
-    def reading(self) -> None:
-        """Before a training step's forward: each row's updates so far, this step's included."""
-        if self.on:
-            self.table.counts = self.now + 1
-
-    def settle(self) -> None:
-        """After a step (and before scoring): each row's updates so far."""
-        if not self.on:
-            return
-        n = self.topt.state.get(self.table.weight, {}).get("n")
-        self.now = self.start if n is None else self.start + n.to(self.start.device, torch.float32)
-        self.table.counts = self.now
 
 
 def batch_share(batch_size: int) -> slice:
@@ -266,12 +212,6 @@ def batch_share(batch_size: int) -> slice:
     return slice(batch_size * rank // world, batch_size * (rank + 1) // world)
 
 
-def global_sum(x: torch.Tensor) -> float:
-    import torch.distributed as dist
-
-    x = x.detach().float().clone()
-    dist.all_reduce(x)
-    return float(x)
 
 
 def _distributed() -> bool:
@@ -429,9 +369,9 @@ def train_donor(
                              vocab_size=data.cache.vocab_size)
         layout = xspec.layout(mem.head_dim)
     distributed = _distributed()
-    from polymem.recipes.frozen import _refuse_sharded_count_gate
+    from polymem.recipes.loop import refuse_sharded_count_gate
 
-    _refuse_sharded_count_gate(mem.gate, distributed)
+    refuse_sharded_count_gate(mem.gate, distributed)
     if hash == "xor" and not distributed:
         table_in = TrainableTable(None, spec=xspec, layout=layout, orders=tuple(range(1, mem.max_n + 1)))
     if distributed:  # rows sharded across the processes, each holding and updating its own
