@@ -17,29 +17,8 @@ from polymem.errors import PolymemError
 pytest.importorskip("transformers")
 torch.set_num_threads(1)
 
-from test_models import _checkpoint  # noqa: E402  (the tiny checkpoints of the pretrained-model tests)
 from test_content_transfer import _donor_cfg  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    return {a: _checkpoint(root / a, a) for a in ("llama", "gemma3")}
-
-
-@pytest.fixture(scope="module")
-def lms(ckpts):
-    from polymem.models import load_model
-
-    return {a: load_model(p) for a, p in ckpts.items()}
-
-
-@pytest.fixture(scope="module")
-def docs():
-    from conftest import generated_text, sample_text
-
-    lines = [ln for ln in (sample_text() + "\n" + generated_text(2500, seed=3)).splitlines() if ln.strip()]
-    return ["\n".join(lines[i:i + 6]) for i in range(0, len(lines), 6)][:30]
+from test_content_transfer import ckpts, docs, lms  # noqa: E402,F401  (the same small models and documents)
 
 
 def _ends(lm, text):
