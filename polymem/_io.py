@@ -277,6 +277,17 @@ def read_json(path: str | os.PathLike[str], *, what: str, max_bytes: int = MAX_J
         raise error(f"{what} {os.fspath(path)!r} is not JSON ({type(e).__name__}: {str(e)[:120]}): {fix}") from None
 
 
+def read_keyed(path: str | os.PathLike[str], key: str, *, what: str) -> dict[str, Any] | None:
+    """A result a resumable run wrote earlier: its JSON object when ``path`` is there and holds ``key`` (the
+    settings it belongs to), else None (the piece is computed again and the file replaced). Read through
+    :func:`read_json`: a FIFO, a huge file or text that is not JSON is one error line."""
+    p = Path(path)
+    if not os.path.lexists(p):
+        return None
+    got = read_json(p, what=what, fix="remove it to compute it again")
+    return got if isinstance(got, dict) and got.get("key") == key else None
+
+
 @contextlib.contextmanager
 def regular_path(path: str | os.PathLike[str], *, what: str, fix: str = "pass the file itself") -> Iterator[str]:
     """A path to hand a library that opens files itself (safetensors), for ``path`` checked to be a regular file:

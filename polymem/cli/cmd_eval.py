@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -205,6 +206,15 @@ def _table_path(site: Path, header: dict, table: str | None, flag: str = "--tabl
     return find_table(site, header, fix=f"pass {flag} TABLE")
 
 
+@functools.lru_cache(maxsize=4)
+def _builtin_tokenizer(model: str) -> Any:
+    """A builtin model's tokenizer, read from its file alone (once per process: eval checks every --site with it)."""
+    from polymem.models.cache import model_tokenizer_file
+    from polymem.tokenizers import load_tokenizer
+
+    return load_tokenizer(str(model_tokenizer_file(model)))
+
+
 def check_site_tokenizer(site: Path, header: dict, model: str) -> None:
     """Before a builtin model loads: the site must have been trained with that model's tokenizer (its
     fingerprint, read from the tokenizer alone). Other model specs are checked when the site attaches."""
@@ -214,10 +224,7 @@ def check_site_tokenizer(site: Path, header: dict, model: str) -> None:
     want = (header.get("tokenizer") or {}) if isinstance(header.get("tokenizer"), dict) else {}
     if model not in BUILTIN_MODELS or not want.get("fingerprint"):
         return
-    from polymem.models.cache import model_tokenizer_file
-    from polymem.tokenizers import load_tokenizer
-
-    tok = load_tokenizer(str(model_tokenizer_file(model)))
+    tok = _builtin_tokenizer(model)
     if tok.fingerprint != want["fingerprint"]:
         raise SpecMismatchError(
             f"{str(site)!r} was trained for tokenizer {want.get('name')!r} (fingerprint {str(want['fingerprint'])[:16]}…), "

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from polymem._io import read_json, read_keyed
 from polymem.errors import PolymemError
 from polymem.recipes.frozen import FrozenTrainConfig
 
@@ -140,11 +142,8 @@ def _check_split_record(out: Path, rec: dict[str, Any]) -> None:
     from polymem._io import atomic_write_json
 
     f = out / "split.json"
-    if f.is_file():
-        try:
-            old = json.loads(f.read_bytes().decode("utf-8"))
-        except (OSError, ValueError) as e:
-            raise PolymemError(f"{str(f)!r} is not readable ({type(e).__name__}); remove that folder to start over") from None
+    if os.path.lexists(f):
+        old = read_json(f, what="the split record", error=PolymemError, fix="remove that folder to start over")
         if old != json.loads(json.dumps(rec)):
             raise PolymemError(f"{str(out)!r} holds a run of another split or corpus ({str(f)!r}); pass another "
                                "--out-dir, or remove that folder to start over")
@@ -205,10 +204,9 @@ def donor_own(donor_lm: Any, asset: str | Path, site: str | Path, sets: dict[str
         "sets": {k: hashlib.sha256("\x00".join(v).encode()).hexdigest() for k, v in sets.items()}},
         sort_keys=True).encode()).hexdigest()[:24]
     f = Path(out_dir) / "donor-own.json"
-    if f.is_file():
-        got = json.loads(f.read_bytes().decode("utf-8"))
-        if isinstance(got, dict) and got.get("key") == key:
-            return got
+    got = read_keyed(f, key, what="the donor's own scores")
+    if got is not None:
+        return got
     scorers = {k: Scorer(donor_lm, v, window=window) for k, v in sets.items()}
 
     def docs(r: dict[str, Any]) -> dict[str, Any]:
@@ -277,12 +275,8 @@ def write_content_results(path: str | Path, record: dict[str, Any]) -> dict[str,
 
     p = Path(path)
     doc: dict[str, Any] = {"directions": []}
-    if p.is_file():
-        try:
-            got = json.loads(p.read_bytes().decode("utf-8"))
-        except (OSError, ValueError) as e:
-            raise PolymemError(f"{str(p)!r} is not a readable results file ({type(e).__name__}); remove it or pass "
-                               "another path") from None
+    if os.path.lexists(p):
+        got = read_json(p, what="the results file", error=PolymemError, fix="remove it or pass another path")
         if not isinstance(got, dict) or not isinstance(got.get("directions"), list):
             raise PolymemError(f"{str(p)!r} is not a content-transfer results file (no \"directions\" list); pass "
                                "another path")

@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from polymem._io import read_keyed
 from polymem.errors import PolymemError
 
 TEACH_ARMS = ("teach", "distill")
@@ -185,10 +186,9 @@ def load_donor_text(donor_lm: Any, asset: str | Path, site: str | Path, recipien
         "prompts": hashlib.sha256("\x00".join(prompts).encode()).hexdigest(), "cfg": asdict(cfg)},
         sort_keys=True).encode()).hexdigest()[:24]
     f = Path(out_dir) / "teach.json"
-    if f.is_file():
-        got = json.loads(f.read_bytes().decode("utf-8"))
-        if isinstance(got, dict) and got.get("key") == key:
-            return got
+    got = read_keyed(f, key, what="the donor's text")
+    if got is not None:
+        return got
     out = {"key": key, "config": asdict(cfg), **donor_text(donor_lm, asset, site, prompts, cfg)}
     atomic_write_json(f, out, indent=1)
     return out

@@ -235,3 +235,23 @@ def test_other_files_read_whole_refuse_a_fifo(tmp_path, which):
         with fifo(tmp_path / "t.txt") as p:
             got = quick(CliRunner().invoke, app, ["tokenizers", "check", "bytes", "--text", str(p)]).exception
     assert isinstance(got, PolymemError) and "is a FIFO (named pipe), not a regular file" in str(got), got
+
+
+def test_a_resumed_result_is_read_through_the_one_opener(tmp_path: Path) -> None:
+    """The content study's and the teach arms' resumable pieces (donor-own.json, teach.json): the file of these
+    settings is reused, another key is computed again, a FIFO or text that is not JSON is one line (before: a plain
+    read, which waited on a FIFO and raised a JSONDecodeError traceback)."""
+    from polymem._io import atomic_write_json, read_keyed
+
+    f = tmp_path / "donor-own.json"
+    assert read_keyed(f, "k1", what="the donor's own scores") is None
+    atomic_write_json(f, {"key": "k1", "bpb": 1.0})
+    assert read_keyed(f, "k1", what="the donor's own scores") == {"key": "k1", "bpb": 1.0}
+    assert read_keyed(f, "k2", what="the donor's own scores") is None
+    f.write_text('{"key": "k1", "bpb": ')
+    with pytest.raises(FormatError, match="the donor's own scores .* is not JSON.*remove it"):
+        read_keyed(f, "k1", what="the donor's own scores")
+    g = tmp_path / "teach.json"
+    with fifo(g):
+        with pytest.raises(FormatError, match="teach.json"):
+            read_keyed(g, "k1", what="the donor's text")
