@@ -32,11 +32,12 @@ def _seeds(seeds: int, seed_list: str | None) -> list[int]:
 def content_options(split: str | None, *, split_seed: int, asset: str | None, donor_steps: int, donor_params: str,
                     batch_size: int, block_size: int, layers: str | None, site_lr: float, table_lr: float,
                     softmax: str, teach_tokens: int = 4096,
-                    teach_select: float = 1.0, teach_prompts: str = "recipient") -> Any:
+                    teach_select: float = 1.0, teach_prompts: str = "recipient", byte_head: int = 0) -> Any:
     """``--content-split`` and the donor's options as :class:`polymem.recipes.content.ContentOptions` (None
     without a split; the donor's options given without one are refused)."""
     from polymem.cli._options import parse_count, refuse_unused
     from polymem.cli.cmd_train import _layers
+    from polymem.errors import PolymemError
     from polymem.recipes.content import ContentOptions, ContentSplit
     from polymem.recipes.frozen import FrozenTrainConfig
     from polymem.recipes.teach import TeachConfig
@@ -46,16 +47,23 @@ def content_options(split: str | None, *, split_seed: int, asset: str | None, do
                                                    "donor_params": (donor_params, "20M"),
                                                    "teach_tokens": (teach_tokens, 4096),
                                                    "teach_select": (teach_select, 1.0),
-                                                   "teach_prompts": (teach_prompts, "recipient")})
+                                                   "teach_prompts": (teach_prompts, "recipient"),
+                                                   "donor_byte_head": (byte_head, 0)})
         return None
+    if byte_head:
+        from polymem.torch.bytehead import check_bytes
+
+        check_bytes(byte_head, "--donor-byte-head")
     sp = ContentSplit.parse(split, seed=split_seed)
     teach = TeachConfig(tokens=teach_tokens, select=teach_select, prompts_from=teach_prompts)
     if asset is not None:
+        if byte_head:
+            raise PolymemError("--donor-byte-head trains the donor here, and --asset gives one trained before; drop one")
         return ContentOptions(split=sp, donor_asset=asset, teach=teach)
     cfg = FrozenTrainConfig(steps=donor_steps, batch_size=batch_size, block_size=block_size,
                             layers=_layers(layers or "2"), params=parse_count(donor_params), site_lr=site_lr,
                             table_lr=table_lr, softmax=softmax)
-    return ContentOptions(split=sp, donor_cfg=cfg, teach=teach)
+    return ContentOptions(split=sp, donor_cfg=cfg, teach=teach, byte_head=byte_head)
 
 
 def transfer_model(*, model: str, asset: str | None, corpus: list[Path], eval_corpus: list[Path], arms: str | None,

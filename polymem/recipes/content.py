@@ -48,7 +48,12 @@ METHODS = {"none": "the model alone", "random": "a frozen random table of the do
            "teach": "the donor's table fine-tuned with a fresh site on text the donor model wrote with its table "
                     "(hard targets)",
            "distill": "as teach, plus matching the donor's likelihoods of byte-aligned chunks (approximate likelihood "
-                      "matching across the tokenizers)"}
+                      "matching across the tokenizers)",
+           "next_bytes": "the donor's table and its byte decoder (trained with the rows to predict the bytes after "
+                         "each n-gram) frozen; each recipient token scored by the decoded bytes of its spelling, "
+                         "added to the next-token logits with one learned weight per order",
+           "next_bytes_fit": "as next_bytes, with the byte decoder fitted on the recipient's part instead of the "
+                             "donor's own"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +116,8 @@ class ContentOptions:
     donor_asset: str | None = None  # a donor trained before on exactly the donor part (its provenance says so)
     resamples: int = 2000  # bootstrap resamples of the content part's interval
     teach: Any = None  # how the donor writes text for the teach and distill arms (TeachConfig; None: its defaults)
+    byte_head: int = 0  # J > 0: the donor trains a byte decoder with its rows (polymem.recipes.nextbytes)
+    byte_weight: float = 1.0  # the weight of its loss
 
 
 def content_parts(docs: Sequence[str], split: ContentSplit) -> dict[str, Any]:
@@ -173,13 +180,15 @@ def prepare_donor(donor_lm: Any, parts: dict[str, Any], opts: ContentOptions, ou
         check_donor_read(out, texts["donor"])
         prov = dict(getattr(open_table(out), "provenance", {}) or {})
         want = json.loads(json.dumps(asdict(opts.donor_cfg)))
-        if prov.get("frozen_train_config") != want or (prov.get("model") or {}).get("name") != donor_lm.name:
+        bh = (prov.get("byte_head") or {}).get("bytes", 0), (prov.get("byte_head") or {}).get("weight", opts.byte_weight)
+        if (prov.get("frozen_train_config") != want or (prov.get("model") or {}).get("name") != donor_lm.name
+                or bh != (opts.byte_head, opts.byte_weight)):
             raise PolymemError(f"{str(out)!r} was trained with other settings or another model; pass another "
                                "--out-dir, or remove that folder to start over")
         return out, site
     train_table(donor_lm, [], out, cfg=opts.donor_cfg, site_dir=site, texts=texts["donor"], heldout_every=0,
                 heldout_texts=texts["unseen"], eval_tokens=eval_tokens, window=window, overwrite=True,
-                on_step=on_step, on_phase=on_phase)
+                on_step=on_step, on_phase=on_phase, byte_head=opts.byte_head, byte_weight=opts.byte_weight)
     return out, site
 
 
