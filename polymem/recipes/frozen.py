@@ -263,7 +263,7 @@ def train_table(
     and without them the run scores documents it trained on and says so (``scored_set``).
 
     ``byte_head=J``: a byte decoder trains with the rows (the bytes that follow each n-gram, loss times
-    ``byte_weight``, :class:`polymem.recipes.nextbytes.DonorBytes`) and is saved beside the site."""
+    ``byte_weight``, :class:`polymem.torch.bytehead.DonorBytes`) and is saved beside the site."""
     from polymem.models.evaluate import Scorer
     from polymem.torch.attach import attach
     from polymem.torch.tablefile import save_table
@@ -320,7 +320,7 @@ def train_table(
             say("training")
         bh = None
         if byte_head:
-            from polymem.recipes.nextbytes import DonorBytes
+            from polymem.torch.bytehead import DonorBytes
 
             if distributed or checkpoint_every > 0:
                 raise PolymemError("--byte-head trains in one process without checkpoints; drop --checkpoint-every "

@@ -1,6 +1,6 @@
 """Rows that describe what follows them: a byte decoder trained with the donor's table, read by a recipient.
 
-**Donor side** (:class:`DonorBytes`). While the donor's table and site train on a frozen backbone
+**Donor side** (:class:`polymem.torch.bytehead.DonorBytes`). While the donor's table and site train on a frozen backbone
 (:func:`polymem.recipes.frozen.train_table` with ``byte_head=J``), an auxiliary loss trains a byte decoder
 (:class:`polymem.torch.bytehead.ByteHead`) jointly with the rows: for each position t and order n whose n-gram
 has a row, the gathered row e_{t,n} predicts the J bytes that follow the n-gram's end in the text. The loss,
@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 
 from polymem.errors import PolymemError
-from polymem.torch.bytehead import ByteHead, byte_loss, check_bytes, next_byte_targets, token_byte_matrix
+from polymem.torch.bytehead import ByteHead, byte_loss, next_byte_targets, token_byte_matrix
 
 NEXT_BYTES_ARMS = ("next_bytes", "next_bytes_fit")
 W_LR = 0.05  # AdamW on the N order weights w_n
@@ -49,47 +49,6 @@ FIT_STEPS = 200  # next_bytes_fit: steps of the decoder's fit on the recipient's
 FIT_BATCH = 512  # positions per fit step
 FIT_LR = 3e-3
 CHUNK = 256  # positions per block of the vocabulary scores when scoring (a [CHUNK, V] float block)
-
-
-class DonorBytes:
-    """The auxiliary byte loss of a table training on ``stream``: ``aux(nats, starts)`` for
-    :func:`polymem.recipes.frozen.train_site`, ``params`` for its optimizer, ``record()`` for the provenance."""
-
-    def __init__(self, handle: Any, stream: np.ndarray, token_bytes: Sequence[bytes | None], j: int, *,
-                 weight: float = 1.0, bos: int | None, seed: int = 0) -> None:
-        check_bytes(j)
-        if not weight > 0:
-            raise PolymemError(f"--byte-weight {weight!r} must be > 0; pass e.g. 1.0")
-        lay = handle.table.layout
-        self.handle, self.weight, self.off = handle, float(weight), 0 if bos is not None else 1
-        self.head = ByteHead(handle.max_n, lay.heads, lay.head_dim, j, seed=seed)
-        dev = handle.table.weight.device
-        self.head.to(dev)
-        self.targets = torch.from_numpy(next_byte_targets(stream, token_bytes, j).astype(np.int64))  # [S, J]
-        self.losses: list[float] = []
-        self.accs: list[float] = []
-
-    @property
-    def params(self) -> list[nn.Parameter]:
-        return list(self.head.parameters())
-
-    def aux(self, nats: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
-        rows = self.handle._rows  # [B, T, N, K] of the forward just run
-        e = self.handle.table.gather(rows)  # [B, T, N, K, r], with the table's gradient
-        B, T = rows.shape[:2]
-        idx = torch.from_numpy(np.asarray(starts)[:, None] + np.arange(T)[None, :] + self.off)  # [B, T]
-        y = self.targets[idx].to(rows.device)  # [B, T, J]: the bytes after position t's n-gram
-        loss, acc = byte_loss(self.head(e), y, rows[..., 0] >= 0)
-        self.losses.append(float(loss.detach()))
-        self.accs.append(float(acc))
-        return self.weight * loss
-
-    def record(self) -> dict[str, Any]:
-        k = max(1, min(10, len(self.losses)))
-        return {**self.head.describe(), "weight": self.weight,
-                "byte_loss_first": self.losses[0] if self.losses else None,
-                "byte_loss_last10": float(np.mean(self.losses[-k:])) if self.losses else None,
-                "byte_acc_last10": float(np.mean(self.accs[-k:])) if self.accs else None}
 
 
 class ByteBias:
@@ -160,6 +119,10 @@ class ByteBias:
         return logits
 
 
+def _docs(r: dict[str, Any]) -> dict[str, Any]:
+    return {"bits": [float(x) for x in r["doc_bits"]], "bytes": [int(x) for x in r["doc_bytes"]]}
+
+
 def fit_head(exp: Any, seed: int) -> tuple[ByteHead, dict[str, Any]]:
     """A byte decoder fitted on the recipient's part: its n-gram rows (the donor's table, frozen) -> the bytes
     that follow in its text (``next_bytes_fit``)."""
@@ -224,14 +187,13 @@ def run_next_bytes(exp: Any, arm: str, seed: int, *, eval_at: Sequence[int],
     """One seed of a next-bytes arm, in the shape of :func:`polymem.recipes.pretrained.run_arm`'s results."""
     from polymem.recipes.frozen import FrozenTrainConfig, data_order, restricted_head, window_batch
     from polymem.recipes.loop import Schedule, run_steps
-    from polymem.recipes.pretrained import _docs, eval_points
     from polymem.models.evaluate import token_nats
     from polymem.torch.bytehead import load_byte_head
 
     ev = on_event or (lambda *a, **k: None)
     t0 = time.perf_counter()
     cfg = FrozenTrainConfig(**{**asdict(exp.cfg), "seed": int(seed)})
-    points = eval_points(eval_at, cfg.steps)
+    points = sorted({int(p) for p in eval_at if 0 < int(p) <= cfg.steps} | {cfg.steps})  # as the other arms
     if arm == "next_bytes":
         head, fit = load_byte_head(exp.donor_site), None
     else:

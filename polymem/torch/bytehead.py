@@ -18,8 +18,8 @@ the EOS between two documents); bytes past it are not predicted (-1).
 The decoder is saved beside a site as ``bytes.safetensors`` and named in its ``site.json`` (``"byte_head"``: J,
 the orders, the row width and the file's sha256), both written whole (:mod:`polymem._io`).
 
-Not here: the auxiliary loss that trains it with the table and the recipient's arm that reads it
-(:mod:`polymem.recipes.nextbytes`).
+:class:`DonorBytes` is the auxiliary loss that trains a decoder with a table (``polymem train --model
+--byte-head J``). Not here: the recipient's arms that read it (:mod:`polymem.recipes.nextbytes`).
 """
 
 from __future__ import annotations
@@ -129,6 +129,48 @@ def byte_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor) 
     ce = F.cross_entropy(logits.reshape(-1, 256), y.reshape(-1).clamp_min(0), reduction="none").view(y.shape)
     acc = (logits.argmax(-1) == y).float()
     return ce[m].mean(), acc[m].mean().detach()
+
+
+class DonorBytes:
+    """The auxiliary byte loss of a table training on ``stream`` (a token stream read in windows whose starts
+    are given): ``aux(nats, starts)`` for :func:`polymem.recipes.frozen.train_site`, ``params`` for its
+    optimizer, ``record()`` for the provenance. The loss, times ``weight``, trains the decoder and the rows."""
+
+    def __init__(self, handle: Any, stream: np.ndarray, token_bytes: Sequence[bytes | None], j: int, *,
+                 weight: float = 1.0, bos: int | None, seed: int = 0) -> None:
+        check_bytes(j)
+        if not weight > 0:
+            raise PolymemError(f"--byte-weight {weight!r} must be > 0; pass e.g. 1.0")
+        lay = handle.table.layout
+        self.handle, self.weight, self.off = handle, float(weight), 0 if bos is not None else 1
+        self.head = ByteHead(handle.max_n, lay.heads, lay.head_dim, j, seed=seed)
+        dev = handle.table.weight.device
+        self.head.to(dev)
+        self.targets = torch.from_numpy(next_byte_targets(stream, token_bytes, j).astype(np.int64))  # [S, J]
+        self.losses: list[float] = []
+        self.accs: list[float] = []
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return list(self.head.parameters())
+
+    def aux(self, nats: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
+        rows = self.handle._rows  # [B, T, N, K] of the forward just run
+        e = self.handle.table.gather(rows)  # [B, T, N, K, r], with the table's gradient
+        B, T = rows.shape[:2]
+        idx = torch.from_numpy(np.asarray(starts)[:, None] + np.arange(T)[None, :] + self.off)  # [B, T]
+        y = self.targets[idx].to(rows.device)  # [B, T, J]: the bytes after position t's n-gram
+        loss, acc = byte_loss(self.head(e), y, rows[..., 0] >= 0)
+        self.losses.append(float(loss.detach()))
+        self.accs.append(float(acc))
+        return self.weight * loss
+
+    def record(self) -> dict[str, Any]:
+        k = max(1, min(10, len(self.losses)))
+        return {**self.head.describe(), "weight": self.weight,
+                "byte_loss_first": self.losses[0] if self.losses else None,
+                "byte_loss_last10": float(np.mean(self.losses[-k:])) if self.losses else None,
+                "byte_acc_last10": float(np.mean(self.accs[-k:])) if self.accs else None}
 
 
 def save_byte_head(head: ByteHead, site_dir: str | os.PathLike[str], *, record: dict[str, Any] | None = None) -> Path:

@@ -149,3 +149,30 @@ def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
     with pytest.raises(PolymemError, match="was trained with other settings"):
         run_content_transfer(lms["gemma3"], lms["llama"], None, **kw, arms=["none"], out_dir=out,
                              content=ContentOptions(split=split, donor_cfg=donor_cfg, resamples=50))
+
+
+def test_cli_byte_head_refusals_before_loading(docs, tmp_path):
+    """A J out of 1..16, or one given where no donor trains: one line naming the option, before any model loads
+    (the model named does not exist, so loading it would fail otherwise)."""
+    from typer.testing import CliRunner
+
+    from polymem.cli.app import app
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:10]))
+    common = ["transfer", "--model", str(tmp_path / "no-such-model"), "--corpus", str(corpus), "--out-dir",
+              str(tmp_path / "o")]
+    r = CliRunner().invoke(app, common + ["--content-split", "0.3,0.4,0.3", "--donor-model", "x",
+                                          "--donor-byte-head", "17"])
+    assert r.exit_code != 0 and "--donor-byte-head 17: the bytes a row's decoder predicts must be 1..16" in str(r.exception)
+    r = CliRunner().invoke(app, common + ["--asset", "x.pmem", "--donor-byte-head", "8"])
+    assert r.exit_code != 0 and "--donor-byte-head has no effect without --content-split" in str(r.exception)
+    r = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--out", str(tmp_path / "t.pmem"), "--model",
+                                 str(tmp_path / "no-such-model"), "--byte-head", "0x"])
+    assert r.exit_code != 0
+    r = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--out", str(tmp_path / "t.pmem"), "--model",
+                                 str(tmp_path / "no-such-model"), "--byte-head", "20"])
+    assert r.exit_code != 0 and "--byte-head 20: the bytes a row's decoder predicts must be 1..16" in str(r.exception)
+    r = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--out", str(tmp_path / "t.pmem"), "--tokenizer",
+                                 "bytes", "--byte-head", "8"])
+    assert r.exit_code != 0 and "--byte-head has no effect without --model" in str(r.exception)
