@@ -53,7 +53,9 @@ METHODS = {"none": "the model alone", "random": "a frozen random table of the do
                          "each n-gram) frozen; each recipient token scored by the decoded bytes of its spelling, "
                          "added to the next-token logits with one learned weight per order",
            "next_bytes_fit": "as next_bytes, with the byte decoder fitted on the recipient's part instead of the "
-                             "donor's own"}
+                             "donor's own",
+           "next_bytes_conf": "as next_bytes, each order's weight also scaled with the decoder's confidence in the row "
+                              "(its mean top-byte probability), both learned"}
 
 
 @dataclass(frozen=True, kw_only=True)

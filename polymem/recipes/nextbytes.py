@@ -20,7 +20,10 @@ schedule; their learning rate is :data:`W_LR` (a few scalars need larger steps t
 the budget). The hash is over bytes, so where the recipient's last n tokens spell the bytes of an n-gram the
 donor read, it reads what the donor's rows say follows them. ``next_bytes_fit`` is the ablation that needs no
 donor change: the same arm with a decoder fitted on the recipient's part (its rows → its text's next bytes,
-:data:`FIT_STEPS` steps) instead of the donor's.
+:data:`FIT_STEPS` steps) instead of the donor's. ``next_bytes_conf`` weighs each row by the decoder's confidence
+too: order n's weight at t is w_n + u_n·c_{t,n}, c_{t,n} the mean over j of the row's top byte probability
+(u_n from 0 as well), so that a weighting learnt on text the donor never read can still trust the rows that say
+sharply what follows them.
 
 This is the kNN-LM / n-gram-interpolation idea ("Generalization through Memorization: Nearest Neighbor
 Language Models"; "Infini-gram: Scaling Unbounded n-gram Language Models to a Trillion Tokens") with the
@@ -43,7 +46,7 @@ import torch.nn as nn
 from polymem.errors import PolymemError
 from polymem.torch.bytehead import ByteHead, byte_loss, next_byte_targets, token_byte_matrix
 
-NEXT_BYTES_ARMS = ("next_bytes", "next_bytes_fit")
+NEXT_BYTES_ARMS = ("next_bytes", "next_bytes_fit", "next_bytes_conf")
 W_LR = 0.05  # AdamW on the N order weights w_n
 FIT_STEPS = 200  # next_bytes_fit: steps of the decoder's fit on the recipient's part
 FIT_BATCH = 512  # positions per fit step
@@ -55,12 +58,14 @@ class ByteBias:
     """Hooks on a recipient model that add the byte scores of the donor's rows to its next-token logits."""
 
     def __init__(self, lm: Any, head: ByteHead, table: torch.Tensor, layout: Any, cache: Any, max_n: int,
-                 cut_ids: np.ndarray | None = None) -> None:
+                 cut_ids: np.ndarray | None = None, confidence: bool = False) -> None:
         from polymem.torch.hash import TorchTokenHashes
 
         self.lm, self.head, self.table, self.layout, self.N = lm, head, table, layout, int(max_n)
         self.tc = TorchTokenHashes.from_cache(cache)
         self.w = nn.Parameter(torch.zeros(self.N))  # [N]: 0 = the model alone
+        # confidence: each order's weight is w_n + u_n·c_{t,n}, c the decoder's mean top-byte probability of the row
+        self.u = nn.Parameter(torch.zeros(self.N)) if confidence else None
         out = lm.model.get_output_embeddings()
         V = int(getattr(out, "out_features", 0) or lm.model.config.vocab_size)
         bm = torch.from_numpy(token_byte_matrix(lm.tokenizer.all_token_bytes(), head.j, rows=V).astype(np.int64))
@@ -110,7 +115,12 @@ class ByteBias:
             raise PolymemError(f"the model returned {V} logits; the byte bias knows {self.full.shape[0]} ids")
         lr, _ = self.log_ratio(self.ids)
         B, T = lr.shape[:2]
-        d = (lr * self.w.view(1, 1, self.N, 1, 1)).sum(2).reshape(B * T, self.head.j, 256)  # [B·T, J, 256]
+        g = self.w.view(1, 1, self.N)  # [1, 1, N]: each order's weight at each position
+        if self.u is not None:
+            prior = torch.log_softmax(self.head.bias.view(self.N, self.head.j, 256), dim=-1)
+            c = (lr + prior).exp().amax(-1).mean(-1)  # [B, T, N]: the decoder's confidence in the row
+            g = g + self.u.view(1, 1, self.N) * c
+        d = (lr * g.unsqueeze(-1).unsqueeze(-1)).sum(2).reshape(B * T, self.head.j, 256)  # [B·T, J, 256]
         if torch.is_grad_enabled() and self.w.requires_grad:
             return logits.float() + self.scores(d, bm).view(B, T, V).to(logits.device)
         flat = logits.view(B * T, V)
@@ -194,7 +204,7 @@ def run_next_bytes(exp: Any, arm: str, seed: int, *, eval_at: Sequence[int],
     t0 = time.perf_counter()
     cfg = FrozenTrainConfig(**{**asdict(exp.cfg), "seed": int(seed)})
     points = sorted({int(p) for p in eval_at if 0 < int(p) <= cfg.steps} | {cfg.steps})  # as the other arms
-    if arm == "next_bytes":
+    if arm in ("next_bytes", "next_bytes_conf"):
         head, fit = load_byte_head(exp.donor_site), None
     else:
         head, fit = fit_head(exp, seed)
@@ -204,14 +214,16 @@ def run_next_bytes(exp: Any, arm: str, seed: int, *, eval_at: Sequence[int],
                            "the donor's --max-n")
     stream, lm = exp.data.train, exp.lm
     cut_ids = np.unique(stream) if cfg.softmax == "corpus" else None
-    bias = ByteBias(lm, head, exp.donor_tab, exp.layout, exp.cache, exp.max_n, cut_ids).install()
+    bias = ByteBias(lm, head, exp.donor_tab, exp.layout, exp.cache, exp.max_n, cut_ids,
+                    confidence=arm == "next_bytes_conf").install()
+    trained = [bias.w] + ([bias.u] if bias.u is not None else [])
     base, ind = exp.base_docs(), exp.in_domain
     curve_t, curve, curve_docs = [0], [base[ind]["bpb"]], [_docs(base[ind])]  # w = 0: the model alone
     try:
         starts = data_order(stream.size, cfg)
         dev = next(lm.model.parameters()).device
         cut = restricted_head(lm.model, cut_ids) if cut_ids is not None else None
-        opt = torch.optim.AdamW([bias.w], lr=W_LR, betas=(0.9, 0.95), weight_decay=0.0)
+        opt = torch.optim.AdamW(trained, lr=W_LR, betas=(0.9, 0.95), weight_decay=0.0)
 
         def step_loss(step: int) -> torch.Tensor:
             x, y = window_batch(stream, starts[step], cfg.block_size, lm.bos_id)
@@ -229,7 +241,7 @@ def run_next_bytes(exp: Any, arm: str, seed: int, *, eval_at: Sequence[int],
 
         sched = Schedule(steps=cfg.steps, lr=W_LR, table_lr=W_LR, grad_clip=0.0, lr_factor=cfg.lr_factor,
                          tokens_per_step=cfg.batch_size * cfg.block_size)
-        res = run_steps(sched, step_loss, opt, None, [bias.w], eval_at=points, on_eval=on_eval,
+        res = run_steps(sched, step_loss, opt, None, trained, eval_at=points, on_eval=on_eval,
                         on_step=lambda i, loss: ev("step", arm=arm, seed=seed, step=i, loss=loss))
         others = [k for k in exp.scorers if k != ind]
         final = exp.score_docs(others) if others else {}
@@ -241,6 +253,8 @@ def run_next_bytes(exp: Any, arm: str, seed: int, *, eval_at: Sequence[int],
             "docs": {ind: curve_docs[-1], **{k: _docs(v) for k, v in final.items()}},
             "train_s": res["train_s"], "tokens_per_s": res["tokens_per_s"],
             "final_loss": float(np.mean(res["losses"][-10:])), "gate": [float(x) for x in bias.w.detach()],
-            "next_bytes": {"weights": [float(x) for x in bias.w.detach()], "decoder": head.describe(), "fit": fit,
+            "next_bytes": {"weights": [float(x) for x in bias.w.detach()],
+                           **({"confidence_weights": [float(x) for x in bias.u.detach()]} if bias.u is not None else {}),
+                           "decoder": head.describe(), "fit": fit,
                            "w_lr": W_LR, **diag},
             "elapsed_s": time.perf_counter() - t0}

@@ -44,7 +44,7 @@ from polymem.errors import PolymemError
 from polymem.recipes.frozen import FrozenTrainConfig
 
 ARMS = ("none", "random", "null", "donor", "donor_finetune", "in_place")  # the default set
-EXTRA_ARMS = ("stitch", "teach", "distill", "next_bytes", "next_bytes_fit")  # run only when named
+EXTRA_ARMS = ("stitch", "teach", "distill", "next_bytes", "next_bytes_fit", "next_bytes_conf")  # only when named
 DONOR_INITS = ("zero", "orthogonal", "aligned")  # how the projection of the arms that read the donor's rows starts
 # the fields of FrozenTrainConfig a transfer run uses (the table geometry and layers come from the donor)
 _BUDGET_FIELDS = ("steps", "batch_size", "block_size", "table_lr", "site_lr", "warmup_frac", "decay_frac",
@@ -366,7 +366,7 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
                 "curve_docs": [_docs(base[ind])] * (len(points) + 1),
                 "bpb": {k: v["bpb"] for k, v in base.items()}, "docs": {k: _docs(v) for k, v in base.items()},
                 "train_s": 0.0, "elapsed_s": time.perf_counter() - t0}
-    if arm in ("next_bytes", "next_bytes_fit"):  # the donor's rows decoded into bytes (polymem.recipes.nextbytes)
+    if arm.startswith("next_bytes"):  # the donor's rows decoded into bytes (polymem.recipes.nextbytes)
         from polymem.recipes.nextbytes import run_next_bytes
         return run_next_bytes(exp, arm, seed, eval_at=eval_at, on_event=on_event)
     table, mode, vinit = arm_table(arm, exp.donor_tab, spec=exp.spec, layout=exp.layout, orders=exp.orders, seed=seed,

@@ -113,6 +113,22 @@ def test_byte_bias_is_zero_at_step_zero_and_sums_a_tokens_bytes(lms):
         bias.remove()
     with torch.no_grad():
         assert torch.equal(lm.model(input_ids=ids).logits, alone)
+    # weighted by the decoder's confidence too: zero at the start, then (w_n + u_n c_{t,n}) per order, by hand
+    conf = ByteBias(lm, head, table, layout, TokenHashes.build(lm.tokenizer, HashSpec()), 2, confidence=True).install()
+    try:
+        with torch.no_grad():
+            assert torch.equal(lm.model(input_ids=ids).logits, alone)
+            conf.u.fill_(3.0)
+            got = lm.model(input_ids=ids).logits
+        lr, _ = conf.log_ratio(ids)
+        prior = torch.log_softmax(head.bias.view(2, 3, 256), dim=-1)
+        c = (lr[0, t] + prior).exp().amax(-1).mean(-1)  # [N]
+        b = next(x for x in tb if x and len(x) >= 3)
+        v = tb.index(b)
+        want = sum(3.0 * float(c[n]) * float(lr[0, t, n, j, b[j]]) for n in range(2) for j in range(3))
+        assert float(got[0, t, v] - alone[0, t, v]) == pytest.approx(want, abs=1e-4)
+    finally:
+        conf.remove()
 
 
 def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
@@ -132,18 +148,20 @@ def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
     donor_cfg = FrozenTrainConfig(**{**_donor_cfg().__dict__, "steps": 12})
     opts = ContentOptions(split=split, donor_cfg=donor_cfg, resamples=50, byte_head=4)
     res = run_content_transfer(lms["gemma3"], lms["llama"], None, **kw, content=opts, out_dir=tmp_path / "run",
-                               arms=["none", "donor", "next_bytes", "next_bytes_fit"])
+                               arms=["none", "donor", "next_bytes", "next_bytes_fit", "next_bytes_conf"])
     out = tmp_path / "run"
     rec = open_table(out / "donor.pmem").provenance["byte_head"]
     assert rec["bytes"] == 4 and rec["byte_loss_last10"] < rec["byte_loss_first"]  # the aux loss trains the decoder
     assert json.loads((out / "donor.pmem.site" / "site.json").read_text())["byte_head"]["bytes"] == 4
     none = json.loads((out / "arms" / "none-seed0.json").read_text())
-    for arm in ("next_bytes", "next_bytes_fit"):
+    for arm in ("next_bytes", "next_bytes_fit", "next_bytes_conf"):
         r = json.loads((out / "arms" / f"{arm}-seed0.json").read_text())
         assert r["curve_bpb"][0] == none["bpb"]["read"]  # step 0: the model alone
         assert set(r["next_bytes"]) >= {"weights", "read", "unseen"} and any(w != 0 for w in r["next_bytes"]["weights"])
         assert 0 <= r["next_bytes"]["read"]["hit_rate"]["1"] <= 1
         assert res["arms"][arm]["method"].startswith(("the donor's table and its byte decoder", "as next_bytes"))
+    conf = json.loads((out / "arms" / "next_bytes_conf-seed0.json").read_text())["next_bytes"]
+    assert any(u != 0 for u in conf["confidence_weights"])
     assert (json.loads((out / "arms" / "next_bytes_fit-seed0.json").read_text())["next_bytes"]["fit"]["steps"] > 0)
     # a donor trained with another decoder setting is not reused
     with pytest.raises(PolymemError, match="was trained with other settings"):
