@@ -55,7 +55,9 @@ METHODS = {"none": "the model alone", "random": "a frozen random table of the do
            "next_bytes_fit": "as next_bytes, with the byte decoder fitted on the recipient's part instead of the "
                              "donor's own",
            "next_bytes_conf": "as next_bytes, each order's weight also scaled with the decoder's confidence in the row "
-                              "(its mean top-byte probability), both learned"}
+                              "(its mean top-byte probability), both learned",
+           "next_bytes_mix": "as next_bytes, but interpolating probabilities: the model's distribution mixed with "
+                             "its reweighting by each order's byte scores, the mixture weights learned"}
 
 
 @dataclass(frozen=True, kw_only=True)

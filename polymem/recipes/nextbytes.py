@@ -23,7 +23,8 @@ donor change: the same arm with a decoder fitted on the recipient's part (its ro
 :data:`FIT_STEPS` steps) instead of the donor's. ``next_bytes_conf`` weighs each row by the decoder's confidence
 too: order n's weight at t is w_n + u_n·c_{t,n}, c_{t,n} the mean over j of the row's top byte probability
 (u_n from 0 as well), so that a weighting learnt on text the donor never read can still trust the rows that say
-sharply what follows them.
+sharply what follows them. ``next_bytes_mix`` interpolates probabilities instead of adding scores
+(:meth:`ByteBias.mixed`): a wrong memory then costs at most log(1 − Σλ).
 
 This is the kNN-LM / n-gram-interpolation idea ("Generalization through Memorization: Nearest Neighbor
 Language Models"; "Infini-gram: Scaling Unbounded n-gram Language Models to a Trillion Tokens") with the
@@ -46,11 +47,12 @@ import torch.nn as nn
 from polymem.errors import PolymemError
 from polymem.torch.bytehead import ByteHead, byte_loss, next_byte_targets, token_byte_matrix
 
-NEXT_BYTES_ARMS = ("next_bytes", "next_bytes_fit", "next_bytes_conf")
+NEXT_BYTES_ARMS = ("next_bytes", "next_bytes_fit", "next_bytes_conf", "next_bytes_mix")
 W_LR = 0.05  # AdamW on the N order weights w_n
 FIT_STEPS = 200  # next_bytes_fit: steps of the decoder's fit on the recipient's part
 FIT_BATCH = 512  # positions per fit step
 FIT_LR = 3e-3
+MIX_CAP = 0.9  # next_bytes_mix: the orders' weights together at most this
 CHUNK = 256  # positions per block of the vocabulary scores when scoring (a [CHUNK, V] float block)
 
 
@@ -58,7 +60,7 @@ class ByteBias:
     """Hooks on a recipient model that add the byte scores of the donor's rows to its next-token logits."""
 
     def __init__(self, lm: Any, head: ByteHead, table: torch.Tensor, layout: Any, cache: Any, max_n: int,
-                 cut_ids: np.ndarray | None = None, confidence: bool = False) -> None:
+                 cut_ids: np.ndarray | None = None, confidence: bool = False, mix: bool = False) -> None:
         from polymem.torch.hash import TorchTokenHashes
 
         self.lm, self.head, self.table, self.layout, self.N = lm, head, table, layout, int(max_n)
@@ -66,6 +68,7 @@ class ByteBias:
         self.w = nn.Parameter(torch.zeros(self.N))  # [N]: 0 = the model alone
         # confidence: each order's weight is w_n + u_n·c_{t,n}, c the decoder's mean top-byte probability of the row
         self.u = nn.Parameter(torch.zeros(self.N)) if confidence else None
+        self.mix = mix  # interpolate probabilities instead (:meth:`mixed`); w_n is then order n's share
         out = lm.model.get_output_embeddings()
         V = int(getattr(out, "out_features", 0) or lm.model.config.vocab_size)
         bm = torch.from_numpy(token_byte_matrix(lm.tokenizer.all_token_bytes(), head.j, rows=V).astype(np.int64))
@@ -115,6 +118,8 @@ class ByteBias:
             raise PolymemError(f"the model returned {V} logits; the byte bias knows {self.full.shape[0]} ids")
         lr, _ = self.log_ratio(self.ids)
         B, T = lr.shape[:2]
+        if self.mix:
+            return self.mixed(logits, lr, bm)
         g = self.w.view(1, 1, self.N)  # [1, 1, N]: each order's weight at each position
         if self.u is not None:
             prior = torch.log_softmax(self.head.bias.view(self.N, self.head.j, 256), dim=-1)
@@ -127,6 +132,30 @@ class ByteBias:
         for a in range(0, B * T, CHUNK):  # in place, a block of positions at a time (V may be 262k)
             flat[a:a + CHUNK] += self.scores(d[a:a + CHUNK], bm).to(flat.device, flat.dtype)
         return logits
+
+
+    def mixed(self, logits: torch.Tensor, lr: torch.Tensor, bm: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities of the mixture (1 − Σ_n λ_n) p + Σ_n λ_n p_n, p the model's next-token distribution
+        and p_n ∝ p · exp(s_n) the model's reweighted by order n's byte scores alone (an unwritten row: p_n = p),
+        as log p + log1p(Σ_n λ_n (p_n / p − 1)). λ_n = w_n clamped to [0, MIX_CAP / N] in the forward, the
+        gradient passing as if unclamped; at λ = 0 this is log p, the model alone. A wrong memory costs at most
+        log(1 − Σλ) nats, as in kNN-LM's interpolation."""
+        B, T, N = lr.shape[:3]
+        V, P = logits.shape[-1], B * T
+        lam = self.w + (self.w.clamp(0.0, MIX_CAP / N) - self.w).detach()  # [N]
+        x = logits.float().reshape(P, V)
+        d = lr.reshape(P, N, self.head.j, 256)
+        step = P if torch.is_grad_enabled() and self.w.requires_grad else CHUNK
+        out = []
+        for a in range(0, P, step):
+            lp = torch.log_softmax(x[a:a + step], dim=-1)  # [p, V]
+            acc = torch.zeros_like(lp)
+            for n in range(N):
+                s = self.scores(d[a:a + step, n], bm).to(lp.device)  # [p, V]
+                z = lp + s
+                acc = acc + lam[n] * (torch.exp(s - torch.logsumexp(z, dim=-1, keepdim=True)) - 1.0)
+            out.append(lp + torch.log1p(acc))
+        return torch.cat(out).view(B, T, V)
 
 
 def _docs(r: dict[str, Any]) -> dict[str, Any]:
@@ -204,7 +233,7 @@ def run_next_bytes(exp: Any, arm: str, seed: int, *, eval_at: Sequence[int],
     t0 = time.perf_counter()
     cfg = FrozenTrainConfig(**{**asdict(exp.cfg), "seed": int(seed)})
     points = sorted({int(p) for p in eval_at if 0 < int(p) <= cfg.steps} | {cfg.steps})  # as the other arms
-    if arm in ("next_bytes", "next_bytes_conf"):
+    if arm in ("next_bytes", "next_bytes_conf", "next_bytes_mix"):
         head, fit = load_byte_head(exp.donor_site), None
     else:
         head, fit = fit_head(exp, seed)
@@ -215,7 +244,7 @@ def run_next_bytes(exp: Any, arm: str, seed: int, *, eval_at: Sequence[int],
     stream, lm = exp.data.train, exp.lm
     cut_ids = np.unique(stream) if cfg.softmax == "corpus" else None
     bias = ByteBias(lm, head, exp.donor_tab, exp.layout, exp.cache, exp.max_n, cut_ids,
-                    confidence=arm == "next_bytes_conf").install()
+                    confidence=arm == "next_bytes_conf", mix=arm == "next_bytes_mix").install()
     trained = [bias.w] + ([bias.u] if bias.u is not None else [])
     base, ind = exp.base_docs(), exp.in_domain
     curve_t, curve, curve_docs = [0], [base[ind]["bpb"]], [_docs(base[ind])]  # w = 0: the model alone

@@ -44,7 +44,8 @@ from polymem.errors import PolymemError
 from polymem.recipes.frozen import FrozenTrainConfig
 
 ARMS = ("none", "random", "null", "donor", "donor_finetune", "in_place")  # the default set
-EXTRA_ARMS = ("stitch", "teach", "distill", "next_bytes", "next_bytes_fit", "next_bytes_conf")  # only when named
+EXTRA_ARMS = ("stitch", "teach", "distill", "next_bytes", "next_bytes_fit", "next_bytes_conf",
+              "next_bytes_mix")  # run only when named
 DONOR_INITS = ("zero", "orthogonal", "aligned")  # how the projection of the arms that read the donor's rows starts
 # the fields of FrozenTrainConfig a transfer run uses (the table geometry and layers come from the donor)
 _BUDGET_FIELDS = ("steps", "batch_size", "block_size", "table_lr", "site_lr", "warmup_frac", "decay_frac",

@@ -129,6 +129,26 @@ def test_byte_bias_is_zero_at_step_zero_and_sums_a_tokens_bytes(lms):
         assert float(got[0, t, v] - alone[0, t, v]) == pytest.approx(want, abs=1e-4)
     finally:
         conf.remove()
+    # interpolated: log p at λ = 0; then (1 − Σλ) p + Σ λ_n p_n with p_n ∝ p · exp(s_n), by hand
+    mix = ByteBias(lm, head, table, layout, TokenHashes.build(lm.tokenizer, HashSpec()), 2, mix=True).install()
+    try:
+        with torch.no_grad():
+            lp = torch.log_softmax(alone.float(), dim=-1)
+            assert torch.allclose(lm.model(input_ids=ids).logits, lp, atol=1e-5)
+            mix.w.copy_(torch.tensor([0.1, 5.0]))  # the second is clamped to 0.9 / 2
+            got = lm.model(input_ids=ids).logits[0, t]
+            lr, _ = mix.log_ratio(ids)
+            p = lp[0, t].exp()
+            want = (1 - 0.1 - 0.45) * p
+            for n, lam in enumerate((0.1, 0.45)):
+                s = mix.scores(lr[0, t, n][None], mix.full)[0]  # [V]
+                want = want + lam * torch.softmax(lp[0, t] + s, dim=-1)
+        assert torch.allclose(got.exp(), want, atol=1e-6) and float(got.exp().sum()) == pytest.approx(1.0, abs=1e-4)
+        mix.w.grad = None
+        lm.model(input_ids=ids).logits[0, t, int(ids[0, -1])].backward()
+        assert mix.w.grad is not None and bool(torch.isfinite(mix.w.grad).all()) and mix.w.grad[1] != 0  # through the clamp
+    finally:
+        mix.remove()
 
 
 def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
@@ -148,13 +168,14 @@ def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
     donor_cfg = FrozenTrainConfig(**{**_donor_cfg().__dict__, "steps": 12})
     opts = ContentOptions(split=split, donor_cfg=donor_cfg, resamples=50, byte_head=4)
     res = run_content_transfer(lms["gemma3"], lms["llama"], None, **kw, content=opts, out_dir=tmp_path / "run",
-                               arms=["none", "donor", "next_bytes", "next_bytes_fit", "next_bytes_conf"])
+                               arms=["none", "donor", "next_bytes", "next_bytes_fit", "next_bytes_conf",
+                                     "next_bytes_mix"])
     out = tmp_path / "run"
     rec = open_table(out / "donor.pmem").provenance["byte_head"]
     assert rec["bytes"] == 4 and rec["byte_loss_last10"] < rec["byte_loss_first"]  # the aux loss trains the decoder
     assert json.loads((out / "donor.pmem.site" / "site.json").read_text())["byte_head"]["bytes"] == 4
     none = json.loads((out / "arms" / "none-seed0.json").read_text())
-    for arm in ("next_bytes", "next_bytes_fit", "next_bytes_conf"):
+    for arm in ("next_bytes", "next_bytes_fit", "next_bytes_conf", "next_bytes_mix"):
         r = json.loads((out / "arms" / f"{arm}-seed0.json").read_text())
         assert r["curve_bpb"][0] == none["bpb"]["read"]  # step 0: the model alone
         assert set(r["next_bytes"]) >= {"weights", "read", "unseen"} and any(w != 0 for w in r["next_bytes"]["weights"])
