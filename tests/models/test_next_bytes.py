@@ -215,3 +215,27 @@ def test_cli_byte_head_refusals_before_loading(docs, tmp_path):
     r = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--out", str(tmp_path / "t.pmem"), "--tokenizer",
                                  "bytes", "--byte-head", "8"])
     assert r.exit_code != 0 and "--byte-head has no effect without --model" in str(r.exception)
+
+
+def test_cli_train_model_with_a_byte_head(ckpts, docs, tmp_path):
+    """`train --model --byte-head J`: the decoder trains with the rows and is saved beside the site; the asset's
+    provenance records its loss, and the next_bytes arm can read it back."""
+    from typer.testing import CliRunner
+
+    from polymem.cli.app import app
+    from polymem.torch.bytehead import load_byte_head
+    from polymem.torch.tablefile import open_table
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    out = tmp_path / "t.pmem"
+    r = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--out", str(out), "--model", str(ckpts["llama"]),
+                                 "--byte-head", "3", "--steps", "8", "--batch-size", "2", "--block-size", "16",
+                                 "--params", "32K", "--heads", "4", "--head-dim", "8", "--layers", "1",
+                                 "--eval-tokens", "64"])
+    assert r.exit_code == 0, r.output
+    rec = open_table(out).provenance["byte_head"]
+    assert rec["bytes"] == 3 and rec["byte_loss_last10"] < rec["byte_loss_first"]
+    head = load_byte_head(tmp_path / "t.pmem.site")
+    assert (head.j, head.orders, head.heads, head.head_dim) == (3, 3, 4, 8)
+    assert not (tmp_path / "t.pmem.ckpt").exists()  # a byte-head run writes no checkpoints
