@@ -206,6 +206,21 @@ def test_eval_windows_cover_every_token_once():
                     assert w.inputs[0] == bos
 
 
+def test_eval_batches_pad_little_and_keep_every_window():
+    """Documents a little longer than a window leave a short last window each; batched in document order, each
+    short one padded to a full window. Batches of like lengths pad at most one window's worth per batch."""
+    from polymem.models.evaluate import _batches, document_windows
+
+    docs = [np.arange(1, 1 + n) for n in (530, 20, 540, 600, 515, 512, 90)]
+    ws = document_windows(docs, 512, 0)
+    got = list(_batches(ws, 4))
+    assert sorted(id(w) for b in got for w in b) == sorted(id(w) for w in ws)  # each window once
+    real = sum(w.inputs.size for w in ws)
+    padded = sum(len(b) * max(w.inputs.size for w in b) for b in got)
+    assert all(len(b) * max(w.inputs.size for w in b) <= 4 * 512 for b in got)  # no batch beyond batch × window
+    assert padded <= 1.1 * real, (padded, real)  # in document order: 4,156 positions for 2,807
+
+
 def test_eval_with_table_and_switched_off(lms, texts):
     from polymem.hash.layout import Layout
     from polymem.models.evaluate import evaluate
