@@ -77,6 +77,7 @@ def transfer_model(*, model: str, asset: str | None, corpus: list[Path], eval_co
     from polymem.errors import PolymemError
     from polymem.models import load_model
     from polymem.recipes.frozen import FrozenTrainConfig
+    from polymem.recipes.options import ExperimentData, RecipientSite
     from polymem.recipes.pretrained import ARMS, Experiment, check_arms, run_transfer
     from polymem.recipes.pretrained_plot import plot_result
 
@@ -136,9 +137,9 @@ def transfer_model(*, model: str, asset: str | None, corpus: list[Path], eval_co
     if init == "aligned":
         dlm = _donor_model(asset, donor_model, str(dev), precision=prec)
     console.print("preparing (donor table, corpus, scoring sets" + (", alignment" if dlm else "") + ") …", highlight=False)
-    exp = Experiment(lm, asset, corpus, cfg=cfg, eval_corpora=eval_corpus, eval_tokens=eval_tokens,
-                     layers=_layers(layers) if layers else None, max_n=max_n, gate=gate, init=init, donor_lm=dlm,
-                     donor_site=donor_site)
+    exp = Experiment(lm, asset, ExperimentData(corpus=corpus, eval_corpora=eval_corpus, eval_tokens=eval_tokens),
+                     cfg=cfg, donor_lm=dlm, site=RecipientSite(layers=_layers(layers) if layers else None, max_n=max_n,
+                                                               gate=gate, init=init, donor_site=donor_site))
     del dlm
     for i, f in enumerate(exp.alignment_report() or []):
         console.print(f"alignment, site {i}: held-out R² {f['r2_heldout']:.3f} on {f['heldout_positions']:,} of "

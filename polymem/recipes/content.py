@@ -34,21 +34,10 @@ import numpy as np
 
 from polymem._io import read_json, read_keyed
 from polymem.errors import PolymemError
+from polymem.recipes.arms import ARM_SPECS, METHODS, check_arms
 from polymem.recipes.frozen import FrozenTrainConfig
 
 PARTS = ("donor", "recipient", "unseen")
-# what each arm's memory is, as the results file names it
-METHODS = {"none": "the model alone", "random": "a frozen random table of the donor's layout, fresh site",
-           "null": "a one-row table, fresh site (no n-gram content)",
-           "donor": "the donor's table frozen, a fresh site trained on the recipient's part",
-           "donor_finetune": "the donor's table fine-tuned with a fresh site on the recipient's part",
-           "in_place": "a table of the donor's layout trained from zero on the recipient's part",
-           "stitch": "the donor's table and its own site frozen, a learned linear stitch between the residual "
-                     "streams trained on the recipient's part",
-           "teach": "the donor's table fine-tuned with a fresh site on text the donor model wrote with its table "
-                    "(hard targets)",
-           "distill": "as teach, plus matching the donor's likelihoods of byte-aligned chunks (approximate likelihood "
-                      "matching across the tokenizers)"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -299,6 +288,7 @@ def run_content_transfer(lm: Any, donor_lm: Any, corpus: Sequence[str | Path] | 
     scores, the content summary (written to ``out_dir/content-summary.json`` and returned)."""
     from polymem._io import atomic_write_json
     from polymem.recipes.data import read_documents
+    from polymem.recipes.options import ExperimentData, RecipientSite
     from polymem.recipes.pretrained import Experiment, run_transfer
 
     ev = on_event or (lambda *a, **k: None)
@@ -312,11 +302,11 @@ def run_content_transfer(lm: Any, donor_lm: Any, corpus: Sequence[str | Path] | 
     asset, site = prepare_donor(donor_lm, parts, content, out, eval_tokens=eval_tokens, window=window,
                                 on_step=lambda i, loss: ev("donor_step", step=i, loss=loss))
     t = parts["texts"]
-    exp = Experiment(lm, str(asset), [], cfg=cfg, texts=t["recipient"], heldout_every=0, eval_corpora=eval_corpora,
-                     eval_texts={"read": t["donor"], "unseen": t["unseen"]}, eval_tokens=eval_tokens, window=window,
-                     gate=gate, init=init, donor_lm=donor_lm if init == "aligned" else None, donor_site=site,
-                     layers=layers, max_n=max_n)
-    if any(a in ("teach", "distill") for a in arms):
+    data = ExperimentData(texts=t["recipient"], heldout_every=0, eval_corpora=eval_corpora,
+                          eval_texts={"read": t["donor"], "unseen": t["unseen"]}, eval_tokens=eval_tokens, window=window)
+    exp = Experiment(lm, str(asset), data, cfg=cfg, donor_lm=donor_lm if init == "aligned" else None,
+                     site=RecipientSite(layers=layers, max_n=max_n, gate=gate, init=init, donor_site=site))
+    if any(ARM_SPECS[a].teach for a in check_arms(arms)):
         from polymem.recipes.teach import TeachConfig, load_donor_text, teach_data
 
         ev("phase", what="the donor writes")
