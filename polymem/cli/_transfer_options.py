@@ -106,8 +106,8 @@ class RunOptions:
                                "stopped run resumes; e.g. --out-dir runs/gemma")
         object.__setattr__(self, "arms", tuple(check_arms(self.arms)))
         if not self.seeds or any(not isinstance(s, int) or not 0 <= s < 2**32 for s in self.seeds):
-            raise PolymemError(f"--seed-list {','.join(map(str, self.seeds))!r} must be comma-separated seeds in "
-                               "0..4294967295, e.g. 0,1,2")
+            raise PolymemError(f"seeds {self.seeds!r} (--seeds N, or --seed-list) must be one or more whole numbers in "
+                               "0..4294967295, e.g. --seed-list 0,1,2")
         object.__setattr__(self, "seeds", tuple(dict.fromkeys(self.seeds)))
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise PolymemError(f"--threads {self.threads!r} must be a whole number >= 1, e.g. --threads 2")
