@@ -1,7 +1,8 @@
 """A donor table on a pretrained recipient with another tokenizer, against the controls that make a claim hold.
 
 The recipient's backbone is frozen in every arm; per seed, every arm sees the same data order, budget and site
-initialisation (``1000 + seed``), and only the memory differs:
+initialisation (``1000 + seed``), and only the memory differs (each arm's properties are one row of
+:data:`polymem.recipes.arms.ARM_SPECS`, which :func:`run_arm` reads):
 
 * ``none``           — the model alone (nothing trains; its score is the same for every seed);
 * ``random``         — a frozen random table of the donor's layout and row-norm distribution, fresh projection;
@@ -24,8 +25,9 @@ everything that determines them; a re-run with the same settings skips what is t
 resumes, and several processes may share the seeds of one run (each writes only its own files; the summary a
 run writes covers the seeds it was given, so a last run with every seed — which trains nothing — gathers them).
 
-Not here: the training step (:mod:`polymem.recipes.frozen`), scoring (:mod:`polymem.models.evaluate`), the CLI
-(``polymem transfer --model``).
+Not here: the training step (:mod:`polymem.recipes.frozen`), scoring (:mod:`polymem.models.evaluate`), the arms'
+registry (:mod:`polymem.recipes.arms`), the options an experiment is made of (:mod:`polymem.recipes.options`), the
+CLI (``polymem transfer --model``).
 """
 
 from __future__ import annotations
