@@ -507,7 +507,17 @@ def test_cli_eval_train_transfer(ckpts, corpus_file, tmp_path, lms, texts):
                             "--arms", "none,donor", "--seeds", "1", "--steps", "2", "--batch-size", "2", "--block-size", "16",
                             "--eval-tokens", "100", "--out-dir", str(tmp_path / "tr"), "--json", str(tmp_path / "tr.json")])
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "tr.json").read_text())["arms"]["donor"]["bpb"]["docs"]
+    tr = json.loads((tmp_path / "tr.json").read_text())
+    assert tr["arms"]["donor"]["bpb"]["docs"]
+    # the command built the experiment the library builds from the same settings: each result's key says so
+    from polymem.models import load_model
+    from polymem.recipes.frozen import FrozenTrainConfig
+    from polymem.recipes.pretrained import Experiment, ExperimentData
+
+    lm = load_model(str(ckpts["gemma3"]), precision=tr["recipient"].get("precision", "fp32"))
+    exp = Experiment(lm, str(out), ExperimentData(corpus=[corpus_file], eval_tokens=100),
+                     cfg=FrozenTrainConfig(steps=2, batch_size=2, block_size=16))
+    assert json.loads((tmp_path / "tr" / "donor-seed0.json").read_text())["key"] == exp.arm_key("donor", [2])
     # the headline use: a site for gemma3 over the llama-trained table, saved, then scored by `eval --site`
     gs = tmp_path / "gemma.site"
     r = runner.invoke(app, ["attach", "--model", str(ckpts["gemma3"]), "--asset", str(out), "--corpus", str(corpus_file),
