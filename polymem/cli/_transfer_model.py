@@ -91,6 +91,8 @@ def transfer_model(opts: ModelTransfer) -> None:
 def _content(opts: ModelTransfer, *, device: str, precision: str = "fp32") -> None:
     """``transfer --model --content-split``: the split and the donor's provenance checked before any model loads,
     then :func:`polymem.recipes.content.run_content_transfer`."""
+    from dataclasses import replace
+
     from polymem.cli.cmd_eval import progress_bar
     from polymem.errors import PolymemError
     from polymem.models import load_model
@@ -145,12 +147,9 @@ def _content(opts: ModelTransfer, *, device: str, precision: str = "fp32") -> No
                 prog.console.print(f"  {k['arm']:<15} seed {k['seed']}: {k['bpb']:.4f} bits/byte on donor-read documents"
                                    + (" (done before)" if kind == "skip" else ""), highlight=False)
 
-        site = r.site
-        summary = run_content_transfer(lm, dlm, None, texts=docs, cfg=cfg, content=content, arms=run.arms,
-                                       seeds=run.seeds, eval_at=r.points, out_dir=run.folder,
-                                       eval_tokens=opts.data.eval_tokens, gate=site.gate, init=site.init,
-                                       layers=site.layers, max_n=site.max_n, eval_corpora=opts.data.eval_corpora,
-                                       on_event=on_event)
+        summary = run_content_transfer(lm, dlm, replace(opts.data, corpus=(), texts=docs), cfg=cfg, content=content,
+                                       arms=run.arms, seeds=run.seeds, eval_at=r.points, out_dir=run.folder,
+                                       site=r.site, on_event=on_event)
     print_content(summary)
     if run.json_out:
         write_content_results(run.json_out, content_record(summary))

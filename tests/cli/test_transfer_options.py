@@ -122,3 +122,13 @@ def test_the_arm_registry_is_the_arms_order_and_properties() -> None:
         Arm(name="new", method="m", rows="copied", trains="table")
     with pytest.raises(PolymemError, match="trains nothing"):
         Arm(name="new", method="m", rows="none", trains="table")
+
+
+def test_the_content_study_refuses_data_options_it_does_not_read(tmp_path: Path) -> None:
+    from polymem.recipes.content import ContentOptions, ContentSplit, run_content_transfer
+
+    content = ContentOptions(split=ContentSplit.parse("0.3,0.4,0.3"), donor_asset="a.pmem")
+    for data in (ExperimentData(texts=["a"], heldout_every=5), ExperimentData(texts=["a"], eval_texts={"x": ["b"]})):
+        with pytest.raises(PolymemError, match="heldout_every, eval_texts and doc_tokens .* are not read; drop them"):
+            run_content_transfer(None, None, data, cfg=BUDGET, content=content, arms=["none"], seeds=[0], eval_at=[],
+                                 out_dir=tmp_path)
