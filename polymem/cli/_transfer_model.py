@@ -100,6 +100,7 @@ def _content(opts: ModelTransfer, *, device: str, precision: str = "fp32") -> No
     from polymem.recipes.data import read_documents
 
     r, run, content, donor_model = opts.recipient, opts.run, opts.content, opts.donor.model
+    assert content is not None  # transfer_model calls this with a study only
     cfg, model = r.budget, r.model
     docs = read_documents(list(opts.data.corpus))
     parts = content_parts(docs, content.split)  # an empty part is refused here

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from polymem.errors import PolymemError
 from polymem.recipes.arms import ARM_SPECS, ARMS, check_arms
 from polymem.recipes.frozen import FrozenTrainConfig
 from polymem.recipes.options import ExperimentData, RecipientSite
+
+if TYPE_CHECKING:
+    from polymem.recipes.content import ContentOptions
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -146,7 +149,8 @@ class ContentStudyOptions:
         ContentSplit.parse(self.split, seed=self.split_seed)  # said now; the donor's size is read only to train one
         TeachConfig(tokens=self.teach_tokens, select=self.teach_select, prompts_from=self.teach_prompts)
 
-    def study(self, asset: str | None, budget: FrozenTrainConfig, layers: Sequence[int] | None = None) -> Any:
+    def study(self, asset: str | None, budget: FrozenTrainConfig,
+              layers: Sequence[int] | None = None) -> ContentOptions | None:
         """The study as :class:`polymem.recipes.content.ContentOptions` (None without a split): with ``asset``, a
         donor trained before on exactly its part; else one trained here with the recipient's ``budget`` (its batch,
         block, learning rates and loss) on ``layers`` (default block 2)."""
@@ -174,7 +178,7 @@ class ModelTransfer:
     donor: DonorOptions
     data: ExperimentData
     run: RunOptions
-    content: Any = None  # polymem.recipes.content.ContentOptions (--content-split), or None
+    content: ContentOptions | None = None  # the study of what the donor read (--content-split), or None
 
     def __post_init__(self) -> None:
         d, site, run, content = self.donor, self.recipient.site, self.run, self.content
