@@ -54,6 +54,7 @@ def attach_cmd(
     from polymem.errors import PolymemError
     from polymem.models import load_model
     from polymem.recipes.frozen import FrozenTrainConfig
+    from polymem.recipes.options import ExperimentData, RecipientSite
     from polymem.recipes.pretrained import Experiment, train_recipient_site
     from polymem.torch.device import resolve_device
     from polymem.torch.tablefile import open_table
@@ -87,8 +88,9 @@ def attach_cmd(
     console.print(f"loading {escape(model)} …", highlight=False)
     lm = load_model(model, device=str(dev), precision=prec)
     console.print(escape(lm.load_line()), highlight=False)
-    exp = Experiment(lm, asset, corpus, cfg=cfg, eval_tokens=eval_tokens, layers=_layers(layers) if layers else None,
-                     gate=gate_s, init=start, donor_lm=dlm, donor_site=donor_site)
+    exp = Experiment(lm, asset, ExperimentData(corpus=corpus, eval_tokens=eval_tokens), cfg=cfg, donor_lm=dlm,
+                     site=RecipientSite(layers=_layers(layers) if layers else None, gate=gate_s, init=start,
+                                        donor_site=donor_site))
     del dlm
     for f in exp.alignment_report() or []:
         console.print(f"alignment: held-out R² {f['r2_heldout']:.3f} on {f['heldout_positions']:,} of {f['positions']:,} "

@@ -40,7 +40,6 @@ import torch
 from polymem._io import read_keyed
 from polymem.errors import PolymemError
 
-TEACH_ARMS = ("teach", "distill")
 PROMPT_SOURCES = ("recipient", "donor")
 
 
