@@ -133,6 +133,7 @@ class ContentStudyOptions:
     teach_tokens: int = 4096  # --teach-tokens
     teach_select: float = 1.0  # --teach-select
     teach_prompts: str = "recipient"  # --teach-prompts: recipient or donor
+    byte_head: int = 0  # --donor-byte-head: bytes the donor's byte decoder predicts after each n-gram (0: none)
 
     def __post_init__(self) -> None:
         from polymem.cli._options import refuse_unused
@@ -141,8 +142,13 @@ class ContentStudyOptions:
             refuse_unused("without --content-split", {
                 "split_seed": (self.split_seed, 0), "donor_steps": (self.donor_steps, 80),
                 "donor_params": (self.donor_params, "20M"), "teach_tokens": (self.teach_tokens, 4096),
-                "teach_select": (self.teach_select, 1.0), "teach_prompts": (self.teach_prompts, "recipient")})
+                "teach_select": (self.teach_select, 1.0), "teach_prompts": (self.teach_prompts, "recipient"),
+                "donor_byte_head": (self.byte_head, 0)})
             return
+        if self.byte_head:
+            from polymem.torch.bytehead import check_bytes
+
+            check_bytes(self.byte_head, "--donor-byte-head")
         from polymem.recipes.content import ContentSplit
         from polymem.recipes.teach import TeachConfig
 
@@ -163,11 +169,14 @@ class ContentStudyOptions:
         sp = ContentSplit.parse(self.split, seed=self.split_seed)
         teach = TeachConfig(tokens=self.teach_tokens, select=self.teach_select, prompts_from=self.teach_prompts)
         if asset is not None:
+            if self.byte_head:
+                raise PolymemError("--donor-byte-head trains the donor here, and --asset gives one trained before; "
+                                   "drop one")
             return ContentOptions(split=sp, donor_asset=asset, teach=teach)
         cfg = FrozenTrainConfig(steps=self.donor_steps, batch_size=budget.batch_size, block_size=budget.block_size,
                                 layers=tuple(layers or (2,)), params=parse_count(self.donor_params), site_lr=budget.site_lr,
                                 table_lr=budget.table_lr, softmax=budget.softmax)
-        return ContentOptions(split=sp, donor_cfg=cfg, teach=teach)
+        return ContentOptions(split=sp, donor_cfg=cfg, teach=teach, byte_head=self.byte_head)
 
 
 @dataclass(frozen=True, kw_only=True)

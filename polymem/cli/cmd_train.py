@@ -68,6 +68,7 @@ def train(
     checkpoint_every: Annotated[int, typer.Option(min=0, help="Write the training state to OUT.ckpt every this many steps (0: never); a run started again with the same flags continues from it, with any number of processes (torchrun), and it is removed once OUT is written. Each one writes the whole table (float32) beside the last, so the disk briefly holds two copies; the summary says how long they took.")] = 50,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
     json_out: JsonOut = None,
+    byte_head: Annotated[int, typer.Option("--byte-head", min=0, help="With --model: train a byte decoder with the rows, predicting this many bytes (1..16) after each n-gram, saved beside the site for a recipient's next_bytes arm (docs/real-models.md#carrying-content); 0: none. Such a run writes no checkpoints.")] = 0,
 ) -> None:
     """Train a memory table and write it as an asset with provenance: with a small causal LM trained from
     scratch (--tokenizer), or on a pretrained model whose backbone stays frozen (--model)."""
@@ -83,6 +84,11 @@ def train(
     default_site = out.with_name(out.name + ".site") if model is not None and site is None else None
     check_outputs_not_inputs({"--out": out, "--site": site or default_site, "--json": json_out},
                              [("corpus", c) for c in corpus] + [("tokenizer", tokenizer), ("model", model)])
+    if byte_head:
+        from polymem.torch.bytehead import check_bytes
+
+        check_bytes(byte_head, "--byte-head")
+        checkpoint_every = 0  # the decoder's state is not in a checkpoint
     if checkpoint_every > 0:  # a linked OUT.ckpt is said now, not after the run trained and wrote its asset
         from polymem.recipes.checkpoint import check_checkpoint_path
 
@@ -114,9 +120,9 @@ def train(
                                  site_lr=site_lr, seed=seed, softmax=softmax.value)
         _train_model(model, corpus, out, site, fcfg, heldout_every=heldout_every, eval_tokens=eval_tokens, heldout=heldout,
                      checkpoint_every=checkpoint_every, precision=precision.value,
-                     overwrite=overwrite, json_out=json_out, device=device)
+                     overwrite=overwrite, json_out=json_out, device=device, byte_head=byte_head)
         return
-    refuse_unused("without --model", {"site": (site, None), "heldout": (heldout, None), "table_lr": (table_lr, 0.14), "site_lr": (site_lr, 1e-3),
+    refuse_unused("without --model", {"byte_head": (byte_head, 0), "site": (site, None), "heldout": (heldout, None), "table_lr": (table_lr, 0.14), "site_lr": (site_lr, 1e-3),
                                       "softmax": (softmax, "corpus"), "eval_tokens": (eval_tokens, 16384)})
     steps = steps or 620
     batch_size = batch_size or 8
@@ -206,7 +212,8 @@ def _layers(text: str) -> tuple[int, ...]:
 
 def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, cfg, *, heldout_every: int,
                  eval_tokens: int, overwrite: bool, json_out: Path | None, device: str = "auto",
-                 checkpoint_every: int = 0, heldout: list[Path] | None = None, precision: str = "auto") -> None:
+                 checkpoint_every: int = 0, heldout: list[Path] | None = None, precision: str = "auto",
+                 byte_head: int = 0) -> None:
     from polymem.models import load_model
     from polymem.recipes.frozen import train_table
     from polymem.torch.device import resolve_device
@@ -245,7 +252,7 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
 
         summary = train_table(lm, corpus, out, cfg=cfg, site_dir=site, heldout_every=heldout_every,
                               eval_tokens=eval_tokens, overwrite=overwrite, on_step=on_step, checkpoint_every=checkpoint_every,
-                              heldout_texts=held_texts,
+                              heldout_texts=held_texts, byte_head=byte_head,
                               on_phase=lambda s: prog.update(task, description=escape(s)))
     t = Table(title=f"table {escape(summary['path'])} trained on {escape(summary['model'])} (site: "
                     f"{escape(summary['site'])})", show_header=False, title_justify="left")

@@ -77,6 +77,7 @@ def transfer(
     split_seed: Annotated[int, typer.Option("--split-seed", min=0, rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split: the seed of the split (recorded in the results).")] = 0,
     donor_steps: Annotated[int, typer.Option("--donor-steps", min=1, rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split: the donor's training steps on its part (batch and block as the arms').")] = 80,
     donor_params: Annotated[str, typer.Option("--donor-params", rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split: the donor table's size in scalars (heads 8, head dim 32; site before --layers, default block 2).")] = "20M",
+    donor_byte_head: Annotated[int, typer.Option("--donor-byte-head", rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split: the donor trains a byte decoder with its rows, predicting this many bytes after each n-gram (1..16; 0: none), which the next_bytes arm reads (docs/real-models.md#carrying-content).")] = 0,
     teach_tokens: Annotated[int, typer.Option("--teach-tokens", min=1, rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split and the teach or distill arm: the new tokens the donor model writes, with its table, from the starts of the recipient's documents (the text those arms learn from).")] = 4096,
     teach_prompts: Annotated[str, typer.Option("--teach-prompts", rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split and the teach or distill arm: whose documents' starts prompt the donor: recipient (the method) or donor (a diagnostic upper bound: the starts of the documents the donor read, which a recipient does not have).")] = "recipient",
     teach_select: Annotated[float, typer.Option("--teach-select", min=1.0, rich_help_panel="Pretrained recipient (--model), the main path", help="With --content-split and the teach or distill arm: the donor writes this many times --teach-tokens and keeps the texts on which its table lowers its own loss most (1: keeps all).")] = 1.0,
@@ -143,7 +144,7 @@ def transfer(
 
         study = ContentStudyOptions(split=content_split, split_seed=split_seed, donor_steps=donor_steps,
                                     donor_params=donor_params, teach_tokens=teach_tokens, teach_select=teach_select,
-                                    teach_prompts=teach_prompts)
+                                    teach_prompts=teach_prompts, byte_head=donor_byte_head)
         run = RunOptions(out_dir=out_dir, arms=tuple((arms or ",".join(ARMS)).split(",")),
                          seeds=seed_ids(seeds, seed_list), threads=threads, json_out=json_out, plot=plot)
         site = RecipientSite(layers=_layers(layers) if layers else None, max_n=max_n, gate=gate.value if gate else None,
@@ -163,7 +164,8 @@ def transfer(
         "init": (init, None), "gate": (gate, None), "donor_model": (donor_model, None), "donor_site": (donor_site, None),
         "eval_at": (eval_at, None), "content_split": (content_split, None), "split_seed": (split_seed, 0),
         "donor_steps": (donor_steps, 80), "donor_params": (donor_params, "20M"), "teach_tokens": (teach_tokens, 4096),
-        "teach_select": (teach_select, 1.0), "teach_prompts": (teach_prompts, "recipient")})
+        "teach_select": (teach_select, 1.0), "teach_prompts": (teach_prompts, "recipient"),
+        "donor_byte_head": (donor_byte_head, 0)})
     if asset is None:
         raise PolymemError("--asset is needed: the donor table the recipients read (from `polymem train`)")
     steps = steps or 400

@@ -41,6 +41,8 @@ class Arm:
     teach: bool = False  # learns from the text the donor model writes (the content study prepares it)
     aux: Callable[[Any], AuxLoss] | None = None  # experiment -> an extra term of each step's loss
     key: Callable[[Any], str] | None = None  # experiment -> what else determines its results (added to the key)
+    run: Callable[..., dict[str, Any]] | None = None  # an arm with a training of its own, not a site's:
+    # run(exp, arm, seed, eval_at=..., on_event=...) -> its result (the next-bytes arms, polymem.recipes.nextbytes)
 
     def __post_init__(self) -> None:
         if self.rows not in ROWS or self.trains not in ("projection", "table", None) or self.value_init not in VALUE_INITS:
@@ -81,6 +83,12 @@ def _distill_loss(exp: Any) -> AuxLoss:
     return aux
 
 
+def _next_bytes(exp: Any, arm: str, seed: int, **kw: Any) -> dict[str, Any]:
+    from polymem.recipes.nextbytes import run_next_bytes
+
+    return run_next_bytes(exp, arm, seed, **kw)
+
+
 ARM_SPECS: dict[str, Arm] = {a.name: a for a in (
     Arm(name="none", method="the model alone", rows="none", trains=None, default=True),
     Arm(name="random", method="a frozen random table of the donor's layout, fresh site", rows="random",
@@ -102,6 +110,16 @@ ARM_SPECS: dict[str, Arm] = {a.name: a for a in (
     Arm(name="distill", method="as teach, plus matching the donor's likelihoods of byte-aligned chunks (approximate "
                                "likelihood matching across the tokenizers)",
         rows="donor", trains="table", teach=True, key=_distill_key, aux=_distill_loss),
+    Arm(name="next_bytes", method="the donor's table and its byte decoder (trained with the rows to predict the bytes "
+                                  "after each n-gram) frozen; each recipient token scored by the decoded bytes of its "
+                                  "spelling, added to the next-token logits with one learned weight per order",
+        rows="donor", trains="projection", run=_next_bytes),
+    Arm(name="next_bytes_fit", method="as next_bytes, with the byte decoder fitted on the recipient's part instead of "
+                                      "the donor's own",
+        rows="donor", trains="projection", run=_next_bytes),
+    Arm(name="next_bytes_conf", method="as next_bytes, each order's weight also scaled with the decoder's confidence "
+                                       "in the row (its mean top-byte probability), both learned",
+        rows="donor", trains="projection", run=_next_bytes),
 )}
 ARMS = tuple(a for a, s in ARM_SPECS.items() if s.default)  # the default set
 EXTRA_ARMS = tuple(a for a, s in ARM_SPECS.items() if not s.default)  # run only when named

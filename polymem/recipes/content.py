@@ -101,6 +101,8 @@ class ContentOptions:
     donor_asset: str | None = None  # a donor trained before on exactly the donor part (its provenance says so)
     resamples: int = 2000  # bootstrap resamples of the content part's interval
     teach: Any = None  # how the donor writes text for the teach and distill arms (TeachConfig; None: its defaults)
+    byte_head: int = 0  # J > 0: the donor trains a byte decoder with its rows (polymem.recipes.nextbytes)
+    byte_weight: float = 1.0  # the weight of its loss
 
 
 def content_parts(docs: Sequence[str], split: ContentSplit) -> dict[str, Any]:
@@ -163,13 +165,15 @@ def prepare_donor(donor_lm: Any, parts: dict[str, Any], opts: ContentOptions, ou
         check_donor_read(out, texts["donor"])
         prov = dict(getattr(open_table(out), "provenance", {}) or {})
         want = json.loads(json.dumps(asdict(opts.donor_cfg)))
-        if prov.get("frozen_train_config") != want or (prov.get("model") or {}).get("name") != donor_lm.name:
+        bh = (prov.get("byte_head") or {}).get("bytes", 0), (prov.get("byte_head") or {}).get("weight", opts.byte_weight)
+        if (prov.get("frozen_train_config") != want or (prov.get("model") or {}).get("name") != donor_lm.name
+                or bh != (opts.byte_head, opts.byte_weight)):
             raise PolymemError(f"{str(out)!r} was trained with other settings or another model; pass another "
                                "--out-dir, or remove that folder to start over")
         return out, site
     train_table(donor_lm, [], out, cfg=opts.donor_cfg, site_dir=site, texts=texts["donor"], heldout_every=0,
                 heldout_texts=texts["unseen"], eval_tokens=eval_tokens, window=window, overwrite=True,
-                on_step=on_step, on_phase=on_phase)
+                on_step=on_step, on_phase=on_phase, byte_head=opts.byte_head, byte_weight=opts.byte_weight)
     return out, site
 
 

@@ -194,11 +194,13 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
                on_step: Callable[[int, float], None] | None = None, eval_at: Sequence[int] = (),
                on_eval: Callable[[int, int], None] | None = None, checkpoint: Path | None = None,
                checkpoint_every: int = 0, checkpoint_key: str = "", distributed: bool = False,
-               aux: Callable[[torch.Tensor, np.ndarray], torch.Tensor] | None = None) -> dict[str, Any]:
+               aux: Callable[[torch.Tensor, np.ndarray], torch.Tensor] | None = None,
+               extra: Sequence[torch.nn.Parameter] = ()) -> dict[str, Any]:
     """Train ``handle``'s sites (and table, when trainable) on ``stream`` with the model frozen.
 
     ``aux(nats, starts)``: a term added to each step's loss, given the per-token nats [B, T] of the batch and its
-    window starts in ``stream`` [B] (the distill arm's chunk-likelihood loss, :mod:`polymem.recipes.teach`).
+    window starts in ``stream`` [B] (the distill arm's chunk-likelihood loss, :mod:`polymem.recipes.teach`);
+    ``extra``: parameters ``aux`` trains too (AdamW at the site's rate, not clipped with the site).
     ``on_eval(steps_done, tokens_seen)`` runs after each step in ``eval_at`` (not counted in tokens_per_s).
     ``checkpoint``: a folder the state is written to every ``checkpoint_every`` steps and continued from when it
     is there (:mod:`polymem.recipes.checkpoint`; ``checkpoint_key`` names the settings it belongs to).
@@ -214,6 +216,8 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
         raise PolymemError("the model has trainable weights; train_site trains only the memory (load the model "
                            "with polymem.models.load_model, which freezes it)")
     opt, topt, site = site_optimizers(handle, cfg)
+    if extra:
+        opt.add_param_group({"params": list(extra), "weight_decay": 0.0})
     starts = data_order(stream.size, cfg)
     dev = next(lm.model.parameters()).device
     cut = restricted_head(lm.model, np.unique(stream)) if cfg.softmax == "corpus" else None
@@ -248,7 +252,7 @@ def train_table(
     site_dir: str | Path | None = None, heldout_every: int = 10, eval_tokens: int | None = 16384,
     window: int = 512, overwrite: bool = False, on_step: Callable[[int, float], None] | None = None,
     on_phase: Callable[[str], None] | None = None, texts: Sequence[str] | None = None, checkpoint_every: int = 0,
-    heldout_texts: Sequence[str] | None = None,
+    heldout_texts: Sequence[str] | None = None, byte_head: int = 0, byte_weight: float = 1.0,
 ) -> dict[str, Any]:
     """Train a fresh table with the frozen pretrained ``lm`` and write it to ``out`` (an asset with provenance:
     the model, its tokenizer's fingerprint, the corpus, the tokens seen, how much of it was read) and its site to
@@ -256,7 +260,10 @@ def train_table(
     (``eval_tokens`` bounds the held-out text scored; None scores all of it).
 
     ``heldout_every=0`` trains on every document; ``heldout_texts`` are then scored (documents that never train),
-    and without them the run scores documents it trained on and says so (``scored_set``)."""
+    and without them the run scores documents it trained on and says so (``scored_set``).
+
+    ``byte_head=J``: a byte decoder trains with the rows (the bytes that follow each n-gram, loss times
+    ``byte_weight``, :class:`polymem.torch.bytehead.DonorBytes`) and is saved beside the site."""
     from polymem.models.evaluate import Scorer
     from polymem.torch.attach import attach
     from polymem.torch.tablefile import save_table
@@ -268,6 +275,10 @@ def train_table(
         if p.exists() and not overwrite:
             raise PolymemError(f"{str(p)!r} exists; pass --overwrite (overwrite=True) or another --out")
     t0 = time.perf_counter()
+    if byte_head:
+        from polymem.torch.bytehead import check_bytes
+
+        check_bytes(byte_head)
     say("reading corpus")
     if heldout_texts is not None and heldout_every:
         raise PolymemError(f"held-out documents were given and heldout_every={heldout_every} holds out more; pass "
@@ -307,8 +318,18 @@ def train_table(
             say("training (continuing from the checkpoint)")
         else:
             say("training")
+        bh = None
+        if byte_head:
+            from polymem.torch.bytehead import DonorBytes
+
+            if distributed or checkpoint_every > 0:
+                raise PolymemError("--byte-head trains in one process without checkpoints; drop --checkpoint-every "
+                                   "or run in one process")
+            bh = DonorBytes(handle, data.train, lm.tokenizer.all_token_bytes(), byte_head, weight=byte_weight,
+                            bos=lm.bos_id, seed=3000 + cfg.seed)
         res = train_site(lm, handle, data.train, cfg, on_step=on_step, checkpoint=ckpt if checkpoint_every > 0 else None,
-                         checkpoint_every=checkpoint_every, checkpoint_key=key, distributed=distributed)
+                         checkpoint_every=checkpoint_every, checkpoint_key=key, distributed=distributed,
+                         aux=bh.aux if bh is not None else None, extra=bh.params if bh is not None else ())
         say("scoring with the table")
         after = scorer.score()
         if distributed:  # no process ever holds the whole table
@@ -328,6 +349,7 @@ def train_table(
             "frozen_train_config": asdict(cfg),
             "memory_config": {"layers": list(cfg.layers), "max_n": cfg.max_n, "gate": cfg.gate},
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **({"byte_head": bh.record()} if bh is not None else {}),
         }
         say("writing asset")
         if distributed:  # each process writes the shards of its own rows; process 0 the site
@@ -338,6 +360,10 @@ def train_table(
             path = save_table(out, table, handle.table.spec, layout, orders=tuple(range(1, cfg.max_n + 1)),
                               provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
         _save_site(handle, site_dir, overwrite, path)
+        if bh is not None:
+            from polymem.torch.bytehead import save_byte_head
+
+            save_byte_head(bh.head, site_dir, record=bh.record())
         if checkpoint_every > 0:  # the asset is whole: the run is done
             from polymem.recipes.checkpoint import remove_checkpoint
 

@@ -321,6 +321,8 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
                 "curve_docs": [_docs(base[ind])] * (len(points) + 1),
                 "bpb": {k: v["bpb"] for k, v in base.items()}, "docs": {k: _docs(v) for k, v in base.items()},
                 "train_s": 0.0, "elapsed_s": time.perf_counter() - t0}
+    if spec.run is not None:  # an arm with a training of its own (the next-bytes arms)
+        return spec.run(exp, arm, seed, eval_at=eval_at, on_event=on_event)
     table, mode, vinit = arm_table(arm, exp.donor_tab, spec=exp.spec, layout=exp.layout, orders=exp.orders, seed=seed,
                                    init=exp.init, counts=exp.counts)
     handle = attach(exp.lm.model, table, exp.cache, layers=list(exp.layers), train=mode, max_n=exp.max_n,

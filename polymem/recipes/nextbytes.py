@@ -1,0 +1,260 @@
+"""Rows that describe what follows them: a byte decoder trained with the donor's table, read by a recipient.
+
+**Donor side** (:class:`polymem.torch.bytehead.DonorBytes`). While the donor's table and site train on a frozen backbone
+(:func:`polymem.recipes.frozen.train_table` with ``byte_head=J``), an auxiliary loss trains a byte decoder
+(:class:`polymem.torch.bytehead.ByteHead`) jointly with the rows: for each position t and order n whose n-gram
+has a row, the gathered row e_{t,n} predicts the J bytes that follow the n-gram's end in the text. The loss,
+times ``byte_weight``, is added to the model's next-token loss; the rows get both gradients. The decoder is
+saved beside the site (``bytes.safetensors``, named in ``site.json``).
+
+**Recipient side** (:func:`run_next_bytes`, the arms ``next_bytes`` and ``next_bytes_fit`` of the content study).
+The donor's table and the decoder are frozen. At each recipient position t the rows of the n-grams ending at t
+are decoded into log p_{n,j}(b) − log q_{n,j}(b) (q: the decoder's prior, what it says of an unwritten row),
+and every vocabulary token v with bytes b_1..b_L is scored::
+
+    s_v(t) = Σ_n w_n Σ_{j ≤ min(L, J)} [log p_{t,n,j}(b_j) − log q_{n,j}(b_j)]     (special tokens: 0)
+
+which is added to the recipient's next-token logits. Only the N scalars w_n train (from 0, so step 0 is the model
+alone), on the recipient's part with its next-token loss, with the other arms' steps, batches, windows and
+schedule; their learning rate is :data:`W_LR` (a few scalars need larger steps than a projection to move within
+the budget). The hash is over bytes, so where the recipient's last n tokens spell the bytes of an n-gram the
+donor read, it reads what the donor's rows say follows them. ``next_bytes_fit`` is the ablation that needs no
+donor change: the same arm with a decoder fitted on the recipient's part (its rows → its text's next bytes,
+:data:`FIT_STEPS` steps) instead of the donor's. ``next_bytes_conf`` weighs each row by the decoder's confidence
+too: order n's weight at t is w_n + u_n·c_{t,n}, c_{t,n} the mean over j of the row's top byte probability
+(u_n from 0 as well), so that a weighting learnt on text the donor never read can still trust the rows that say
+sharply what follows them.
+
+This is the kNN-LM / n-gram-interpolation idea ("Generalization through Memorization: Nearest Neighbor
+Language Models"; "Infini-gram: Scaling Unbounded n-gram Language Models to a Trillion Tokens") with the
+memory's next-token distribution spelled in bytes, so that it does not depend on the donor's tokenizer.
+
+Not here: the decoder itself and its file (:mod:`polymem.torch.bytehead`), the other arms
+(:mod:`polymem.recipes.pretrained`), the content study (:mod:`polymem.recipes.content`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from polymem.errors import PolymemError
+from polymem.torch.bytehead import ByteHead, byte_loss, next_byte_targets, token_byte_matrix
+
+NEXT_BYTES_ARMS = ("next_bytes", "next_bytes_fit", "next_bytes_conf")
+W_LR = 0.05  # AdamW on the N order weights w_n
+FIT_STEPS = 200  # next_bytes_fit: steps of the decoder's fit on the recipient's part
+FIT_BATCH = 512  # positions per fit step
+FIT_LR = 3e-3
+CHUNK = 256  # positions per block of the vocabulary scores when scoring (a [CHUNK, V] float block)
+
+
+class ByteBias:
+    """Hooks on a recipient model that add the byte scores of the donor's rows to its next-token logits."""
+
+    def __init__(self, lm: Any, head: ByteHead, table: torch.Tensor, layout: Any, cache: Any, max_n: int,
+                 cut_ids: np.ndarray | None = None, confidence: bool = False) -> None:
+        from polymem.torch.hash import TorchTokenHashes
+
+        self.lm, self.head, self.table, self.layout, self.N = lm, head, table, layout, int(max_n)
+        self.tc = TorchTokenHashes.from_cache(cache)
+        self.w = nn.Parameter(torch.zeros(self.N))  # [N]: 0 = the model alone
+        # confidence: each order's weight is w_n + u_n·c_{t,n}, c the decoder's mean top-byte probability of the row
+        self.u = nn.Parameter(torch.zeros(self.N)) if confidence else None
+        out = lm.model.get_output_embeddings()
+        V = int(getattr(out, "out_features", 0) or lm.model.config.vocab_size)
+        bm = torch.from_numpy(token_byte_matrix(lm.tokenizer.all_token_bytes(), head.j, rows=V).astype(np.int64))
+        self.full = torch.where(bm < 0, torch.full_like(bm, 256), bm)  # [V, J]; 256: a column of zeros (no score)
+        self.cut = self.full[torch.from_numpy(cut_ids)] if cut_ids is not None else None
+        self.ids: torch.Tensor | None = None
+        self.hooks: list[Any] = []
+
+    def install(self) -> "ByteBias":
+        def pre(module: Any, args: Any, kwargs: Any) -> None:
+            self.ids = kwargs.get("input_ids", args[0] if args else None)
+
+        def post(module: Any, args: Any, output: Any) -> Any:
+            output.logits = self.add(output.logits)
+            return output
+
+        self.hooks = [self.lm.model.register_forward_pre_hook(pre, with_kwargs=True),
+                      self.lm.model.register_forward_hook(post)]
+        return self
+
+    def remove(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+
+    def log_ratio(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log p − log q [B, T, N, J, 256] of the rows of the n-grams ending at each position, rows [B, T, N, K])."""
+        rows = self.tc.ngram_rows(ids.cpu(), self.layout, self.N)  # [B, T, N, K]
+        e = self.table.index_select(0, rows.reshape(-1).clamp_min(0)) * (rows.reshape(-1, 1) >= 0)
+        with torch.no_grad():
+            return self.head.log_ratio(e.view(*rows.shape, -1)), rows
+
+    def scores(self, d: torch.Tensor, bm: torch.Tensor) -> torch.Tensor:
+        """d [P, J, 256] per-byte scores -> [P, V] each token's sum over its first J bytes."""
+        d = torch.cat([d, d.new_zeros(*d.shape[:-1], 1)], dim=-1)  # [P, J, 257]
+        s = d[:, 0, :].index_select(1, bm[:, 0])
+        for j in range(1, bm.shape[1]):
+            s = s + d[:, j, :].index_select(1, bm[:, j])
+        return s  # [P, V]
+
+    def add(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.ids is None:
+            raise PolymemError("the byte bias ran without the model's input_ids; call the model with input_ids")
+        V = logits.shape[-1]
+        bm = self.full if V == self.full.shape[0] else self.cut
+        if bm is None or bm.shape[0] != V:
+            raise PolymemError(f"the model returned {V} logits; the byte bias knows {self.full.shape[0]} ids")
+        lr, _ = self.log_ratio(self.ids)
+        B, T = lr.shape[:2]
+        g = self.w.view(1, 1, self.N)  # [1, 1, N]: each order's weight at each position
+        if self.u is not None:
+            prior = torch.log_softmax(self.head.bias.view(self.N, self.head.j, 256), dim=-1)
+            c = (lr + prior).exp().amax(-1).mean(-1)  # [B, T, N]: the decoder's confidence in the row
+            g = g + self.u.view(1, 1, self.N) * c
+        d = (lr * g.unsqueeze(-1).unsqueeze(-1)).sum(2).reshape(B * T, self.head.j, 256)  # [B·T, J, 256]
+        if torch.is_grad_enabled() and self.w.requires_grad:
+            return logits.float() + self.scores(d, bm).view(B, T, V).to(logits.device)
+        flat = logits.view(B * T, V)
+        for a in range(0, B * T, CHUNK):  # in place, a block of positions at a time (V may be 262k)
+            flat[a:a + CHUNK] += self.scores(d[a:a + CHUNK], bm).to(flat.device, flat.dtype)
+        return logits
+
+
+def _docs(r: dict[str, Any]) -> dict[str, Any]:
+    return {"bits": [float(x) for x in r["doc_bits"]], "bytes": [int(x) for x in r["doc_bytes"]]}
+
+
+def fit_head(exp: Any, seed: int) -> tuple[ByteHead, dict[str, Any]]:
+    """A byte decoder fitted on the recipient's part: its n-gram rows (the donor's table, frozen) -> the bytes
+    that follow in its text (``next_bytes_fit``)."""
+    from polymem.torch.hash import TorchTokenHashes
+
+    t0 = time.perf_counter()
+    stream = exp.data.train
+    lay, N, J = exp.layout, exp.max_n, 8
+    rows = TorchTokenHashes.from_cache(exp.cache).ngram_rows(torch.from_numpy(stream)[None], lay, N)[0]  # [S, N, K]
+    y = torch.from_numpy(next_byte_targets(stream, exp.lm.tokenizer.all_token_bytes(), J).astype(np.int64))
+    y = torch.cat([y[1:], torch.full((1, J), -1)])  # [S, J]: the bytes after the n-gram ending at s
+    head = ByteHead(N, lay.heads, lay.head_dim, J, seed=2000 + int(seed))
+    opt = torch.optim.AdamW(head.parameters(), lr=FIT_LR, betas=(0.9, 0.95), weight_decay=0.0)
+    g = np.random.default_rng(2000 + int(seed))
+    losses = []
+    for _ in range(FIT_STEPS):
+        i = torch.from_numpy(g.integers(0, stream.size, size=FIT_BATCH))
+        r = rows[i]  # [P, N, K]
+        e = exp.donor_tab.index_select(0, r.reshape(-1).clamp_min(0)) * (r.reshape(-1, 1) >= 0)
+        loss, _ = byte_loss(head(e.view(1, *r.shape, -1)), y[i][None], (r[..., 0] >= 0)[None])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    head.requires_grad_(False)
+    return head, {"steps": FIT_STEPS, "batch": FIT_BATCH, "lr": FIT_LR, "loss_first": losses[0],
+                  "loss_last10": float(np.mean(losses[-10:])), "seconds": time.perf_counter() - t0}
+
+
+def diagnose(exp: Any, bias: ByteBias, sets: Sequence[str] = ("read", "unseen")) -> dict[str, Any]:
+    """Per scoring set and order: the share of positions whose n-gram row the donor wrote (the hit rate), and the
+    decoder's accuracy on the next byte there (rows written) against the recipient's own text."""
+    tb = exp.lm.tokenizer.all_token_bytes()
+    nz = exp.donor_tab.abs().sum(1) > 0  # [R]: rows the donor wrote
+    out: dict[str, Any] = {}
+    for k in sets:
+        if k not in exp.scorers:
+            continue
+        hit, tot, right, seen = (np.zeros(bias.N) for _ in range(4))
+        for text in exp.eval_texts[k]:
+            ids = np.asarray(exp.lm.tokenizer.encode(text), dtype=np.int64)
+            if ids.size < 2:
+                continue
+            lr, rows = bias.log_ratio(torch.from_numpy(ids)[None])  # [1, T, N, J, 256], [1, T, N, K]
+            y = torch.from_numpy(next_byte_targets(ids, tb, 1).astype(np.int64))[1:, 0]  # [T-1]
+            for n in range(bias.N):
+                r = rows[0, :-1, n]  # [T-1, K]
+                valid = (r[:, 0] >= 0) & (y >= 0)
+                wrote = valid & nz[r.clamp_min(0)].all(-1)
+                tot[n] += float(valid.sum())
+                hit[n] += float(wrote.sum())
+                guess = lr[0, :-1, n, 0].argmax(-1)
+                right[n] += float(((guess == y) & wrote).sum())
+                seen[n] += float(wrote.sum())
+        out[k] = {"hit_rate": {str(n + 1): float(hit[n] / max(tot[n], 1)) for n in range(bias.N)},
+                  "next_byte_acc": {str(n + 1): float(right[n] / max(seen[n], 1)) for n in range(bias.N)}}
+    return out
+
+
+def run_next_bytes(exp: Any, arm: str, seed: int, *, eval_at: Sequence[int],
+                   on_event: Callable[..., None] | None = None) -> dict[str, Any]:
+    """One seed of a next-bytes arm, in the shape of :func:`polymem.recipes.pretrained.run_arm`'s results."""
+    from polymem.recipes.frozen import FrozenTrainConfig, data_order, restricted_head, window_batch
+    from polymem.recipes.loop import Schedule, run_steps
+    from polymem.models.evaluate import token_nats
+    from polymem.torch.bytehead import load_byte_head
+
+    ev = on_event or (lambda *a, **k: None)
+    t0 = time.perf_counter()
+    cfg = FrozenTrainConfig(**{**asdict(exp.cfg), "seed": int(seed)})
+    points = sorted({int(p) for p in eval_at if 0 < int(p) <= cfg.steps} | {cfg.steps})  # as the other arms
+    if arm in ("next_bytes", "next_bytes_conf"):
+        head, fit = load_byte_head(exp.donor_site), None
+    else:
+        head, fit = fit_head(exp, seed)
+    if head.orders != exp.max_n or head.heads != exp.layout.heads or head.head_dim != exp.layout.head_dim:
+        raise PolymemError(f"the donor's byte decoder reads orders 1..{head.orders} of {head.heads} × {head.head_dim} "
+                           f"rows; this run reads 1..{exp.max_n} of {exp.layout.heads} × {exp.layout.head_dim}: pass "
+                           "the donor's --max-n")
+    stream, lm = exp.data.train, exp.lm
+    cut_ids = np.unique(stream) if cfg.softmax == "corpus" else None
+    bias = ByteBias(lm, head, exp.donor_tab, exp.layout, exp.cache, exp.max_n, cut_ids,
+                    confidence=arm == "next_bytes_conf").install()
+    trained = [bias.w] + ([bias.u] if bias.u is not None else [])
+    base, ind = exp.base_docs(), exp.in_domain
+    curve_t, curve, curve_docs = [0], [base[ind]["bpb"]], [_docs(base[ind])]  # w = 0: the model alone
+    try:
+        starts = data_order(stream.size, cfg)
+        dev = next(lm.model.parameters()).device
+        cut = restricted_head(lm.model, cut_ids) if cut_ids is not None else None
+        opt = torch.optim.AdamW(trained, lr=W_LR, betas=(0.9, 0.95), weight_decay=0.0)
+
+        def step_loss(step: int) -> torch.Tensor:
+            x, y = window_batch(stream, starts[step], cfg.block_size, lm.bos_id)
+            if cut is None:
+                return token_nats(lm.model, x.to(dev), y.to(dev)).mean()
+            with cut as remap:
+                return token_nats(lm.model, x.to(dev), remap[y].to(dev)).mean()
+
+        def on_eval(steps_done: int, tokens: int) -> None:
+            r = exp.score_docs([ind])[ind]
+            curve_t.append(int(tokens))
+            curve.append(r["bpb"])
+            curve_docs.append(_docs(r))
+            ev("eval", arm=arm, seed=seed, tokens=tokens, bpb=curve[-1])
+
+        sched = Schedule(steps=cfg.steps, lr=W_LR, table_lr=W_LR, grad_clip=0.0, lr_factor=cfg.lr_factor,
+                         tokens_per_step=cfg.batch_size * cfg.block_size)
+        res = run_steps(sched, step_loss, opt, None, trained, eval_at=points, on_eval=on_eval,
+                        on_step=lambda i, loss: ev("step", arm=arm, seed=seed, step=i, loss=loss))
+        others = [k for k in exp.scorers if k != ind]
+        final = exp.score_docs(others) if others else {}
+        diag = diagnose(exp, bias)
+    finally:
+        bias.remove()
+    return {"arm": arm, "seed": int(seed), "curve_tokens": curve_t, "curve_bpb": curve, "curve_docs": curve_docs,
+            "bpb": {ind: curve[-1], **{k: v["bpb"] for k, v in final.items()}},
+            "docs": {ind: curve_docs[-1], **{k: _docs(v) for k, v in final.items()}},
+            "train_s": res["train_s"], "tokens_per_s": res["tokens_per_s"],
+            "final_loss": float(np.mean(res["losses"][-10:])), "gate": [float(x) for x in bias.w.detach()],
+            "next_bytes": {"weights": [float(x) for x in bias.w.detach()],
+                           **({"confidence_weights": [float(x) for x in bias.u.detach()]} if bias.u is not None else {}),
+                           "decoder": head.describe(), "fit": fit,
+                           "w_lr": W_LR, **diag},
+            "elapsed_s": time.perf_counter() - t0}

@@ -1,0 +1,197 @@
+"""The next-bytes arms of the content study on small random-initialised models built from configs: the byte
+targets after an n-gram (by hand), the decoder's file (round trip, damage, absence), the donor's auxiliary byte
+loss, the recipient's byte bias (zero at step 0, the sum over a token's bytes by hand), and the arms end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from polymem.errors import FormatError, PolymemError
+
+pytest.importorskip("transformers")
+torch.set_num_threads(1)
+
+from test_content_transfer import _donor_cfg  # noqa: E402
+from test_content_transfer import ckpts, docs, lms  # noqa: E402,F401  (the same small models and documents)
+
+
+def test_next_byte_targets_by_hand(lms):
+    from polymem.torch.bytehead import next_byte_targets, token_byte_matrix
+
+    tb = [b"de", b"f", b" x", None, b"(y)"]
+    # position s: the bytes from token s's first byte on, stopping at a token without bytes
+    got = next_byte_targets(np.array([0, 1, 2, 3, 4, 1]), tb, 4)
+    assert got.tolist() == [[100, 101, 102, 32], [102, 32, 120, -1], [32, 120, -1, -1], [-1, -1, -1, -1],
+                            [40, 121, 41, 102], [102, -1, -1, -1]]
+    assert token_byte_matrix(tb, 2, rows=6).tolist() == [[100, 101], [102, -1], [32, 120], [-1, -1], [40, 121],
+                                                         [-1, -1]]
+    # a real tokenizer: the targets at each position are the text's bytes from that token's start
+    lm = lms["gemma3"]
+    text = "def f(x):\n    return x + 1\n"
+    ids = np.asarray(lm.tokenizer.encode(text), dtype=np.int64)
+    all_tb = lm.tokenizer.all_token_bytes()
+    starts = np.concatenate([[0], np.cumsum([len(all_tb[i]) for i in ids])[:-1]])
+    t = next_byte_targets(ids, all_tb, 5)
+    raw = text.encode()
+    for s, a in enumerate(starts):
+        want = list(raw[a:a + 5])
+        assert t[s].tolist() == want + [-1] * (5 - len(want))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 17, 2.5, True])
+def test_bytes_out_of_range_is_one_line(bad):
+    from polymem.torch.bytehead import check_bytes
+
+    with pytest.raises(PolymemError, match=r"^--donor-byte-head .*: the bytes a row's decoder predicts must be 1\.\.16; "
+                                           r"pass e\.g\. --donor-byte-head 8$"):
+        check_bytes(bad, "--donor-byte-head")
+
+
+def test_decoder_file_round_trip_damage_and_absence(tmp_path):
+    from polymem.torch.bytehead import ByteHead, load_byte_head, save_byte_head
+
+    site = tmp_path / "s"
+    site.mkdir()
+    (site / "site.json").write_text(json.dumps({"format": "x"}))
+    with pytest.raises(PolymemError, match=r"the site .* has none; train the donor with --byte-head J"):
+        load_byte_head(site)
+    head = ByteHead(2, 4, 8, 3, seed=1)
+    save_byte_head(head, site, record={"weight": 1.0})
+    got = load_byte_head(site)
+    assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), got.state_dict().values()))
+    assert json.loads((site / "site.json").read_text())["byte_head"]["bytes"] == 3
+    e = torch.randn(5, 2, 4, 8)
+    assert torch.equal(head(e), got(e)) and head(e).shape == (5, 2, 3, 256)
+    assert torch.equal(head.log_ratio(torch.zeros(1, 2, 4, 8)), torch.zeros(1, 2, 3, 256))  # an unwritten row: 0
+    raw = bytearray((site / "bytes.safetensors").read_bytes())
+    raw[-5] ^= 0xFF
+    (site / "bytes.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match=r"is not the byte decoder .* names \(ValueError: sha256 differs"):
+        load_byte_head(site)
+    (site / "bytes.safetensors").unlink()
+    with pytest.raises(PolymemError, match="bytes.safetensors"):
+        load_byte_head(site)
+
+
+def test_byte_bias_is_zero_at_step_zero_and_sums_a_tokens_bytes(lms):
+    from polymem.hash.layout import Layout
+    from polymem.hash.spec import HashSpec
+    from polymem.hash.token_hashes import TokenHashes
+    from polymem.recipes.nextbytes import ByteBias
+    from polymem.torch.bytehead import ByteHead
+
+    lm = lms["gemma3"]
+    layout = Layout.for_params(4096 * 8, heads=4, slots=4, head_dim=8)
+    table = torch.randn(layout.num_rows, 8, generator=torch.Generator().manual_seed(0))
+    head = ByteHead(2, 4, 8, 3, seed=0)
+    ids = torch.from_numpy(np.asarray(lm.tokenizer.encode("def f(x):\n    return x"), dtype=np.int64))[None]
+    with torch.no_grad():
+        alone = lm.model(input_ids=ids).logits.clone()
+    bias = ByteBias(lm, head, table, layout, TokenHashes.build(lm.tokenizer, HashSpec()), 2).install()
+    try:
+        with torch.no_grad():
+            assert torch.equal(lm.model(input_ids=ids).logits, alone)  # w = 0: the model alone, exactly
+            bias.w.fill_(0.5)
+            bias.w[1] = 2.0
+            got = lm.model(input_ids=ids).logits
+        lr, _ = bias.log_ratio(ids)  # [1, T, 2, 3, 256]
+        tb = lm.tokenizer.all_token_bytes()
+        t = ids.shape[1] - 1
+        for v in [i for i, b in enumerate(tb) if b and len(b) in (1, 2, 5)][:6] + [lm.eos_id]:
+            b = tb[v] or b""
+            want = sum(w * float(lr[0, t, n, j, b[j]]) for n, w in enumerate((0.5, 2.0)) for j in range(min(len(b), 3)))
+            assert float(got[0, t, v] - alone[0, t, v]) == pytest.approx(want, abs=1e-4)
+        # with gradients on (training) the same scores, differentiable in w
+        bias.w.grad = None
+        lm.model(input_ids=ids).logits[0, t].logsumexp(-1).backward()
+        assert bias.w.grad is not None and bias.w.grad.abs().sum() > 0
+    finally:
+        bias.remove()
+    with torch.no_grad():
+        assert torch.equal(lm.model(input_ids=ids).logits, alone)
+    # weighted by the decoder's confidence too: zero at the start, then (w_n + u_n c_{t,n}) per order, by hand
+    conf = ByteBias(lm, head, table, layout, TokenHashes.build(lm.tokenizer, HashSpec()), 2, confidence=True).install()
+    try:
+        with torch.no_grad():
+            assert torch.equal(lm.model(input_ids=ids).logits, alone)
+            conf.u.fill_(3.0)
+            got = lm.model(input_ids=ids).logits
+        lr, _ = conf.log_ratio(ids)
+        prior = torch.log_softmax(head.bias.view(2, 3, 256), dim=-1)
+        c = (lr[0, t] + prior).exp().amax(-1).mean(-1)  # [N]
+        b = next(x for x in tb if x and len(x) >= 3)
+        v = tb.index(b)
+        want = sum(3.0 * float(c[n]) * float(lr[0, t, n, j, b[j]]) for n in range(2) for j in range(3))
+        assert float(got[0, t, v] - alone[0, t, v]) == pytest.approx(want, abs=1e-4)
+    finally:
+        conf.remove()
+
+
+def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
+    from polymem.recipes.content import ContentOptions, ContentSplit, run_content_transfer
+    from polymem.recipes.frozen import FrozenTrainConfig
+    from polymem.recipes.options import ExperimentData
+    from polymem.torch.tablefile import open_table
+
+    split = ContentSplit.parse("0.3,0.4,0.3", seed=1)
+    cfg = FrozenTrainConfig(steps=3, batch_size=2, block_size=16, table_lr=0.1, site_lr=3e-3)
+    kw = dict(data=ExperimentData(texts=docs, eval_tokens=256, window=64), cfg=cfg, seeds=[0], eval_at=[])
+    # a donor without a decoder: the arm says so in one line
+    with pytest.raises(PolymemError, match=r"reads the donor's byte decoder, and the site .* has none; train the donor "
+                                           r"with --byte-head J"):
+        run_content_transfer(lms["gemma3"], lms["llama"], **kw, arms=["none", "next_bytes"],
+                             content=ContentOptions(split=split, donor_cfg=_donor_cfg(), resamples=50),
+                             out_dir=tmp_path / "plain")
+    donor_cfg = FrozenTrainConfig(**{**_donor_cfg().__dict__, "steps": 12})
+    opts = ContentOptions(split=split, donor_cfg=donor_cfg, resamples=50, byte_head=4)
+    res = run_content_transfer(lms["gemma3"], lms["llama"], **kw, content=opts, out_dir=tmp_path / "run",
+                               arms=["none", "donor", "next_bytes", "next_bytes_fit", "next_bytes_conf"])
+    out = tmp_path / "run"
+    rec = open_table(out / "donor.pmem").provenance["byte_head"]
+    assert rec["bytes"] == 4 and rec["byte_loss_last10"] < rec["byte_loss_first"]  # the aux loss trains the decoder
+    assert json.loads((out / "donor.pmem.site" / "site.json").read_text())["byte_head"]["bytes"] == 4
+    none = json.loads((out / "arms" / "none-seed0.json").read_text())
+    for arm in ("next_bytes", "next_bytes_fit", "next_bytes_conf"):
+        r = json.loads((out / "arms" / f"{arm}-seed0.json").read_text())
+        assert r["curve_bpb"][0] == none["bpb"]["read"]  # step 0: the model alone
+        assert set(r["next_bytes"]) >= {"weights", "read", "unseen"} and any(w != 0 for w in r["next_bytes"]["weights"])
+        assert 0 <= r["next_bytes"]["read"]["hit_rate"]["1"] <= 1
+        assert res["arms"][arm]["method"].startswith(("the donor's table and its byte decoder", "as next_bytes"))
+    conf = json.loads((out / "arms" / "next_bytes_conf-seed0.json").read_text())["next_bytes"]
+    assert any(u != 0 for u in conf["confidence_weights"])
+    assert (json.loads((out / "arms" / "next_bytes_fit-seed0.json").read_text())["next_bytes"]["fit"]["steps"] > 0)
+    # a donor trained with another decoder setting is not reused
+    with pytest.raises(PolymemError, match="was trained with other settings"):
+        run_content_transfer(lms["gemma3"], lms["llama"], **kw, arms=["none"], out_dir=out,
+                             content=ContentOptions(split=split, donor_cfg=donor_cfg, resamples=50))
+
+
+def test_cli_byte_head_refusals_before_loading(docs, tmp_path):
+    """A J out of 1..16, or one given where no donor trains: one line naming the option, before any model loads
+    (the model named does not exist, so loading it would fail otherwise)."""
+    from typer.testing import CliRunner
+
+    from polymem.cli.app import app
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:10]))
+    common = ["transfer", "--model", str(tmp_path / "no-such-model"), "--corpus", str(corpus), "--out-dir",
+              str(tmp_path / "o")]
+    r = CliRunner().invoke(app, common + ["--content-split", "0.3,0.4,0.3", "--donor-model", "x",
+                                          "--donor-byte-head", "17"])
+    assert r.exit_code != 0 and "--donor-byte-head 17: the bytes a row's decoder predicts must be 1..16" in str(r.exception)
+    r = CliRunner().invoke(app, common + ["--asset", "x.pmem", "--donor-byte-head", "8"])
+    assert r.exit_code != 0 and "--donor-byte-head has no effect without --content-split" in str(r.exception)
+    r = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--out", str(tmp_path / "t.pmem"), "--model",
+                                 str(tmp_path / "no-such-model"), "--byte-head", "0x"])
+    assert r.exit_code != 0
+    r = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--out", str(tmp_path / "t.pmem"), "--model",
+                                 str(tmp_path / "no-such-model"), "--byte-head", "20"])
+    assert r.exit_code != 0 and "--byte-head 20: the bytes a row's decoder predicts must be 1..16" in str(r.exception)
+    r = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--out", str(tmp_path / "t.pmem"), "--tokenizer",
+                                 "bytes", "--byte-head", "8"])
+    assert r.exit_code != 0 and "--byte-head has no effect without --model" in str(r.exception)
