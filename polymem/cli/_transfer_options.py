@@ -199,6 +199,10 @@ class ModelTransfer:
             raise PolymemError(f"the {' and '.join(taught)} arm(s) learn from text the donor model writes with its "
                                "table, which the content study prepares; add --content-split (with --donor-model) or "
                                "drop them from --arms")
+        if content is not None and taught:
+            from polymem.recipes.teach import TeachConfig, check_teach_disk
+
+            check_teach_disk(content.teach or TeachConfig(), run.out_dir)
         if content is None and site.init != "aligned" and d.model:
             raise PolymemError("--donor-model is read only with --init aligned or --content-split; add one or drop it")
         if (content is None and site.init != "aligned" and site.donor_site

@@ -72,6 +72,26 @@ class TeachConfig:
                                "writes before keeping the texts its table knows best; 1 keeps all), e.g. --teach-select 2")
 
 
+TEACH_BYTES_PER_TOKEN = 64  # teach.json per token the donor writes: its text, byte end and nats (one per line)
+
+
+def check_teach_disk(cfg: TeachConfig, out_dir: str | Path | None) -> None:
+    """A generation budget whose text would not fit on the disk of ``out_dir`` (or of the working directory) is
+    refused before any model loads: the donor writes ``select × tokens`` tokens, kept in ``teach.json``."""
+    import shutil
+
+    where = Path(out_dir if out_dir is not None else ".").resolve()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    need = int(cfg.tokens * cfg.select * TEACH_BYTES_PER_TOKEN)
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise PolymemError(f"--teach-tokens {cfg.tokens:,} (x --teach-select {cfg.select:g}) would write about "
+                           f"{need / 2**20:,.0f} MiB of donor text to {str(where)!r}, which has {free / 2**20:,.0f} MiB "
+                           f"free; pass a smaller --teach-tokens (about {TEACH_BYTES_PER_TOKEN} bytes a token) or "
+                           "another --out-dir")
+
+
 def teach_prompts(texts: Sequence[str], cfg: TeachConfig, tokenizer: Any) -> list[str]:
     """As many prompts as the budget needs (``ceil(tokens / new_tokens)``), dealt from the documents' starts (cut
     after a whole number of the donor's tokens, so that prompts of one length decode together): every

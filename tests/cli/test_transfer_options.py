@@ -64,6 +64,11 @@ BAD = {
                                                              site=RecipientSite(donor_site="s"))), "stitch", "drop it"),
     "--content-split ": (lambda: _all(run=RunOptions(out_dir=OUT, arms=("teach",))), "the teach arm",
                          "--content-split"),
+    "--teach-tokens ": (lambda: _all(run=RunOptions(out_dir=OUT, arms=("teach",)), content=ContentStudyOptions(
+        split="0.3,0.5,0.2", teach_tokens=10**15).study("a.pmem", BUDGET)), "1" + ",000" * 5, "free"),
+    "--donor-byte-head": (lambda: ContentStudyOptions(split="0.3,0.5,0.2", byte_head=17), "17", "1..16"),
+    "--donor-byte-head ": (lambda: ContentStudyOptions(split="0.3,0.5,0.2", byte_head=8).study("a.pmem", BUDGET),
+                           "--asset", "drop one"),
 }
 
 
