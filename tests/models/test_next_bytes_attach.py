@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from polymem.cli.app import app
-from polymem.errors import FormatError
+from polymem.errors import FormatError, PolymemError
 
 pytest.importorskip("transformers")
 torch.set_num_threads(1)
@@ -184,6 +184,15 @@ def test_next_bytes_refusals_and_off(attached, ckpts, corpus_file, donor, lms, t
     # --donor-site with another init is read for its decoder only: without one it is refused as before
     r = runner.invoke(app, base + ["--init", "zero", "--donor-site", str(plain)])
     assert r.exit_code != 0 and "--donor-site are read only with --init aligned" in str(r.exception)
+    # a decoder of other orders than the table's: refused before the model loads
+    from polymem.torch.bytehead import ByteHead, save_byte_head
+
+    other = tmp_path / "other.site"
+    shutil.copytree(f"{donor}.site", other)
+    save_byte_head(ByteHead(2, 4, 8, 4), other)
+    r = runner.invoke(app, base + ["--init", "zero", "--donor-site", str(other)])
+    assert r.exit_code != 0 and str(r.exception).startswith("the donor's byte decoder reads orders 1..2 of 4 × 8 rows; "
+                                                            "the table has orders 1..3")
     # a damaged decoder in the recipient's site: one FormatError naming the file, and nothing left attached
     bad = tmp_path / "bad.site"
     shutil.copytree(attached["site"], bad)
@@ -196,6 +205,10 @@ def test_next_bytes_refusals_and_off(attached, ckpts, corpus_file, donor, lms, t
     assert f"{str(bad / 'bytes.safetensors')!r} is not the byte decoder" in str(r.exception)
     lm = lms["gemma3"]
     with pytest.raises(FormatError, match="sha256 differs"):
+        load_attached(lm.model, bad, tokenizer=lm.tokenizer)
+    assert not lm.model._forward_hooks and not lm.model._forward_pre_hooks
+    (bad / "bytes.safetensors").unlink()  # a missing decoder file: one line naming it
+    with pytest.raises(PolymemError, match="bytes.safetensors"):
         load_attached(lm.model, bad, tokenizer=lm.tokenizer)
     assert not lm.model._forward_hooks and not lm.model._forward_pre_hooks
     # a damaged record in site.json: one line naming the entry
