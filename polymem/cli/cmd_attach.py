@@ -28,7 +28,7 @@ def attach_cmd(
     gate: Annotated[Optional[Gate], typer.Option("--gate", help="scalar, context or count (context, rows weighted by how often the donor trained them). Default: the donor's.")] = None,
     donor_model: Annotated[Optional[str], typer.Option("--donor-model", help="With --init aligned: the table's model (default: the one its provenance names).")] = None,
     donor_site: Annotated[Optional[Path], typer.Option("--donor-site", parser=local_path("a site folder"), help="With --init aligned, and for --next-bytes: the table's own site (default: the asset's path + .site).")] = None,
-    next_bytes: Annotated[NextBytes, typer.Option("--next-bytes", help="auto: when the donor's site holds a byte decoder (`polymem train --model ... --byte-head 8`), also read the donor's rows as the bytes that follow them, added to the next-token logits with one weight per order trained with the site (docs/real-models.md#polymem-attach); on: require the decoder; off: the site alone.")] = NextBytes("auto"),
+    next_bytes: Annotated[NextBytes, typer.Option("--next-bytes", help="auto: when the donor's site holds a byte decoder (`polymem train --model ... --byte-head 8`), also read the donor's rows as the bytes that follow them, added to the next-token logits with one weight per order trained with the site (docs/real-models.md, `polymem attach`); on: require the decoder; off: the site alone.")] = NextBytes("auto"),
     layers: Annotated[Optional[str], typer.Option(help="Blocks that get the site (default: the donor's).")] = None,
     site_lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate of the site.")] = 3e-3,
     batch_size: SiteBatchSize = 4,
@@ -158,8 +158,13 @@ def _donor_decoder(site: Path, mode: str) -> Any:
     from polymem.errors import PolymemError
     from polymem.torch.bytehead import load_byte_head
 
-    header = read_json(site / "site.json", what="site header", fix="pass the donor's site folder (--donor-site)") \
-        if (site / "site.json").is_file() else None
+    try:
+        header = read_json(site / "site.json", what="site header", fix="pass the donor's site folder (--donor-site)") \
+            if (site / "site.json").is_file() else None
+    except PolymemError:
+        if mode == "on":
+            raise
+        header = None  # auto: a donor site that cannot be read has no decoder to offer (--init aligned says why)
     if not (isinstance(header, dict) and isinstance(header.get("byte_head"), dict)):
         if mode == "auto":
             return None

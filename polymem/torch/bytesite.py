@@ -111,7 +111,10 @@ class ByteBias:
             c = (lr + prior).exp().amax(-1).mean(-1)  # [B, T, N]: the decoder's confidence in the row
             g = g + self.u.to(lr.device).view(1, 1, self.N) * c
         d = (lr * g.unsqueeze(-1).unsqueeze(-1)).sum(2).reshape(B * T, self.head.j, 256)  # [B·T, J, 256]
-        bm = bm.to(d.device)
+        if bm.device != d.device:  # moved once, then kept where the rows are read
+            self.full = self.full.to(d.device)
+            self.cut = self.cut.to(d.device) if self.cut is not None else None
+            bm = bm.to(d.device)
         if torch.is_grad_enabled() and self.w.requires_grad:
             return logits.float() + self.scores(d, bm).view(B, T, V).to(logits.device)
         flat = logits.view(B * T, V)
