@@ -119,7 +119,8 @@ def attach_cmd(
     console.print(f"held-out bits per byte on {escape(res['scored_set'])} ({len(sc.docs)} documents, {sc.num_tokens:,} "
                   f"tokens, {sc.num_bytes:,} bytes: each document's first {exp.doc_tokens:,} tokens, up to "
                   f"{eval_tokens:,}; every {exp.heldout_every}th document): model alone {a:.4f}, with the table at "
-                  f"step 0 {s0:.4f}, after {res['tokens']:,} tokens {s1:.4f} ({(s1 - a) / a:+.2%})", highlight=False,
+                  f"step 0 {s0:.4f}, after {res['tokens']:,} tokens{' with next bytes' if 'next_bytes' in res else ''} "
+                  f"{s1:.4f} ({(s1 - a) / a:+.2%})", highlight=False,
                   soft_wrap=True)
     if "next_bytes" in res:
         console.print(_next_bytes_line(res), highlight=False, soft_wrap=True)

@@ -130,6 +130,9 @@ class SiteBytes(ByteBias):
 
     def __init__(self, handle: Any, model: Any, tokenizer: Any, head: ByteHead, *,
                  cut_ids: np.ndarray | None = None) -> None:
+        if handle.byte_reader is not None:
+            raise PolymemError("the site already has a byte reader (handle.byte_reader); remove it first "
+                               "(handle.byte_reader.remove())")
         lay = handle.table.layout
         if head.orders != handle.max_n or head.heads != lay.heads or head.head_dim != lay.head_dim:
             raise PolymemError(f"the byte decoder reads orders 1..{head.orders} of {head.heads} × {head.head_dim} rows; "
@@ -141,6 +144,12 @@ class SiteBytes(ByteBias):
                          handle.max_n, cut_ids)
         self.handle, self.seconds = handle, 0.0
         handle.byte_reader = self
+
+    def remove(self) -> None:
+        """Unhook the reader; the handle no longer has it (nor saves it)."""
+        super().remove()
+        if self.handle.byte_reader is self:
+            self.handle.byte_reader = None
 
     def log_ratio(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.handle._rows  # [B, T, N, K]: hashed by the handle for this forward, with its history

@@ -56,6 +56,7 @@ def test_attach_trains_and_saves_the_byte_reader(attached):
     assert "next bytes: on (the donor's byte decoder, 4 bytes after each n-gram" in out
     assert f"next bytes: order weights w = [{', '.join(f'{x:+.3f}' for x in nb['weights'])}]" in out
     assert "cost: its forward took" in out and "of training (" in out
+    assert f"after {res['tokens']:,} tokens with next bytes {res['heldout_bpb']:.4f}" in out
     rec = json.loads((site / "site.json").read_text())["next_bytes"]
     assert rec["weights"] == nb["weights"] and rec["file"] == "bytes.safetensors" and (site / rec["file"]).is_file()
     import hashlib
@@ -84,6 +85,7 @@ def test_eval_site_reads_the_byte_reader_and_table_off_is_the_model_alone(attach
             assert h.byte_reader is not None and not h.byte_reader.w.requires_grad
             if not reader:
                 h.byte_reader.remove()
+                assert h.byte_reader is None  # removed: the handle neither reads nor saves it
             return h
         return fn
 
