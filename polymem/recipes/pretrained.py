@@ -380,14 +380,16 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
 
 
 def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, overwrite: bool = False,
-                         on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+                         on_step: Callable[[int, float], None] | None = None, byte_head: Any = None) -> dict[str, Any]:
     """Train a site of ``exp``'s recipient over the frozen donor table (the ``donor`` arm, with ``exp``'s init and
     gate) and save it to ``out``: a site folder naming the donor asset, which ``polymem eval --site`` and
     :func:`polymem.torch.attach.load_attached` take. Returns held-out bits per byte (in-domain set) of the model
-    alone, at step 0 and after training."""
+    alone, at step 0 and after training. ``byte_head``: the donor's byte decoder; its reader's order weights
+    (:class:`polymem.torch.bytesite.SiteBytes`) train with the site on the same steps and are saved with it."""
     import shutil
 
     from polymem.recipes.frozen import train_site
+    from polymem.recipes.nextbytes import W_LR
     from polymem.torch.attach import attach
 
     out = Path(out)
@@ -407,7 +409,10 @@ def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, ove
     try:
         scale = _aligned_start(exp, handle, seed)["scale"] if vinit == "aligned" else None
         start = exp.score([ind])[ind] if vinit == "aligned" else alone
-        res = train_site(exp.lm, handle, exp.data.train, cfg, on_step=on_step)
+        reader = _byte_reader(exp, handle, byte_head, cfg.softmax)
+        res = train_site(exp.lm, handle, exp.data.train, cfg, on_step=on_step, extra=[reader.w] if reader else (),
+                         extra_lr=W_LR if reader else None)
+        nb = {**reader.record(), "reader_s": reader.seconds, "w_lr": W_LR} if reader else None
         after = exp.score([ind])[ind]
         tmp = out.with_name(out.name + ".tmp-attach")
         if tmp.exists():
@@ -422,7 +427,19 @@ def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, ove
     return {"site": str(out), "asset": exp.donor_path, "model": exp.lm.name, "init": exp.init, "gate": exp.gate,
             "tokens": cfg.tokens, "heldout_bpb_alone": alone, "heldout_bpb_start": start, "heldout_bpb": after,
             "scored_set": ind, "site_parameters": int(params), "train_s": res["train_s"], "aligned_scale": scale,
-            "alignment": exp.alignment_report()}
+            "alignment": exp.alignment_report(), **({"next_bytes": nb} if nb else {})}
+
+
+def _byte_reader(exp: Experiment, handle: Any, head: Any, softmax: str) -> Any:
+    """The donor decoder's reader on ``handle`` (its weights from 0), or None without a decoder."""
+    if head is None:
+        return None
+    from polymem.torch.bytesite import SiteBytes
+
+    cut = np.unique(exp.data.train) if softmax == "corpus" else None  # the ids train_site's cut output layer keeps
+    reader = SiteBytes(handle, exp.lm.model, exp.lm.tokenizer, head, cut_ids=cut)
+    reader.install()
+    return reader
 
 
 def run_transfer(exp: Experiment, *, arms: Sequence[str], seeds: Sequence[int], eval_at: Sequence[int],
