@@ -352,8 +352,10 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
             curve_docs.append(_docs(r))
             ev("eval", arm=arm, seed=seed, tokens=tokens, bpb=curve[-1])
 
+        reader = _byte_reader(exp, handle, _donor_decoder(exp), cfg.softmax) if spec.reader else None
         res = train_site(exp.lm, handle, stream, cfg, eval_at=points, on_eval=on_eval, aux=aux,
-                         on_step=lambda i, loss: ev("step", arm=arm, seed=seed, step=i, loss=loss))
+                         on_step=lambda i, loss: ev("step", arm=arm, seed=seed, step=i, loss=loss),
+                         extra=[reader.w] if reader else (), extra_lr=_reader_lr() if reader else None)
         others = [k for k in exp.scorers if k != ind]
         final = exp.score_docs(others) if others else {}
         out: dict[str, Any] = {"arm": arm, "seed": int(seed), "curve_tokens": curve_t, "curve_bpb": curve,
@@ -365,6 +367,8 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
                                "gate": [float(s.gate.detach()) for s in handle.sites.values() if hasattr(s, "gate")]}
         if start is not None:
             out["aligned_start"] = start
+        if reader is not None:
+            out["next_bytes"] = {**reader.record(), "reader_s": reader.seconds}
         if spec.frozen_donor and not torch.equal(handle.table.weight.detach().cpu(), exp.donor_tab):
             raise RuntimeError("the frozen donor table changed during training (a bug; please report)")
         if spec.teach:
@@ -428,6 +432,18 @@ def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, ove
             "tokens": cfg.tokens, "heldout_bpb_alone": alone, "heldout_bpb_start": start, "heldout_bpb": after,
             "scored_set": ind, "site_parameters": int(params), "train_s": res["train_s"], "aligned_scale": scale,
             "alignment": exp.alignment_report(), **({"next_bytes": nb} if nb else {})}
+
+
+def _donor_decoder(exp: Experiment) -> Any:
+    from polymem.torch.bytehead import load_byte_head
+
+    return load_byte_head(exp.donor_site, option="the donor_next_bytes arm")
+
+
+def _reader_lr() -> float:
+    from polymem.recipes.nextbytes import W_LR
+
+    return W_LR
 
 
 def _byte_reader(exp: Experiment, handle: Any, head: Any, softmax: str) -> Any:

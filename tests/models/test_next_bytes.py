@@ -149,7 +149,8 @@ def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
     donor_cfg = FrozenTrainConfig(**{**_donor_cfg().__dict__, "steps": 12})
     opts = ContentOptions(split=split, donor_cfg=donor_cfg, resamples=50, byte_head=4)
     res = run_content_transfer(lms["gemma3"], lms["llama"], **kw, content=opts, out_dir=tmp_path / "run",
-                               arms=["none", "donor", "next_bytes", "next_bytes_fit", "next_bytes_conf"])
+                               arms=["none", "donor", "next_bytes", "next_bytes_fit", "next_bytes_conf",
+                                     "donor_next_bytes"])
     out = tmp_path / "run"
     rec = open_table(out / "donor.pmem").provenance["byte_head"]
     assert rec["bytes"] == 4 and rec["byte_loss_last10"] < rec["byte_loss_first"]  # the aux loss trains the decoder
@@ -161,6 +162,10 @@ def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
         assert set(r["next_bytes"]) >= {"weights", "read", "unseen"} and any(w != 0 for w in r["next_bytes"]["weights"])
         assert 0 <= r["next_bytes"]["read"]["hit_rate"]["1"] <= 1
         assert res["arms"][arm]["method"].startswith(("the donor's table and its byte decoder", "as next_bytes"))
+    both = json.loads((out / "arms" / "donor_next_bytes-seed0.json").read_text())  # the site and the reader, as attach
+    donor = json.loads((out / "arms" / "donor-seed0.json").read_text())
+    assert both["curve_bpb"][0] == none["bpb"]["read"] and any(w != 0 for w in both["next_bytes"]["weights"])
+    assert both["bpb"] != donor["bpb"]  # the reader changed what the same site, seed and data give
     conf = json.loads((out / "arms" / "next_bytes_conf-seed0.json").read_text())["next_bytes"]
     assert any(u != 0 for u in conf["confidence_weights"])
     assert (json.loads((out / "arms" / "next_bytes_fit-seed0.json").read_text())["next_bytes"]["fit"]["steps"] > 0)
