@@ -135,8 +135,8 @@ def three_sites(args) -> dict:
                             "--eval-tokens", "256", "--seed", str(i), "--threads", str(args.threads), "--precision",
                             "fp32"], check=True, env=env, capture_output=True)
         sites.append(str(work / f"t{i}.pmem.site"))
-    common = ["--model", "smollm2-135m", "--corpus", "sample:pydocs", "--heldout-every", "9", "--max-docs",
-              str(args.eval_docs), "--threads", str(args.threads)]  # 9: two short documents first (3,045 bytes)
+    common = ["--model", "smollm2-135m", "--corpus", "sample:pydocs", "--heldout-every", str(args.heldout_every),
+              "--max-docs", str(args.eval_docs), "--threads", str(args.threads)]  # 9: two short documents first
     # the baseline keeps a model cache of its own (the two versions' cache entries differ in format)
     old_env = dict(env, PYTHONPATH=str(Path(args.baseline_src).resolve()), POLYMEM_CACHE_DIR=str(work / "baseline-cache"))
     times: dict[str, list[float]] = {"three calls (baseline)": [], "one call": []}
@@ -156,7 +156,7 @@ def three_sites(args) -> dict:
         print(f"three sites, round {rnd}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()), flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"seconds": times, "median_s": med, "speedup": med["three calls (baseline)"] / med["one call"],
-            "documents": args.eval_docs}
+            "documents": args.eval_docs, "heldout_every": args.heldout_every}
 
 
 def main() -> None:
@@ -171,6 +171,8 @@ def main() -> None:
     ap.add_argument("--baseline-src", help="a checkout of the code to compare the three-site eval with")
     ap.add_argument("--site-rounds", type=int, default=5)
     ap.add_argument("--eval-docs", type=int, default=2)
+    ap.add_argument("--heldout-every", type=int, default=9, help="the three-site eval's split (9: 4 held-out "
+                    "documents, the first two short: 3,045 bytes; 3: 14 documents)")
     ap.add_argument("--work", default="/tmp/bench-backbone")
     ap.add_argument("--json")
     a = ap.parse_args()

@@ -11,156 +11,61 @@ from rich.table import Table
 
 from polymem.cli._display import escape
 from polymem.cli._options import apply_threads
+from polymem.cli._transfer_options import ModelTransfer
+from polymem.recipes.arms import ARM_SPECS
 
 console = Console()
 
 
-def _seeds(seeds: int, seed_list: str | None) -> list[int]:
-    from polymem.errors import PolymemError
-
-    if seed_list is None:
-        return list(range(seeds))
-    try:
-        out = [int(x) for x in seed_list.split(",") if x.strip()]
-    except ValueError:
-        out = []
-    if not out or any(not 0 <= s < 2**32 for s in out):
-        raise PolymemError(f"--seed-list {seed_list!r} must be comma-separated seeds in 0..4294967295, e.g. 0,1,2")
-    return list(dict.fromkeys(out))
-
-
-def content_options(split: str | None, *, split_seed: int, asset: str | None, donor_steps: int, donor_params: str,
-                    batch_size: int, block_size: int, layers: str | None, site_lr: float, table_lr: float,
-                    softmax: str, teach_tokens: int = 4096,
-                    teach_select: float = 1.0, teach_prompts: str = "recipient", byte_head: int = 0) -> Any:
-    """``--content-split`` and the donor's options as :class:`polymem.recipes.content.ContentOptions` (None
-    without a split; the donor's options given without one are refused)."""
-    from polymem.cli._options import parse_count, refuse_unused
-    from polymem.cli.cmd_train import _layers
-    from polymem.errors import PolymemError
-    from polymem.recipes.content import ContentOptions, ContentSplit
-    from polymem.recipes.frozen import FrozenTrainConfig
-    from polymem.recipes.teach import TeachConfig
-
-    if split is None:
-        refuse_unused("without --content-split", {"split_seed": (split_seed, 0), "donor_steps": (donor_steps, 80),
-                                                   "donor_params": (donor_params, "20M"),
-                                                   "teach_tokens": (teach_tokens, 4096),
-                                                   "teach_select": (teach_select, 1.0),
-                                                   "teach_prompts": (teach_prompts, "recipient"),
-                                                   "donor_byte_head": (byte_head, 0)})
-        return None
-    if byte_head:
-        from polymem.torch.bytehead import check_bytes
-
-        check_bytes(byte_head, "--donor-byte-head")
-    sp = ContentSplit.parse(split, seed=split_seed)
-    teach = TeachConfig(tokens=teach_tokens, select=teach_select, prompts_from=teach_prompts)
-    if asset is not None:
-        if byte_head:
-            raise PolymemError("--donor-byte-head trains the donor here, and --asset gives one trained before; drop one")
-        return ContentOptions(split=sp, donor_asset=asset, teach=teach)
-    cfg = FrozenTrainConfig(steps=donor_steps, batch_size=batch_size, block_size=block_size,
-                            layers=_layers(layers or "2"), params=parse_count(donor_params), site_lr=site_lr,
-                            table_lr=table_lr, softmax=softmax)
-    return ContentOptions(split=sp, donor_cfg=cfg, teach=teach, byte_head=byte_head)
-
-
-def transfer_model(*, model: str, asset: str | None, corpus: list[Path], eval_corpus: list[Path], arms: str | None,
-                   seeds: int, seed_list: str | None, steps: int, batch_size: int, block_size: int,
-                   eval_every: int | None, eval_tokens: int, site_lr: float, table_lr: float, softmax: str,
-                   layers: str | None, max_n: int | None, out_dir: Path | None, threads: int | None,
-                   json_out: Path | None, plot: Path | None, device: str = "auto", init: str | None = None,
-                   gate: str | None = None, donor_model: str | None = None, donor_site: Path | None = None,
-                   eval_at: str | None = None, content: Any = None,
-                   precision: str = "auto") -> None:
-    """The pretrained-recipient path of ``polymem transfer``; ``content``: a
-    :class:`polymem.recipes.content.ContentOptions` (``--content-split``), the study of what the donor read."""
-    import torch
-
+def transfer_model(opts: ModelTransfer) -> None:
+    """The pretrained-recipient path of ``polymem transfer``: what the options say checked against the machine
+    (output paths, matplotlib, the device), then the arms, or with ``opts.content`` the study of what the donor
+    read (:func:`_content`)."""
     from polymem.torch.device import resolve_device
 
     from polymem._io import atomic_write_json, check_output_paths
+    from polymem.cli._precision import backbone_precision
     from polymem.cli.cmd_eval import progress_bar
-    from polymem.errors import PolymemError
     from polymem.models import load_model
-    from polymem.recipes.frozen import FrozenTrainConfig
-    from polymem.recipes.pretrained import ARMS, Experiment, check_arms, run_transfer
+    from polymem.recipes.pretrained import Experiment, run_transfer
     from polymem.recipes.pretrained_plot import plot_result
 
-    if out_dir is None:
-        raise PolymemError("--model needs --out-dir DIR: each (arm, seed) result is written there as it ends, so a "
-                           "stopped run resumes; e.g. --out-dir runs/gemma")
-    if asset is None and content is None:
-        raise PolymemError("--asset is needed: the donor table the recipient reads (or --content-split, which trains "
-                           "the donor on its part of --corpus)")
-    check_output_paths(json_out, plot)
-    if plot is not None:
+    r, run = opts.recipient, opts.run
+    check_output_paths(run.json_out, run.plot)
+    if run.plot is not None:
         from polymem._optional import pyplot
 
         pyplot("transfer --plot")  # a missing matplotlib is said now, not after the training
-    dev = resolve_device(device)  # a missing CUDA device is said before the model loads
-    arm_list = check_arms((arms or ",".join(ARMS)).split(","))
-    seed_ids = _seeds(seeds, seed_list)
-    apply_threads(threads, console)
-    from polymem.cli.cmd_train import _layers
-
-    from polymem.recipes.pretrained import DONOR_INITS
-    from polymem.torch.site import GATES
-
-    init = init or "zero"
-    if init not in DONOR_INITS:
-        raise PolymemError(f"--init {init!r} is unknown; accepted: {', '.join(DONOR_INITS)}, e.g. --init aligned")
-    if gate is not None and gate not in GATES:
-        raise PolymemError(f"--gate {gate!r} is unknown; accepted: {', '.join(GATES)}, e.g. --gate context")
-    taught = [a for a in arm_list if a in ("teach", "distill")]
-    if content is None and taught:
-        raise PolymemError(f"the {' and '.join(taught)} arm(s) learn from text the donor model writes with its table, "
-                           "which the content study prepares; add --content-split (with --donor-model) or drop them "
-                           "from --arms")
-    if content is None and init != "aligned" and donor_model:
-        raise PolymemError("--donor-model is read only with --init aligned or --content-split; add one or drop it")
-    if content is None and init != "aligned" and donor_site and "stitch" not in arm_list:
-        raise PolymemError("--donor-site is read only with --init aligned or the stitch arm; add one or drop it")
-    if content is not None and (donor_site or plot):
-        raise PolymemError("--donor-site and --plot are not read with --content-split (the donor's site is the one "
-                           "trained with it); drop them")
-    cfg = FrozenTrainConfig(steps=steps, batch_size=batch_size, block_size=block_size, site_lr=site_lr,
-                            table_lr=table_lr, softmax=softmax)
-    points = _eval_steps(eval_at, eval_every, steps)
-    from polymem.cli._precision import backbone_precision
-
-    prec = backbone_precision(precision, dev)
-    if content is not None:
-        _content(model=model, corpus=corpus, eval_corpus=eval_corpus, content=content, cfg=cfg, arms=arm_list,
-                 seeds=seed_ids, points=points, eval_tokens=eval_tokens, layers=layers, max_n=max_n, gate=gate,
-                 init=init, donor_model=donor_model, out_dir=out_dir, json_out=json_out, device=str(dev), precision=prec)
+    dev = resolve_device(r.device)  # a missing CUDA device is said before the model loads
+    apply_threads(run.threads, console)
+    prec = backbone_precision(r.precision, dev)
+    if opts.content is not None:
+        _content(opts, device=str(dev), precision=prec)
         return
-    assert asset is not None  # refused above when there is no --content-split
-    console.print(f"loading {escape(model)} …", highlight=False)
-    lm = load_model(model, device=str(dev), precision=prec)
+    asset, steps = opts.donor.asset, r.budget.steps
+    assert asset is not None  # refused by ModelTransfer when there is no --content-split
+    console.print(f"loading {escape(r.model)} …", highlight=False)
+    lm = load_model(r.model, device=str(dev), precision=prec)
     console.print(escape(lm.load_line()), highlight=False)
     dlm = None
-    if init == "aligned":
-        dlm = _donor_model(asset, donor_model, str(dev), precision=prec)
+    if r.site.init == "aligned":
+        dlm = _donor_model(asset, opts.donor.model, str(dev), precision=prec)
     console.print("preparing (donor table, corpus, scoring sets" + (", alignment" if dlm else "") + ") …", highlight=False)
-    exp = Experiment(lm, asset, corpus, cfg=cfg, eval_corpora=eval_corpus, eval_tokens=eval_tokens,
-                     layers=_layers(layers) if layers else None, max_n=max_n, gate=gate, init=init, donor_lm=dlm,
-                     donor_site=donor_site)
+    exp = Experiment(lm, asset, opts.data, cfg=r.budget, site=r.site, donor_lm=dlm)
     del dlm
     for i, f in enumerate(exp.alignment_report() or []):
         console.print(f"alignment, site {i}: held-out R² {f['r2_heldout']:.3f} on {f['heldout_positions']:,} of "
                       f"{f['positions']:,} paired positions ({f['documents']} documents)", highlight=False)
-    trained = [a for a in arm_list if a != "none"]
+    trained = [a for a in run.arms if ARM_SPECS[a].trains is not None]
     with progress_bar(console) as prog:
-        task = prog.add_task("transfer", total=len(trained) * len(seed_ids) * steps, info="")
+        task = prog.add_task("transfer", total=len(trained) * len(run.seeds) * steps, info="")
         state = {"done": 0}
 
         def on_event(kind: str, **k: Any) -> None:
             if kind == "run":
                 prog.update(task, description=escape(f"{k['arm']} seed {k['seed']}"))
             elif kind == "skip":
-                if k["arm"] != "none":
+                if ARM_SPECS[k["arm"]].trains is not None:
                     state["done"] += steps
                     prog.update(task, completed=state["done"])
                 prog.console.print(f"  {k['arm']:<15} seed {k['seed']}: {k['bpb']:.4f} bits/byte (done before)", highlight=False)
@@ -173,29 +78,31 @@ def transfer_model(*, model: str, asset: str | None, corpus: list[Path], eval_co
             elif kind == "result":
                 prog.console.print(f"  {k['arm']:<15} seed {k['seed']}: {k['bpb']:.4f} bits/byte", highlight=False)
 
-        result = run_transfer(exp, arms=arm_list, seeds=seed_ids, eval_at=points, out_dir=out_dir, on_event=on_event)
+        result = run_transfer(exp, arms=run.arms, seeds=run.seeds, eval_at=r.points, out_dir=run.folder,
+                              on_event=on_event)
     print_result(result)
-    if json_out:
-        atomic_write_json(json_out, result, indent=1)
-        console.print(f"wrote {escape(str(json_out))}", soft_wrap=True)
-    if plot:
-        console.print(f"wrote {escape(str(plot_result(result, plot)))}", soft_wrap=True)
+    if run.json_out:
+        atomic_write_json(run.json_out, result, indent=1)
+        console.print(f"wrote {escape(str(run.json_out))}", soft_wrap=True)
+    if run.plot:
+        console.print(f"wrote {escape(str(plot_result(result, run.plot)))}", soft_wrap=True)
 
 
-def _content(*, model: str, corpus: list[Path], eval_corpus: list[Path], content: Any, cfg: Any, arms: list[str],
-             seeds: list[int], points: list[int], eval_tokens: int, layers: str | None, max_n: int | None,
-             gate: str | None, init: str, donor_model: str | None, out_dir: Path, json_out: Path | None,
-             device: str, precision: str = "fp32") -> None:
+def _content(opts: ModelTransfer, *, device: str, precision: str = "fp32") -> None:
     """``transfer --model --content-split``: the split and the donor's provenance checked before any model loads,
     then :func:`polymem.recipes.content.run_content_transfer`."""
+    from dataclasses import replace
+
     from polymem.cli.cmd_eval import progress_bar
-    from polymem.cli.cmd_train import _layers
     from polymem.errors import PolymemError
     from polymem.models import load_model
     from polymem.recipes.content import content_parts, content_record, run_content_transfer, write_content_results
     from polymem.recipes.data import read_documents
 
-    docs = read_documents(corpus)
+    r, run, content, donor_model = opts.recipient, opts.run, opts.content, opts.donor.model
+    assert content is not None  # transfer_model calls this with a study only
+    cfg, model = r.budget, r.model
+    docs = read_documents(list(opts.data.corpus))
     parts = content_parts(docs, content.split)  # an empty part is refused here
     n = {p: len(v) for p, v in parts["record"]["indices"].items()}
     if content.donor_asset is not None:
@@ -215,7 +122,7 @@ def _content(*, model: str, corpus: list[Path], eval_corpus: list[Path], content
     console.print(f"loading {escape(model)} …", highlight=False)
     lm = load_model(model, device=device, precision=precision)
     console.print(escape(lm.load_line()), highlight=False)
-    total = len([a for a in arms if a != "none"]) * len(seeds) * cfg.steps
+    total = len([a for a in run.arms if ARM_SPECS[a].trains is not None]) * len(run.seeds) * cfg.steps
     with progress_bar(console) as prog:
         task = prog.add_task("content transfer", total=total, info="")
         state = {"done": 0}
@@ -235,20 +142,19 @@ def _content(*, model: str, corpus: list[Path], eval_corpus: list[Path], content
                 state["done"] += 1
                 prog.update(task, completed=state["done"], info=f"loss {k['loss']:.3f}")
             elif kind in ("result", "skip"):
-                if kind == "skip" and k["arm"] != "none":
+                if kind == "skip" and ARM_SPECS[k["arm"]].trains is not None:
                     state["done"] += cfg.steps
                     prog.update(task, completed=state["done"])
                 prog.console.print(f"  {k['arm']:<15} seed {k['seed']}: {k['bpb']:.4f} bits/byte on donor-read documents"
                                    + (" (done before)" if kind == "skip" else ""), highlight=False)
 
-        summary = run_content_transfer(lm, dlm, None, texts=docs, cfg=cfg, content=content, arms=arms, seeds=seeds,
-                                       eval_at=points, out_dir=out_dir, eval_tokens=eval_tokens, gate=gate, init=init,
-                                       layers=_layers(layers) if layers else None, max_n=max_n,
-                                       eval_corpora=eval_corpus, on_event=on_event)
+        summary = run_content_transfer(lm, dlm, replace(opts.data, corpus=(), texts=docs), cfg=cfg, content=content,
+                                       arms=run.arms, seeds=run.seeds, eval_at=r.points, out_dir=run.folder,
+                                       site=r.site, on_event=on_event)
     print_content(summary)
-    if json_out:
-        write_content_results(json_out, content_record(summary))
-        console.print(f"wrote {escape(str(json_out))} (this direction: {escape(summary['donor_model'])} -> "
+    if run.json_out:
+        write_content_results(run.json_out, content_record(summary))
+        console.print(f"wrote {escape(str(run.json_out))} (this direction: {escape(summary['donor_model'])} -> "
                       f"{escape(summary['recipient_model'])})", soft_wrap=True)
 
 
@@ -274,7 +180,7 @@ def print_content(summary: dict[str, Any]) -> None:
                   f"{100 * c['mean']:+.1f} [{100 * min(c['lo']):+.1f}, {100 * max(c['hi']):+.1f}]",
                   f"{100 * float(np.mean(rec)):.0f} %" if rec else "-")
     console.print(t)
-    taught = [a for a in ("teach", "distill") if a in summary["transfer"]["arms"]]
+    taught = [a for a in summary["transfer"]["arms"] if ARM_SPECS[a].teach]
     if taught:
         t0 = summary["transfer"]["arms"][taught[0]]["teach"][0] or {}
         console.print(f"the donor's text ({', '.join(taught)}): {t0.get('new_tokens', 0):,} new tokens kept of "
@@ -286,23 +192,6 @@ def print_content(summary: dict[str, Any]) -> None:
                   f"{len(s['indices']['unseen'])} unseen (split seed {s['seed']}); content part: change on donor-read "
                   "minus change on unseen, in points (negative: the memory knows what the donor read); interval over "
                   "documents, the widest of the seeds'", highlight=False, soft_wrap=True)
-
-
-def _eval_steps(eval_at: str | None, eval_every: int | None, steps: int) -> list[int]:
-    from polymem.errors import PolymemError
-
-    pts: set[int] = {steps}
-    if eval_every:
-        pts |= set(range(eval_every, steps + 1, eval_every))
-    if eval_at:
-        try:
-            got = [int(x) for x in eval_at.split(",") if x.strip()]
-        except ValueError:
-            got = []
-        if not got or any(not 1 <= p <= steps for p in got):
-            raise PolymemError(f"--eval-at {eval_at!r} must be comma-separated steps in 1..{steps} (--steps), e.g. 4,12,24,{steps}")
-        pts |= set(got)
-    return sorted(pts)
 
 
 def donor_model_spec(asset: str, spec: str | None) -> str | None:

@@ -54,7 +54,7 @@ def transfer(
     model: Annotated[Optional[str], typer.Option("--model", "-m", rich_help_panel="Pretrained recipient (--model), the main path", help="A pretrained recipient instead (smollm2-135m, gemma3-270m, a .gguf file, a checkpoint folder, hf:ORG/NAME), backbone frozen; arms none, random, null, donor, donor_finetune, in_place. Needs --out-dir.")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", "-t", parser=tokenizer_spec, rich_help_panel="From-scratch recipients (--tokenizer), a study", help="Recipient tokenizer spec (another family than the donor's); recipients are small models trained from scratch. Not with --model.")] = None,
     eval_corpus: Annotated[Optional[list[Path]], typer.Option("--eval-corpus", parser=corpus_source, help="Score the held-out split of these documents instead of --corpus's (default: --corpus); with --model, in addition to it (one scoring set per file).")] = None,
-    arms: Annotated[Optional[str], typer.Option(help="Comma-separated arms: none, random, donor (adds donor_memory_off), donor_finetune, scratch (default: all). With --model: none, random, null, donor, donor_finetune, in_place (default: these), and by name stitch and next_bytes, next_bytes_conf, next_bytes_fit (the donor's rows decoded into the bytes that follow them; next_bytes and next_bytes_conf need a donor trained with a byte decoder, --donor-byte-head), and with --content-split teach and distill (the donor model writes text with its table; docs/real-models.md#carrying-content).")] = None,
+    arms: Annotated[Optional[str], typer.Option(help="Comma-separated arms: none, random, donor (adds donor_memory_off), donor_finetune, scratch (default: all). With --model: none, random, null, donor, donor_finetune, in_place (default: these), and by name stitch and next_bytes, next_bytes_conf, next_bytes_mix, next_bytes_fit, donor_next_bytes (the donor's rows decoded into the bytes that follow them; all but next_bytes_fit need a donor trained with a byte decoder, --donor-byte-head), and with --content-split teach and distill (the donor model writes text with its table; docs/real-models.md#carrying-content).")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Number of seeds (0..seeds-1); each seed fixes init and data order for all arms.")] = 3,
     steps: TransferSteps = None,
     batch_size: BatchSize = None,
@@ -134,19 +134,29 @@ def transfer(
             "scratch": (scratch, False), "n_layer": (n_layer, 4),
             "d_model": (d_model, 256), "n_head": (n_head, 4), "lr": (lr, 2e-3),
             "table_lr_mult": (table_lr_mult, 70.0), "bf16": (bf16, None)})
-        from polymem.cli._transfer_model import content_options, transfer_model
+        from polymem.cli._transfer_model import transfer_model
+        from polymem.cli._transfer_options import (ContentStudyOptions, DonorOptions, ModelTransfer, RecipientOptions,
+                                                   RunOptions, seed_ids)
+        from polymem.cli.cmd_train import _layers
+        from polymem.recipes.frozen import FrozenTrainConfig
+        from polymem.recipes.options import ExperimentData, RecipientSite
+        from polymem.recipes.pretrained import ARMS
 
-        content = content_options(content_split, split_seed=split_seed, asset=asset, donor_steps=donor_steps,
-                                  donor_params=donor_params, batch_size=batch_size or 4, block_size=block_size,
-                                  layers=layers, site_lr=site_lr, table_lr=table_lr, softmax=softmax.value,
-                                  teach_tokens=teach_tokens, teach_select=teach_select, teach_prompts=teach_prompts,
-                                  byte_head=donor_byte_head)
-        transfer_model(content=content, init=init.value if init else None, gate=gate.value if gate else None, donor_model=donor_model, donor_site=donor_site, eval_at=eval_at,
-                       model=model, asset=asset, corpus=corpus, eval_corpus=eval_corpus or [], arms=arms,
-                       seeds=seeds, seed_list=seed_list, steps=steps or 40, batch_size=batch_size or 4,
-                       block_size=block_size, eval_every=eval_every, eval_tokens=eval_tokens, site_lr=site_lr,
-                       table_lr=table_lr, softmax=softmax.value, layers=layers, max_n=max_n, out_dir=out_dir,
-                       threads=threads, json_out=json_out, plot=plot, device=device, precision=precision.value)
+        study = ContentStudyOptions(split=content_split, split_seed=split_seed, donor_steps=donor_steps,
+                                    donor_params=donor_params, teach_tokens=teach_tokens, teach_select=teach_select,
+                                    teach_prompts=teach_prompts, byte_head=donor_byte_head)
+        run = RunOptions(out_dir=out_dir, arms=tuple((arms or ",".join(ARMS)).split(",")),
+                         seeds=seed_ids(seeds, seed_list), threads=threads, json_out=json_out, plot=plot)
+        site = RecipientSite(layers=_layers(layers) if layers else None, max_n=max_n, gate=gate.value if gate else None,
+                             init=init.value if init else "zero", donor_site=donor_site)
+        budget = FrozenTrainConfig(steps=steps or 40, batch_size=batch_size or 4, block_size=block_size,
+                                   site_lr=site_lr, table_lr=table_lr, softmax=softmax.value)
+        recipient = RecipientOptions(model=model, budget=budget, site=site, eval_every=eval_every, eval_at=eval_at,
+                                     device=device, precision=precision.value)
+        transfer_model(ModelTransfer(recipient=recipient, donor=DonorOptions(asset=asset, model=donor_model),
+                                     data=ExperimentData(corpus=corpus, eval_corpora=eval_corpus or [],
+                                                         eval_tokens=eval_tokens),
+                                     run=run, content=study.study(asset, budget, site.layers)))
         return
     refuse_unused("without --model", {
         "out_dir": (out_dir, None), "seed_list": (seed_list, None), "eval_tokens": (eval_tokens, 4096),

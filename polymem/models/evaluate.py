@@ -57,8 +57,19 @@ def document_windows(docs: Sequence[np.ndarray], window: int, bos: int | None) -
 
 
 def _batches(windows: list[Window], batch: int):
-    for i in range(0, len(windows), batch):
-        yield windows[i:i + batch]
+    """Batches of windows, longest first, each of at most ``batch`` × (the longest window) positions once padded,
+    and no window in a batch shorter than half its first: a document's short last window no longer pads to a full
+    one, and short windows go more than ``batch`` at a time. Scores are summed per document: the order is free."""
+    order = sorted(windows, key=lambda w: -w.inputs.size)
+    budget = batch * (order[0].inputs.size if order else 0)
+    i = 0
+    while i < len(order):
+        j = i + 1  # order[i] is the batch's longest: it sets every row's padded length
+        while (j < len(order) and (j - i + 1) * order[i].inputs.size <= budget
+               and 2 * order[j].inputs.size >= order[i].inputs.size):
+            j += 1
+        yield order[i:j]
+        i = j
 
 
 def pad_batch(ws: list[Window], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -34,30 +34,11 @@ import numpy as np
 
 from polymem._io import read_json, read_keyed
 from polymem.errors import PolymemError
+from polymem.recipes.arms import ARM_SPECS, METHODS, check_arms
 from polymem.recipes.frozen import FrozenTrainConfig
+from polymem.recipes.options import ExperimentData, RecipientSite
 
 PARTS = ("donor", "recipient", "unseen")
-# what each arm's memory is, as the results file names it
-METHODS = {"none": "the model alone", "random": "a frozen random table of the donor's layout, fresh site",
-           "null": "a one-row table, fresh site (no n-gram content)",
-           "donor": "the donor's table frozen, a fresh site trained on the recipient's part",
-           "donor_finetune": "the donor's table fine-tuned with a fresh site on the recipient's part",
-           "in_place": "a table of the donor's layout trained from zero on the recipient's part",
-           "stitch": "the donor's table and its own site frozen, a learned linear stitch between the residual "
-                     "streams trained on the recipient's part",
-           "teach": "the donor's table fine-tuned with a fresh site on text the donor model wrote with its table "
-                    "(hard targets)",
-           "distill": "as teach, plus matching the donor's likelihoods of byte-aligned chunks (approximate likelihood "
-                      "matching across the tokenizers)",
-           "next_bytes": "the donor's table and its byte decoder (trained with the rows to predict the bytes after "
-                         "each n-gram) frozen; each recipient token scored by the decoded bytes of its spelling, "
-                         "added to the next-token logits with one learned weight per order",
-           "next_bytes_fit": "as next_bytes, with the byte decoder fitted on the recipient's part instead of the "
-                             "donor's own",
-           "next_bytes_conf": "as next_bytes, each order's weight also scaled with the decoder's confidence in the row "
-                              "(its mean top-byte probability), both learned",
-           "next_bytes_mix": "as next_bytes, but interpolating probabilities: the model's distribution mixed with "
-                             "its reweighting by each order's byte scores, the mixture weights learned"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,45 +282,54 @@ def write_content_results(path: str | Path, record: dict[str, Any]) -> dict[str,
     return doc
 
 
-def run_content_transfer(lm: Any, donor_lm: Any, corpus: Sequence[str | Path] | None, *, cfg: FrozenTrainConfig,
+def run_content_transfer(lm: Any, donor_lm: Any, data: ExperimentData, *, cfg: FrozenTrainConfig,
                          content: ContentOptions, arms: Sequence[str], seeds: Sequence[int], eval_at: Sequence[int],
-                         out_dir: str | Path, texts: Sequence[str] | None = None, eval_tokens: int = 4096,
-                         window: int = 512, gate: str | None = None, init: str = "zero",
-                         layers: Sequence[int] | None = None, max_n: int | None = None,
-                         eval_corpora: Sequence[str | Path] = (),
+                         out_dir: str | Path, site: RecipientSite = RecipientSite(),
                          on_event: Callable[..., None] | None = None) -> dict[str, Any]:
     """The whole study for one direction (donor model -> recipient ``lm``): split, donor, arms, the donor's own
-    scores, the content summary (written to ``out_dir/content-summary.json`` and returned)."""
+    scores, the content summary (written to ``out_dir/content-summary.json`` and returned).
+
+    ``data``: the documents that are split (``texts``, else the ``corpus`` files), more scoring sets
+    (``eval_corpora``), the tokens per scoring set and the window; the split decides what trains and what is
+    scored, so its ``heldout_every``, ``eval_texts`` and ``doc_tokens`` are refused. ``site``: the recipient's
+    sites (its ``donor_site`` is the one trained here with the donor)."""
+    from dataclasses import replace
+
     from polymem._io import atomic_write_json
     from polymem.recipes.data import read_documents
     from polymem.recipes.pretrained import Experiment, run_transfer
 
+    if data.heldout_every or data.eval_texts or data.doc_tokens:
+        raise PolymemError("the content study scores the parts of its split: heldout_every, eval_texts and doc_tokens "
+                           "of its ExperimentData are not read; drop them")
     ev = on_event or (lambda *a, **k: None)
     out = Path(out_dir)
-    docs = list(texts) if texts is not None else read_documents(corpus or [])
+    docs = list(data.texts) if data.texts is not None else read_documents(list(data.corpus))
     parts = content_parts(docs, content.split)
     if content.donor_asset is not None:  # said before anything trains
         check_donor_read(content.donor_asset, parts["texts"]["donor"])
     _check_split_record(out, parts["record"])
     ev("phase", what="donor")
-    asset, site = prepare_donor(donor_lm, parts, content, out, eval_tokens=eval_tokens, window=window,
-                                on_step=lambda i, loss: ev("donor_step", step=i, loss=loss))
+    window = data.window
+    asset, dsite = prepare_donor(donor_lm, parts, content, out, eval_tokens=data.eval_tokens, window=window,
+                                 on_step=lambda i, loss: ev("donor_step", step=i, loss=loss))
     t = parts["texts"]
-    exp = Experiment(lm, str(asset), [], cfg=cfg, texts=t["recipient"], heldout_every=0, eval_corpora=eval_corpora,
-                     eval_texts={"read": t["donor"], "unseen": t["unseen"]}, eval_tokens=eval_tokens, window=window,
-                     gate=gate, init=init, donor_lm=donor_lm if init == "aligned" else None, donor_site=site,
-                     layers=layers, max_n=max_n)
-    if any(a in ("teach", "distill") for a in arms):
+    edata = ExperimentData(texts=t["recipient"], heldout_every=0, eval_corpora=data.eval_corpora,
+                           eval_texts={"read": t["donor"], "unseen": t["unseen"]}, eval_tokens=data.eval_tokens,
+                           window=window)
+    exp = Experiment(lm, str(asset), edata, cfg=cfg, donor_lm=donor_lm if site.init == "aligned" else None,
+                     site=replace(site, donor_site=dsite))
+    if any(ARM_SPECS[a].teach for a in check_arms(arms)):
         from polymem.recipes.teach import TeachConfig, load_donor_text, teach_data
 
         ev("phase", what="the donor writes")
         exp.teach_cfg = content.teach or TeachConfig()
-        exp.teach = teach_data(lm, load_donor_text(donor_lm, asset, site, t[exp.teach_cfg.prompts_from],
+        exp.teach = teach_data(lm, load_donor_text(donor_lm, asset, dsite, t[exp.teach_cfg.prompts_from],
                                                    exp.teach_cfg, out))
     ev("phase", what="arms")
     transfer = run_transfer(exp, arms=arms, seeds=seeds, eval_at=eval_at, out_dir=out / "arms", on_event=ev)
     ev("phase", what="donor_own")
-    own = donor_own(donor_lm, asset, site, {k: exp.eval_texts[k] for k in ("read", "unseen")}, window=window,
+    own = donor_own(donor_lm, asset, dsite, {k: exp.eval_texts[k] for k in ("read", "unseen")}, window=window,
                     out_dir=out)
     donor_seed = content.donor_cfg.seed if content.donor_cfg is not None else 0
     summary = content_summary(exp, transfer, out / "arms", own, parts["record"], resamples=content.resamples,

@@ -195,12 +195,13 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
                on_eval: Callable[[int, int], None] | None = None, checkpoint: Path | None = None,
                checkpoint_every: int = 0, checkpoint_key: str = "", distributed: bool = False,
                aux: Callable[[torch.Tensor, np.ndarray], torch.Tensor] | None = None,
-               extra: Sequence[torch.nn.Parameter] = ()) -> dict[str, Any]:
+               extra: Sequence[torch.nn.Parameter] = (), extra_lr: float | None = None) -> dict[str, Any]:
     """Train ``handle``'s sites (and table, when trainable) on ``stream`` with the model frozen.
 
     ``aux(nats, starts)``: a term added to each step's loss, given the per-token nats [B, T] of the batch and its
     window starts in ``stream`` [B] (the distill arm's chunk-likelihood loss, :mod:`polymem.recipes.teach`);
-    ``extra``: parameters ``aux`` trains too (AdamW at the site's rate, not clipped with the site).
+    ``extra``: parameters ``aux`` (or a hook on the model) trains too (AdamW at the site's rate, or ``extra_lr``,
+    on the same schedule; not clipped with the site).
     ``on_eval(steps_done, tokens_seen)`` runs after each step in ``eval_at`` (not counted in tokens_per_s).
     ``checkpoint``: a folder the state is written to every ``checkpoint_every`` steps and continued from when it
     is there (:mod:`polymem.recipes.checkpoint`; ``checkpoint_key`` names the settings it belongs to).
@@ -217,7 +218,8 @@ def train_site(lm: Any, handle: Any, stream: np.ndarray, cfg: FrozenTrainConfig,
                            "with polymem.models.load_model, which freezes it)")
     opt, topt, site = site_optimizers(handle, cfg)
     if extra:
-        opt.add_param_group({"params": list(extra), "weight_decay": 0.0})
+        opt.add_param_group({"params": list(extra), "weight_decay": 0.0,
+                             **({"peak_lr": float(extra_lr)} if extra_lr is not None else {})})
     starts = data_order(stream.size, cfg)
     dev = next(lm.model.parameters()).device
     cut = restricted_head(lm.model, np.unique(stream)) if cfg.softmax == "corpus" else None

@@ -57,8 +57,8 @@ def run_steps(sched: Schedule, step_loss: Callable[[int], torch.Tensor], opt: An
     t0, t_eval = time.perf_counter(), 0.0  # reading a checkpoint back is not training time
     for step in range(first, sched.steps):
         f = sched.lr_factor(step)
-        for g in opt.param_groups:
-            g["lr"] = sched.lr * f
+        for g in opt.param_groups:  # a group with its own peak ("peak_lr") follows the same schedule
+            g["lr"] = g.get("peak_lr", sched.lr) * f
         if topt is not None:
             for g in topt.param_groups:
                 g["lr"] = sched.table_lr * f

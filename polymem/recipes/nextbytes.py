@@ -24,7 +24,7 @@ donor change: the same arm with a decoder fitted on the recipient's part (its ro
 too: order n's weight at t is w_n + u_n·c_{t,n}, c_{t,n} the mean over j of the row's top byte probability
 (u_n from 0 as well), so that a weighting learnt on text the donor never read can still trust the rows that say
 sharply what follows them. ``next_bytes_mix`` interpolates probabilities instead of adding scores
-(:meth:`ByteBias.mixed`): a wrong memory then costs at most log(1 − Σλ).
+(:meth:`polymem.torch.bytesite.ByteBias.mixed`): a wrong memory then costs at most log(1 − Σλ).
 
 This is the kNN-LM / n-gram-interpolation idea ("Generalization through Memorization: Nearest Neighbor
 Language Models"; "Infini-gram: Scaling Unbounded n-gram Language Models to a Trillion Tokens") with the
@@ -42,120 +42,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 from polymem.errors import PolymemError
-from polymem.torch.bytehead import ByteHead, byte_loss, next_byte_targets, token_byte_matrix
+from polymem.torch.bytehead import ByteHead, byte_loss, next_byte_targets
+from polymem.torch.bytesite import ByteBias
 
 NEXT_BYTES_ARMS = ("next_bytes", "next_bytes_fit", "next_bytes_conf", "next_bytes_mix")
 W_LR = 0.05  # AdamW on the N order weights w_n
 FIT_STEPS = 200  # next_bytes_fit: steps of the decoder's fit on the recipient's part
 FIT_BATCH = 512  # positions per fit step
 FIT_LR = 3e-3
-MIX_CAP = 0.9  # next_bytes_mix: the orders' weights together at most this
-CHUNK = 256  # positions per block of the vocabulary scores when scoring (a [CHUNK, V] float block)
-
-
-class ByteBias:
-    """Hooks on a recipient model that add the byte scores of the donor's rows to its next-token logits."""
-
-    def __init__(self, lm: Any, head: ByteHead, table: torch.Tensor, layout: Any, cache: Any, max_n: int,
-                 cut_ids: np.ndarray | None = None, confidence: bool = False, mix: bool = False) -> None:
-        from polymem.torch.hash import TorchTokenHashes
-
-        self.lm, self.head, self.table, self.layout, self.N = lm, head, table, layout, int(max_n)
-        self.tc = TorchTokenHashes.from_cache(cache)
-        self.w = nn.Parameter(torch.zeros(self.N))  # [N]: 0 = the model alone
-        # confidence: each order's weight is w_n + u_n·c_{t,n}, c the decoder's mean top-byte probability of the row
-        self.u = nn.Parameter(torch.zeros(self.N)) if confidence else None
-        self.mix = mix  # interpolate probabilities instead (:meth:`mixed`); w_n is then order n's share
-        out = lm.model.get_output_embeddings()
-        V = int(getattr(out, "out_features", 0) or lm.model.config.vocab_size)
-        bm = torch.from_numpy(token_byte_matrix(lm.tokenizer.all_token_bytes(), head.j, rows=V).astype(np.int64))
-        self.full = torch.where(bm < 0, torch.full_like(bm, 256), bm)  # [V, J]; 256: a column of zeros (no score)
-        self.cut = self.full[torch.from_numpy(cut_ids)] if cut_ids is not None else None
-        self.ids: torch.Tensor | None = None
-        self.hooks: list[Any] = []
-
-    def install(self) -> "ByteBias":
-        def pre(module: Any, args: Any, kwargs: Any) -> None:
-            self.ids = kwargs.get("input_ids", args[0] if args else None)
-
-        def post(module: Any, args: Any, output: Any) -> Any:
-            output.logits = self.add(output.logits)
-            return output
-
-        self.hooks = [self.lm.model.register_forward_pre_hook(pre, with_kwargs=True),
-                      self.lm.model.register_forward_hook(post)]
-        return self
-
-    def remove(self) -> None:
-        for h in self.hooks:
-            h.remove()
-        self.hooks = []
-
-    def log_ratio(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log p − log q [B, T, N, J, 256] of the rows of the n-grams ending at each position, rows [B, T, N, K])."""
-        rows = self.tc.ngram_rows(ids.cpu(), self.layout, self.N)  # [B, T, N, K]
-        e = self.table.index_select(0, rows.reshape(-1).clamp_min(0)) * (rows.reshape(-1, 1) >= 0)
-        with torch.no_grad():
-            return self.head.log_ratio(e.view(*rows.shape, -1)), rows
-
-    def scores(self, d: torch.Tensor, bm: torch.Tensor) -> torch.Tensor:
-        """d [P, J, 256] per-byte scores -> [P, V] each token's sum over its first J bytes."""
-        d = torch.cat([d, d.new_zeros(*d.shape[:-1], 1)], dim=-1)  # [P, J, 257]
-        s = d[:, 0, :].index_select(1, bm[:, 0])
-        for j in range(1, bm.shape[1]):
-            s = s + d[:, j, :].index_select(1, bm[:, j])
-        return s  # [P, V]
-
-    def add(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.ids is None:
-            raise PolymemError("the byte bias ran without the model's input_ids; call the model with input_ids")
-        V = logits.shape[-1]
-        bm = self.full if V == self.full.shape[0] else self.cut
-        if bm is None or bm.shape[0] != V:
-            raise PolymemError(f"the model returned {V} logits; the byte bias knows {self.full.shape[0]} ids")
-        lr, _ = self.log_ratio(self.ids)
-        B, T = lr.shape[:2]
-        if self.mix:
-            return self.mixed(logits, lr, bm)
-        g = self.w.view(1, 1, self.N)  # [1, 1, N]: each order's weight at each position
-        if self.u is not None:
-            prior = torch.log_softmax(self.head.bias.view(self.N, self.head.j, 256), dim=-1)
-            c = (lr + prior).exp().amax(-1).mean(-1)  # [B, T, N]: the decoder's confidence in the row
-            g = g + self.u.view(1, 1, self.N) * c
-        d = (lr * g.unsqueeze(-1).unsqueeze(-1)).sum(2).reshape(B * T, self.head.j, 256)  # [B·T, J, 256]
-        if torch.is_grad_enabled() and self.w.requires_grad:
-            return logits.float() + self.scores(d, bm).view(B, T, V).to(logits.device)
-        flat = logits.view(B * T, V)
-        for a in range(0, B * T, CHUNK):  # in place, a block of positions at a time (V may be 262k)
-            flat[a:a + CHUNK] += self.scores(d[a:a + CHUNK], bm).to(flat.device, flat.dtype)
-        return logits
-
-
-    def mixed(self, logits: torch.Tensor, lr: torch.Tensor, bm: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities of the mixture (1 − Σ_n λ_n) p + Σ_n λ_n p_n, p the model's next-token distribution
-        and p_n ∝ p · exp(s_n) the model's reweighted by order n's byte scores alone (an unwritten row: p_n = p),
-        as log p + log1p(Σ_n λ_n (p_n / p − 1)). λ_n = w_n clamped to [0, MIX_CAP / N] in the forward, the
-        gradient passing as if unclamped; at λ = 0 this is log p, the model alone. A wrong memory costs at most
-        log(1 − Σλ) nats, as in kNN-LM's interpolation."""
-        B, T, N = lr.shape[:3]
-        V, P = logits.shape[-1], B * T
-        lam = self.w + (self.w.clamp(0.0, MIX_CAP / N) - self.w).detach()  # [N]
-        x = logits.float().reshape(P, V)
-        d = lr.reshape(P, N, self.head.j, 256)
-        step = P if torch.is_grad_enabled() and self.w.requires_grad else CHUNK
-        out = []
-        for a in range(0, P, step):
-            lp = torch.log_softmax(x[a:a + step], dim=-1)  # [p, V]
-            acc = torch.zeros_like(lp)
-            for n in range(N):
-                s = self.scores(d[a:a + step, n], bm).to(lp.device)  # [p, V]
-                z = lp + s
-                acc = acc + lam[n] * (torch.exp(s - torch.logsumexp(z, dim=-1, keepdim=True)) - 1.0)
-            out.append(lp + torch.log1p(acc))
-        return torch.cat(out).view(B, T, V)
 
 
 def _docs(r: dict[str, Any]) -> dict[str, Any]:

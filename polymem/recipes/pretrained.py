@@ -1,7 +1,8 @@
 """A donor table on a pretrained recipient with another tokenizer, against the controls that make a claim hold.
 
 The recipient's backbone is frozen in every arm; per seed, every arm sees the same data order, budget and site
-initialisation (``1000 + seed``), and only the memory differs:
+initialisation (``1000 + seed``), and only the memory differs (each arm's properties are one row of
+:data:`polymem.recipes.arms.ARM_SPECS`, which :func:`run_arm` reads):
 
 * ``none``           — the model alone (nothing trains; its score is the same for every seed);
 * ``random``         — a frozen random table of the donor's layout and row-norm distribution, fresh projection;
@@ -24,8 +25,9 @@ everything that determines them; a re-run with the same settings skips what is t
 resumes, and several processes may share the seeds of one run (each writes only its own files; the summary a
 run writes covers the seeds it was given, so a last run with every seed — which trains nothing — gathers them).
 
-Not here: the training step (:mod:`polymem.recipes.frozen`), scoring (:mod:`polymem.models.evaluate`), the CLI
-(``polymem transfer --model``).
+Not here: the training step (:mod:`polymem.recipes.frozen`), scoring (:mod:`polymem.models.evaluate`), the arms'
+registry (:mod:`polymem.recipes.arms`), the options an experiment is made of (:mod:`polymem.recipes.options`), the
+CLI (``polymem transfer --model``).
 """
 
 from __future__ import annotations
@@ -41,12 +43,11 @@ import numpy as np
 import torch
 
 from polymem.errors import PolymemError
+# the arms (one row each in polymem.recipes.arms) and the options an Experiment is made of, importable from here too
+from polymem.recipes.arms import ARM_SPECS, ARMS, EXTRA_ARMS, arm_spec, arm_table, check_arms
 from polymem.recipes.frozen import FrozenTrainConfig
+from polymem.recipes.options import DONOR_INITS, ExperimentData, RecipientSite
 
-ARMS = ("none", "random", "null", "donor", "donor_finetune", "in_place")  # the default set
-EXTRA_ARMS = ("stitch", "teach", "distill", "next_bytes", "next_bytes_fit", "next_bytes_conf",
-              "next_bytes_mix")  # run only when named
-DONOR_INITS = ("zero", "orthogonal", "aligned")  # how the projection of the arms that read the donor's rows starts
 # the fields of FrozenTrainConfig a transfer run uses (the table geometry and layers come from the donor)
 _BUDGET_FIELDS = ("steps", "batch_size", "block_size", "table_lr", "site_lr", "warmup_frac", "decay_frac",
                   "grad_clip", "softmax")
@@ -57,77 +58,31 @@ def eval_points(eval_at: Sequence[int], steps: int) -> list[int]:
     return sorted({int(s) for s in eval_at if 0 < int(s) <= steps} | {int(steps)})
 
 
-def check_arms(arms: Sequence[str]) -> list[str]:
-    arms = [a.strip() for a in arms if a.strip()]
-    bad = [a for a in arms if a not in ARMS + EXTRA_ARMS]
-    if bad or not arms:
-        raise PolymemError(f"arms {bad or arms!r} unknown; accepted: {', '.join(ARMS + EXTRA_ARMS)}, e.g. --arms "
-                           f"{','.join(ARMS)}")
-    return [a for a in ARMS + EXTRA_ARMS if a in arms]
-
-
-def arm_table(arm: str, donor: torch.Tensor, *, spec: Any, layout: Any, orders: tuple[int, ...], seed: int,
-              init: str = "zero", counts: Any = None):
-    """(table, train mode, value_init) of one arm (``none``: (None, None, None)). ``init``: the projection start
-    of the arms that read the donor's rows; ``counts``: the donor's per-row training counts (what a
-    gate="count" site reads; the random table gets them shuffled with its row norms)."""
-    from polymem.torch.tables import SingleRowTable, TrainableTable, random_like
-
-    if arm == "none":
-        return None, None, None
-    if arm == "random":
-        t = TrainableTable(random_like(donor, seed=7919 + int(seed)), spec=spec, layout=layout, orders=orders,
-                           trainable=False)
-        if counts is not None:  # random_like's first draw is the permutation of the row norms: the same one
-            g = torch.Generator().manual_seed(7919 + int(seed))
-            t.set_counts(np.asarray(counts)[torch.randperm(layout.num_rows, generator=g).numpy()])
-        return t, "projection", "zero"
-    if arm == "null":
-        return SingleRowTable(spec=spec, layout=layout, orders=orders), "table", "orthogonal"
-    if arm in ("donor", "donor_finetune", "stitch", "teach", "distill"):
-        t = TrainableTable(donor, spec=spec, layout=layout, orders=orders, trainable=arm != "donor" and arm != "stitch")
-        if counts is not None:
-            t.set_counts(counts)
-        if arm == "stitch":  # the sites are replaced by the stitched donor sites after attach
-            return t, "projection", "zero"
-        return t, ("projection" if arm == "donor" else "table"), init
-    if arm == "in_place":
-        return TrainableTable(None, spec=spec, layout=layout, orders=orders), "table", "orthogonal"
-    check_arms([arm])
-    raise AssertionError(arm)
-
-
 class Experiment:
     """The recipient, the donor table, the training stream and the scoring sets, prepared once."""
 
-    def __init__(self, lm: Any, donor: Any, corpus: Sequence[str | Path], *, cfg: FrozenTrainConfig,
-                 eval_corpora: Sequence[str | Path] = (), heldout_every: int | None = None, eval_tokens: int = 4096,
-                 window: int = 512, layers: Sequence[int] | None = None, max_n: int | None = None,
-                 texts: Sequence[str] | None = None, eval_texts: dict[str, Sequence[str]] | None = None,
-                 doc_tokens: int | None = None, gate: str | None = None, init: str = "zero",
-                 donor_lm: Any = None, donor_site: str | Path | None = None) -> None:
-        """``gate``: the sites' gate in every arm (default: the donor's). ``init``: how the donor arms' projection
-        starts (``zero``, ``orthogonal``, or ``aligned``: the donor site's own projection mapped into the
-        recipient's hidden space, :mod:`polymem.recipes.align`, which needs ``donor_lm`` and the donor's site
-        folder, by default the asset's path + ``.site``). ``doc_tokens`` caps each scored document (default
-        ``eval_tokens // 8``), so a scoring set holds several documents to resample."""
+    def __init__(self, lm: Any, donor: Any, data: ExperimentData, *, cfg: FrozenTrainConfig,
+                 site: RecipientSite = RecipientSite(), donor_lm: Any = None) -> None:
+        """``donor``: the donor asset (a path, URL or an opened table); ``data``: what trains and what is scored;
+        ``cfg``: the budget; ``site``: the recipient's sites (by default where and how the donor's are, with a
+        zero projection start). ``donor_lm``: the donor's model, which ``site.init="aligned"`` needs (the donor
+        site's projection is mapped into the recipient's hidden space, :mod:`polymem.recipes.align`)."""
         from polymem.hash.token_hashes import TokenHashes
         from polymem.models.evaluate import Scorer
         from polymem.recipes.frozen import _bounded_texts, corpus_stream
         from polymem.torch.tablefile import open_table
         from polymem.recipes.data import read_documents, split_documents
 
-        self.lm, self.cfg, self.window = lm, cfg, int(window)
+        self.lm, self.cfg, self.window = lm, cfg, int(data.window)
         self.asset = a = open_table(donor) if not hasattr(donor, "to_numpy") else donor
         self.donor_path = str(getattr(a, "path", donor))
         self.prov = dict(getattr(a, "provenance", {}) or {})
         mem = self.prov.get("memory_config", {})
-        self.layers = tuple(layers or mem.get("layers") or cfg.layers)
-        self.max_n = int(max_n or max(a.orders))
-        self.gate = gate or mem.get("gate", cfg.gate)
-        if init not in DONOR_INITS:
-            raise PolymemError(f"init {init!r} is unknown; accepted: {', '.join(DONOR_INITS)}")
-        self.init = init
+        self.layers = tuple(site.layers or mem.get("layers") or cfg.layers)
+        self.max_n = int(site.max_n or max(a.orders))
+        self.gate = site.gate or mem.get("gate", cfg.gate)
+        self.init = init = site.init
+        donor_site = site.donor_site
         self.donor_site = Path(donor_site) if donor_site is not None else Path(self.donor_path + ".site")
         self.counts = a.row_counts() if callable(getattr(a, "row_counts", None)) else None
         self.spec, self.layout, self.orders = a.spec, a.layout, tuple(int(o) for o in a.orders)
@@ -135,13 +90,15 @@ class Experiment:
         self.cache = TokenHashes.build(lm.tokenizer, a.spec)
         # the donor's held-out split by default: on the donor's own corpus, never score what the donor trained on;
         # 0: every document of ``corpus`` trains, and the scoring sets are ``eval_corpora`` / ``eval_texts`` only
-        heldout_every = int(heldout_every if heldout_every is not None else (self.prov.get("heldout_every") or 10))
+        corpus, texts, eval_tokens = list(data.corpus), data.texts, data.eval_tokens
+        heldout_every = int(data.heldout_every if data.heldout_every is not None
+                            else (self.prov.get("heldout_every") or 10))
         self.heldout_every = heldout_every
         self.data = corpus_stream(lm, corpus, texts=texts, heldout_every=heldout_every)
         self.corpus = [str(p) for p in corpus] if texts is None else ["(texts)"]
         sets: dict[str, list[str]] = {}
         first = Path(self.corpus[0]).name.split(".")[0] if texts is None else "texts"
-        self.doc_tokens = int(doc_tokens or max(eval_tokens // 8, 1))
+        self.doc_tokens = int(data.doc_tokens or max(eval_tokens // 8, 1))
         if self.data.heldout_texts:
             sets[first] = _bounded_texts(lm, self.data.heldout_texts, eval_tokens, doc_tokens=self.doc_tokens)
 
@@ -151,10 +108,10 @@ class Experiment:
                                    "name — rename or copy one of the files")
             sets[name] = _bounded_texts(lm, tx, eval_tokens, doc_tokens=self.doc_tokens)
 
-        for p in eval_corpora:
+        for p in data.eval_corpora:
             _, held = split_documents(read_documents([p]), heldout_every or 10)
             add(Path(str(p)).name.split(".")[0], held, str(p))
-        for name, tx in (eval_texts or {}).items():
+        for name, tx in (data.eval_texts or {}).items():
             add(name, list(tx), "eval_texts")
         if not sets:
             raise PolymemError("heldout_every=0 trains on every document and no scoring set was given; pass "
@@ -163,7 +120,7 @@ class Experiment:
         from polymem.models.evaluate import token_byte_lengths
 
         lengths = token_byte_lengths(lm.tokenizer)  # once for every scoring set
-        self.scorers = {k: Scorer(lm, v, window=window, lengths=lengths) for k, v in sets.items()}
+        self.scorers = {k: Scorer(lm, v, window=self.window, lengths=lengths) for k, v in sets.items()}
         self.eval_texts = sets
         self.alignment: dict[str, Any] | None = None
         self.teach: Any = None  # the donor's text and chunk targets (polymem.recipes.teach.TeachData), teach arms
@@ -231,15 +188,11 @@ class Experiment:
 
     def arm_key(self, arm: str, points: Sequence[int] = ()) -> str:
         """:meth:`key`, and for the arms that learn from the donor's text, that text too."""
-        from polymem.recipes.teach import TEACH_ARMS
-
-        if arm not in TEACH_ARMS:
-            return self.key(points)
-        if self.teach is None:
+        spec = arm_spec(arm)
+        if spec.teach and self.teach is None:
             raise PolymemError(f"the {arm} arm learns from text the donor model writes, which only the content study "
                                "has (--content-split with --donor-model); drop it from --arms or add --content-split")
-        w = f"-w{self.teach_cfg.distill_weight:g}" if arm == "distill" else ""
-        return self.key(points) + "-" + self.teach.digest + w
+        return self.key(points) + (spec.key(self) if spec.key is not None else "")
 
     def asset_fingerprint(self) -> str:
         if not hasattr(self, "_fp"):
@@ -361,31 +314,23 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
     t0 = time.perf_counter()
     base = exp.base_docs()
     ind = exp.in_domain
-    if arm == "none":
+    spec = arm_spec(arm)
+    if spec.rows == "none":
         return {"arm": arm, "seed": int(seed), "curve_tokens": [0] + [p * per_tok for p in points],
                 "curve_bpb": [base[ind]["bpb"]] * (len(points) + 1),
                 "curve_docs": [_docs(base[ind])] * (len(points) + 1),
                 "bpb": {k: v["bpb"] for k, v in base.items()}, "docs": {k: _docs(v) for k, v in base.items()},
                 "train_s": 0.0, "elapsed_s": time.perf_counter() - t0}
-    if arm.startswith("next_bytes"):  # the donor's rows decoded into bytes (polymem.recipes.nextbytes)
-        from polymem.recipes.nextbytes import run_next_bytes
-        return run_next_bytes(exp, arm, seed, eval_at=eval_at, on_event=on_event)
+    if spec.run is not None:  # an arm with a training of its own (the next-bytes arms)
+        return spec.run(exp, arm, seed, eval_at=eval_at, on_event=on_event)
     table, mode, vinit = arm_table(arm, exp.donor_tab, spec=exp.spec, layout=exp.layout, orders=exp.orders, seed=seed,
                                    init=exp.init, counts=exp.counts)
     handle = attach(exp.lm.model, table, exp.cache, layers=list(exp.layers), train=mode, max_n=exp.max_n,
                     gate=exp.gate, init_seed=1000 + int(seed), value_init=vinit)
-    if arm == "stitch":
+    if spec.stitch:
         _stitch(exp, handle, seed)
-    stream, aux = exp.data.train, None
-    if arm in ("teach", "distill"):
-        stream = exp.teach.stream
-        if arm == "distill":
-            from polymem.recipes.teach import chunk_loss
-
-            w, td, bos = exp.teach_cfg.distill_weight, exp.teach, exp.lm.bos_id
-
-            def aux(nats: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
-                return w * chunk_loss(td, nats, starts, bos)
+    stream = exp.teach.stream if spec.teach else exp.data.train  # what the arm reads, and its loss's extra term
+    aux = spec.aux(exp) if spec.aux is not None else None
     curve_t: list[int] = [0]
     curve: list[float] = []
     curve_docs: list[dict[str, Any]] = []
@@ -407,8 +352,10 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
             curve_docs.append(_docs(r))
             ev("eval", arm=arm, seed=seed, tokens=tokens, bpb=curve[-1])
 
+        reader = _byte_reader(exp, handle, _donor_decoder(exp), cfg.softmax) if spec.reader else None
         res = train_site(exp.lm, handle, stream, cfg, eval_at=points, on_eval=on_eval, aux=aux,
-                         on_step=lambda i, loss: ev("step", arm=arm, seed=seed, step=i, loss=loss))
+                         on_step=lambda i, loss: ev("step", arm=arm, seed=seed, step=i, loss=loss),
+                         extra=[reader.w] if reader else (), extra_lr=_reader_lr() if reader else None)
         others = [k for k in exp.scorers if k != ind]
         final = exp.score_docs(others) if others else {}
         out: dict[str, Any] = {"arm": arm, "seed": int(seed), "curve_tokens": curve_t, "curve_bpb": curve,
@@ -420,11 +367,13 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
                                "gate": [float(s.gate.detach()) for s in handle.sites.values() if hasattr(s, "gate")]}
         if start is not None:
             out["aligned_start"] = start
-        if arm == "donor" and not torch.equal(handle.table.weight.detach().cpu(), exp.donor_tab):
+        if reader is not None:
+            out["next_bytes"] = {**reader.record(), "reader_s": reader.seconds}
+        if spec.frozen_donor and not torch.equal(handle.table.weight.detach().cpu(), exp.donor_tab):
             raise RuntimeError("the frozen donor table changed during training (a bug; please report)")
-        if arm in ("teach", "distill"):
+        if spec.teach:
             out["teach"] = {"chunks": exp.teach.chunks, "stream_tokens": int(exp.teach.stream.size), **exp.teach.cost}
-        if arm in ("donor_finetune", "teach", "distill"):
+        if spec.fine_tunes_donor:
             w = handle.table.weight.detach().cpu()
             out["table_drift"] = {"rows_changed": int(((w - exp.donor_tab).abs().sum(1) > 0).sum()),
                                   "relative_change": float((w - exp.donor_tab).norm() / exp.donor_tab.norm().clamp_min(1e-12))}
@@ -435,14 +384,16 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
 
 
 def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, overwrite: bool = False,
-                         on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+                         on_step: Callable[[int, float], None] | None = None, byte_head: Any = None) -> dict[str, Any]:
     """Train a site of ``exp``'s recipient over the frozen donor table (the ``donor`` arm, with ``exp``'s init and
     gate) and save it to ``out``: a site folder naming the donor asset, which ``polymem eval --site`` and
     :func:`polymem.torch.attach.load_attached` take. Returns held-out bits per byte (in-domain set) of the model
-    alone, at step 0 and after training."""
+    alone, at step 0 and after training. ``byte_head``: the donor's byte decoder; its reader's order weights
+    (:class:`polymem.torch.bytesite.SiteBytes`) train with the site on the same steps and are saved with it."""
     import shutil
 
     from polymem.recipes.frozen import train_site
+    from polymem.recipes.nextbytes import W_LR
     from polymem.torch.attach import attach
 
     out = Path(out)
@@ -462,7 +413,10 @@ def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, ove
     try:
         scale = _aligned_start(exp, handle, seed)["scale"] if vinit == "aligned" else None
         start = exp.score([ind])[ind] if vinit == "aligned" else alone
-        res = train_site(exp.lm, handle, exp.data.train, cfg, on_step=on_step)
+        reader = _byte_reader(exp, handle, byte_head, cfg.softmax)
+        res = train_site(exp.lm, handle, exp.data.train, cfg, on_step=on_step, extra=[reader.w] if reader else (),
+                         extra_lr=W_LR if reader else None)
+        nb = {**reader.record(), "reader_s": reader.seconds, "w_lr": W_LR} if reader else None
         after = exp.score([ind])[ind]
         tmp = out.with_name(out.name + ".tmp-attach")
         if tmp.exists():
@@ -477,7 +431,31 @@ def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, ove
     return {"site": str(out), "asset": exp.donor_path, "model": exp.lm.name, "init": exp.init, "gate": exp.gate,
             "tokens": cfg.tokens, "heldout_bpb_alone": alone, "heldout_bpb_start": start, "heldout_bpb": after,
             "scored_set": ind, "site_parameters": int(params), "train_s": res["train_s"], "aligned_scale": scale,
-            "alignment": exp.alignment_report()}
+            "alignment": exp.alignment_report(), **({"next_bytes": nb} if nb else {})}
+
+
+def _donor_decoder(exp: Experiment) -> Any:
+    from polymem.torch.bytehead import load_byte_head
+
+    return load_byte_head(exp.donor_site, option="the donor_next_bytes arm")
+
+
+def _reader_lr() -> float:
+    from polymem.recipes.nextbytes import W_LR
+
+    return W_LR
+
+
+def _byte_reader(exp: Experiment, handle: Any, head: Any, softmax: str) -> Any:
+    """The donor decoder's reader on ``handle`` (its weights from 0), or None without a decoder."""
+    if head is None:
+        return None
+    from polymem.torch.bytesite import SiteBytes
+
+    cut = np.unique(exp.data.train) if softmax == "corpus" else None  # the ids train_site's cut output layer keeps
+    reader = SiteBytes(handle, exp.lm.model, exp.lm.tokenizer, head, cut_ids=cut)
+    reader.install()
+    return reader
 
 
 def run_transfer(exp: Experiment, *, arms: Sequence[str], seeds: Sequence[int], eval_at: Sequence[int],
@@ -561,9 +539,9 @@ def summarize(exp: Experiment, arms: Sequence[str], seeds: Sequence[int],
         res["arms"][arm] = {"bpb": {k: [r["bpb"][k] for r in rs] for k in sets},
                             "train_s": [r.get("train_s", 0.0) for r in rs],
                             "elapsed_s": [r.get("elapsed_s", 0.0) for r in rs]}
-        if arm in ("teach", "distill"):
+        if ARM_SPECS[arm].teach:
             res["arms"][arm]["teach"] = [r.get("teach") for r in rs]
-        if arm == "donor_finetune":
+        if ARM_SPECS[arm].fine_tunes_donor:
             res["arms"][arm]["table_drift"] = [r.get("table_drift") for r in rs]
         res["curves"][arm] = {"tokens": rs[0]["curve_tokens"], "bpb": [r["curve_bpb"] for r in rs]}
     gains = {arm: {k: {"bpb": [base[k] - v for v in res["arms"][arm]["bpb"][k]],

@@ -40,7 +40,6 @@ import torch
 from polymem._io import read_keyed
 from polymem.errors import PolymemError
 
-TEACH_ARMS = ("teach", "distill")
 PROMPT_SOURCES = ("recipient", "donor")
 
 
@@ -71,6 +70,26 @@ class TeachConfig:
         if not (isinstance(self.select, (int, float)) and self.select >= 1):
             raise PolymemError(f"teach select={self.select!r} must be a number >= 1 (how many times the budget the donor "
                                "writes before keeping the texts its table knows best; 1 keeps all), e.g. --teach-select 2")
+
+
+TEACH_BYTES_PER_TOKEN = 64  # teach.json per token the donor writes: its text, byte end and nats (one per line)
+
+
+def check_teach_disk(cfg: TeachConfig, out_dir: str | Path | None) -> None:
+    """A generation budget whose text would not fit on the disk of ``out_dir`` (or of the working directory) is
+    refused before any model loads: the donor writes ``select × tokens`` tokens, kept in ``teach.json``."""
+    import shutil
+
+    where = Path(out_dir if out_dir is not None else ".").resolve()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    need = int(cfg.tokens * cfg.select * TEACH_BYTES_PER_TOKEN)
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise PolymemError(f"--teach-tokens {cfg.tokens:,} (x --teach-select {cfg.select:g}) would write about "
+                           f"{need / 2**20:,.0f} MiB of donor text to {str(where)!r}, which has {free / 2**20:,.0f} MiB "
+                           f"free; pass a smaller --teach-tokens (about {TEACH_BYTES_PER_TOKEN} bytes a token) or "
+                           "another --out-dir")
 
 
 def teach_prompts(texts: Sequence[str], cfg: TeachConfig, tokenizer: Any) -> list[str]:

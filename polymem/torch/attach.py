@@ -115,6 +115,7 @@ class AttachHandle:
     """The result of :func:`attach`: hooks, sites, the table and the report. Use as a context manager to detach."""
 
     freeze_model: bool = True  # whether the model's own weights are held frozen (set by attach)
+    byte_reader: Any = None  # next bytes over the same rows (polymem.torch.bytesite.SiteBytes), saved with the site
 
     def __init__(self, model, table, sites, names, cache, tokenizer_info, train, report, block_path) -> None:
         self.model, self.table, self.sites, self.layer_names = model, table, sites, names
@@ -275,6 +276,8 @@ class AttachHandle:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        if self.byte_reader is not None:
+            self.byte_reader.remove()
         release_grads(self.model, self)
         self._rows = self._history = None
 
@@ -567,4 +570,12 @@ def load_attached(
     md = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
     if md:
         model.load_state_dict(md)
+    if header.get("next_bytes") is not None:  # the byte reader polymem attach trained with the site
+        from polymem.torch.bytesite import RECORD, read_next_bytes
+
+        try:
+            read_next_bytes(handle, model, tok, d, header[RECORD])
+        except BaseException:
+            handle.detach()
+            raise
     return handle

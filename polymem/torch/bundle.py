@@ -3,6 +3,7 @@ fsspec URL (a bucket, a model hub's file system) and pulled back with nothing el
 
     FOLDER/site.json           the site (its table path: table.pmem or table.safetensors, relative)
     FOLDER/site.safetensors    the site's weights
+    FOLDER/bytes.safetensors   the byte reader's decoder, when the site has one (polymem.torch.bytesite)
     FOLDER/table.pmem/         the frozen table (an asset copied with every shard's sha256 checked), or
     FOLDER/table.safetensors   a table file
     FOLDER/README.md           the card: the model, tokenizer and fingerprint, the table, corpus and scores
@@ -53,6 +54,10 @@ def bundle_site(site: str | os.PathLike[str], out: str | os.PathLike[str], *, ta
     stage.mkdir(parents=True)
     try:
         shutil.copyfile(src / "site.safetensors", stage / "site.safetensors")
+        if header.get("next_bytes") is not None:  # the byte reader's decoder (polymem.torch.bytesite)
+            from polymem.torch.bytehead import BYTES_FILE
+
+            shutil.copyfile(src / BYTES_FILE, stage / BYTES_FILE)
         provenance: dict[str, Any] = {}
         if tpath is not None:
             name, provenance = _copy_table(tpath, stage)

@@ -57,6 +57,9 @@ def save_site(handle: AttachHandle, path: str | os.PathLike[str]) -> Path:
     # each file lands whole; site.json goes last and names what site.safetensors must hold (checked on load)
     with atomic_path(d / "site.safetensors", fsync=True) as tmp:
         save_file(tensors, str(tmp))
+    reader = getattr(handle, "byte_reader", None)
+    if reader is not None:  # next bytes: the decoder's file, and its record (polymem.torch.bytesite)
+        header["next_bytes"] = reader.save(d)
     atomic_write_json(d / "site.json", header, indent=1, sort_keys=True, fsync=True)
     return d
 

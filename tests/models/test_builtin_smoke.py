@@ -94,21 +94,22 @@ def test_train_on_one_transfer_to_the_other(builtin, corpus, tmp_path):
     """Three steps of a table on SmolLM2's frozen backbone, then two recipient steps of the donor and in-place
     arms on Gemma 3: every number finite, the frozen donor unchanged (run_arm checks), the summary complete."""
     from polymem.recipes.frozen import FrozenTrainConfig, train_table
-    from polymem.recipes.pretrained import Experiment, run_transfer
+    from polymem.recipes.pretrained import Experiment, ExperimentData, RecipientSite, run_transfer
 
     cfg = FrozenTrainConfig(steps=3, batch_size=2, block_size=64, layers=(2,), params=200_000, heads=4, head_dim=16)
     res = train_table(builtin["smollm2-135m"], [corpus], tmp_path / "donor.pmem", cfg=cfg, eval_tokens=512)
     assert res["tokens_seen"] == 3 * 2 * 64 and res["rows_touched"] > 0
     assert abs(res["heldout_bpb_after"] - res["heldout_bpb_before"]) < 0.2  # three steps move little
     rcfg = FrozenTrainConfig(steps=2, batch_size=2, block_size=64, layers=(2,))
-    exp = Experiment(builtin["gemma3-270m"], tmp_path / "donor.pmem", [corpus], cfg=rcfg, eval_tokens=512)
+    exp = Experiment(builtin["gemma3-270m"], tmp_path / "donor.pmem", ExperimentData(corpus=[corpus], eval_tokens=512),
+                     cfg=rcfg)
     summary = run_transfer(exp, arms=["none", "donor", "in_place"], seeds=[0], eval_at=[2], out_dir=tmp_path / "t")
     bpb = {arm: summary["arms"][arm]["bpb"][exp.in_domain][0] for arm in ("none", "donor", "in_place")}
     assert all(0.3 < v < 2.0 for v in bpb.values()), bpb
     assert (tmp_path / "t" / "summary.json").is_file()
     # the aligned start: a hidden-state map between the two real models that explains a real share of the variance
-    al = Experiment(builtin["gemma3-270m"], tmp_path / "donor.pmem", [corpus], cfg=rcfg, eval_tokens=512,
-                    init="aligned", donor_lm=builtin["smollm2-135m"])
+    al = Experiment(builtin["gemma3-270m"], tmp_path / "donor.pmem", ExperimentData(corpus=[corpus], eval_tokens=512),
+                    cfg=rcfg, site=RecipientSite(init="aligned"), donor_lm=builtin["smollm2-135m"])
     (fit,) = al.alignment_report()
     assert fit["positions"] >= 1000 and 0.2 < fit["r2_heldout"] < 1.0, fit
     # a site trained with SmolLM2 is refused for Gemma 3 before Gemma loads, naming the way out

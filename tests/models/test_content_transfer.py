@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from polymem.cli.app import app
 from polymem.errors import PolymemError
+from polymem.recipes.options import ExperimentData
 
 pytest.importorskip("transformers")
 torch.set_num_threads(1)
@@ -85,9 +86,9 @@ def test_content_transfer_study(lms, docs, tmp_path):
     opts = ContentOptions(split=split, donor_cfg=_donor_cfg(), resamples=200)
     cfg = FrozenTrainConfig(steps=3, batch_size=2, block_size=16, table_lr=0.1, site_lr=3e-3)
     events: list[tuple] = []
-    kw = dict(texts=docs, cfg=cfg, content=opts, arms=["none", "donor", "in_place", "stitch"], seeds=[0, 1], eval_at=[],
-              out_dir=tmp_path / "run", eval_tokens=256, window=64)
-    res = run_content_transfer(lms["gemma3"], lms["llama"], None, **kw,
+    kw = dict(data=ExperimentData(texts=docs, eval_tokens=256, window=64), cfg=cfg, content=opts,
+              arms=["none", "donor", "in_place", "stitch"], seeds=[0, 1], eval_at=[], out_dir=tmp_path / "run")
+    res = run_content_transfer(lms["gemma3"], lms["llama"], **kw,
                                on_event=lambda kind, **k: events.append((kind, k.get("arm"))))
     out = tmp_path / "run"
     assert {f.name for f in out.iterdir()} >= {"split.json", "donor.pmem", "donor.pmem.site", "arms", "donor-own.json",
@@ -125,13 +126,13 @@ def test_content_transfer_study(lms, docs, tmp_path):
     assert all(set(a) >= {"read", "unseen", "method"} for a in d["arms"].values())
     # a re-run trains nothing (donor, arms, donor's scores are there) and gives the same figures
     events.clear()
-    again = run_content_transfer(lms["gemma3"], lms["llama"], None, **kw,
+    again = run_content_transfer(lms["gemma3"], lms["llama"], **kw,
                                  on_event=lambda kind, **k: events.append((kind, k.get("arm"))))
     assert not [e for e in events if e[0] in ("run", "donor_step")]
     assert again["arms"] == res["arms"] and again["donor_own"] == res["donor_own"]
     # another split in the same folder is refused; a donor that read something else is refused
     with pytest.raises(PolymemError, match="holds a run of another split"):
-        run_content_transfer(lms["gemma3"], lms["llama"], None, **{**kw, "content": ContentOptions(
+        run_content_transfer(lms["gemma3"], lms["llama"], **{**kw, "content": ContentOptions(
             split=ContentSplit.parse("0.3,0.4,0.3", seed=2), donor_cfg=_donor_cfg())})
     other = content_parts(docs, ContentSplit.parse("0.3,0.4,0.3", seed=2))["texts"]["donor"]
     with pytest.raises(PolymemError, match=r"did not read the donor part of this split \(its provenance says 9 other"):

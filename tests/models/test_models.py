@@ -206,6 +206,21 @@ def test_eval_windows_cover_every_token_once():
                     assert w.inputs[0] == bos
 
 
+def test_eval_batches_pad_little_and_keep_every_window():
+    """Documents a little longer than a window leave a short last window each; batched in document order, each
+    short one padded to a full window. Batches of like lengths pad at most one window's worth per batch."""
+    from polymem.models.evaluate import _batches, document_windows
+
+    docs = [np.arange(1, 1 + n) for n in (530, 20, 540, 600, 515, 512, 90)]
+    ws = document_windows(docs, 512, 0)
+    got = list(_batches(ws, 4))
+    assert sorted(id(w) for b in got for w in b) == sorted(id(w) for w in ws)  # each window once
+    real = sum(w.inputs.size for w in ws)
+    padded = sum(len(b) * max(w.inputs.size for w in b) for b in got)
+    assert all(len(b) * max(w.inputs.size for w in b) <= 4 * 512 for b in got)  # no batch beyond batch × window
+    assert padded <= 1.1 * real, (padded, real)  # in document order: 4,156 positions for 2,807
+
+
 def test_eval_with_table_and_switched_off(lms, texts):
     from polymem.hash.layout import Layout
     from polymem.models.evaluate import evaluate
@@ -355,13 +370,13 @@ def test_train_table_refuses_to_overwrite(lms, donor, corpus_file):
 # ------------------------------------------------------------------------------------------------ transfer
 def test_transfer_arms_resume_and_summary(lms, donor, corpus_file, tmp_path, texts):
     from polymem.recipes.frozen import FrozenTrainConfig
-    from polymem.recipes.pretrained import ARMS, Experiment, run_transfer
+    from polymem.recipes.pretrained import ARMS, Experiment, ExperimentData, run_transfer
     from polymem.torch.tablefile import open_table
 
     lm = lms["gemma3"]
     cfg = FrozenTrainConfig(steps=4, batch_size=2, block_size=16, table_lr=0.1, site_lr=3e-3)
-    exp = Experiment(lm, donor["path"], [corpus_file], cfg=cfg, eval_tokens=200, window=64,
-                     eval_texts={"other": [generated_text(300, seed=9)]})
+    exp = Experiment(lm, donor["path"], ExperimentData(corpus=[corpus_file], eval_tokens=200, window=64,
+                                                       eval_texts={"other": [generated_text(300, seed=9)]}), cfg=cfg)
     events: list[tuple] = []
     res = run_transfer(exp, arms=ARMS, seeds=[1, 0], eval_at=[2], out_dir=tmp_path / "runs",
                        on_event=lambda kind, **k: events.append((kind, k.get("arm"), k.get("seed"))))
@@ -395,8 +410,8 @@ def test_transfer_arms_resume_and_summary(lms, donor, corpus_file, tmp_path, tex
                          on_event=lambda kind, **k: events.append((kind, k.get("arm"), k.get("seed"))))
     assert not [e for e in events if e[0] == "run"] and again["arms"] == res["arms"]
     # other settings in the same folder are refused, naming the file
-    exp2 = Experiment(lm, donor["path"], [corpus_file], cfg=FrozenTrainConfig(**{**cfg.__dict__, "steps": 5}),
-                      eval_tokens=200, window=64)
+    exp2 = Experiment(lm, donor["path"], ExperimentData(corpus=[corpus_file], eval_tokens=200, window=64),
+                      cfg=FrozenTrainConfig(**{**cfg.__dict__, "steps": 5}))
     with pytest.raises(PolymemError, match="holds a result of other settings"):
         run_transfer(exp2, arms=["none"], seeds=[0], eval_at=[], out_dir=tmp_path / "runs")
     with pytest.raises(PolymemError, match="holds a result of other settings"):  # other curve points: other results
@@ -414,7 +429,7 @@ def test_transfer_arms_resume_and_summary(lms, donor, corpus_file, tmp_path, tex
         run_transfer(exp, arms=ARMS, seeds=[1, 0], eval_at=[2], out_dir=tmp_path / "runs")
     f.write_text(json.dumps(good))
     with pytest.raises(PolymemError, match="two scoring sets are named 'docs'"):
-        Experiment(lm, donor["path"], [corpus_file], cfg=cfg, eval_corpora=[corpus_file])
+        Experiment(lm, donor["path"], ExperimentData(corpus=[corpus_file], eval_corpora=[corpus_file]), cfg=cfg)
 
 
 def test_transfer_aligned_start_count_gate_and_verdicts(lms, donor, corpus_file, tmp_path):
@@ -422,13 +437,14 @@ def test_transfer_aligned_start_count_gate_and_verdicts(lms, donor, corpus_file,
     alone before any training (in_place does not); the count gate reads the donor's row counts; every comparison
     has per-seed intervals and one line."""
     from polymem.recipes.frozen import FrozenTrainConfig
-    from polymem.recipes.pretrained import Experiment, run_transfer
+    from polymem.recipes.pretrained import Experiment, ExperimentData, RecipientSite, run_transfer
     from polymem.recipes.verdicts import direction_record
 
     lm = lms["gemma3"]
     cfg = FrozenTrainConfig(steps=4, batch_size=2, block_size=16, table_lr=0.1, site_lr=3e-3)
-    exp = Experiment(lm, donor["path"], [corpus_file], cfg=cfg, eval_tokens=256, window=64, gate="count",
-                     init="aligned", donor_lm=lms["llama"], eval_texts={"other": [generated_text(600, seed=9)] * 2})
+    exp = Experiment(lm, donor["path"], ExperimentData(corpus=[corpus_file], eval_tokens=256, window=64,
+                                                       eval_texts={"other": [generated_text(600, seed=9)] * 2}),
+                     cfg=cfg, site=RecipientSite(gate="count", init="aligned"), donor_lm=lms["llama"])
     (fit,) = exp.alignment_report()
     assert fit["positions"] >= 64 and fit["r2_heldout"] <= 1 and fit["donor_layer"] == 1 and fit["recipient_layer"] == 1
     assert exp.counts is not None and int(exp.counts.sum()) > 0 and exp.gate == "count"
@@ -455,9 +471,10 @@ def test_transfer_aligned_start_count_gate_and_verdicts(lms, donor, corpus_file,
     assert rec["arms"]["donor"]["curve"]["0"] == [b[0] for b in res["curves"]["donor"]["bpb"]]
     assert rec["arms"]["none"]["ood"]["other"] == [res["base_bpb"]["other"]] * 2
     with pytest.raises(PolymemError, match="needs the donor's model"):
-        Experiment(lm, donor["path"], [corpus_file], cfg=cfg, eval_tokens=256, init="aligned")
+        Experiment(lm, donor["path"], ExperimentData(corpus=[corpus_file], eval_tokens=256), cfg=cfg,
+                   site=RecipientSite(init="aligned"))
     with pytest.raises(PolymemError, match="init 'sideways' is unknown"):
-        Experiment(lm, donor["path"], [corpus_file], cfg=cfg, eval_tokens=256, init="sideways")
+        RecipientSite(init="sideways")
 
 
 def test_null_arm_reads_one_row(lms, donor):
@@ -505,7 +522,17 @@ def test_cli_eval_train_transfer(ckpts, corpus_file, tmp_path, lms, texts):
                             "--arms", "none,donor", "--seeds", "1", "--steps", "2", "--batch-size", "2", "--block-size", "16",
                             "--eval-tokens", "100", "--out-dir", str(tmp_path / "tr"), "--json", str(tmp_path / "tr.json")])
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "tr.json").read_text())["arms"]["donor"]["bpb"]["docs"]
+    tr = json.loads((tmp_path / "tr.json").read_text())
+    assert tr["arms"]["donor"]["bpb"]["docs"]
+    # the command built the experiment the library builds from the same settings: each result's key says so
+    from polymem.models import load_model
+    from polymem.recipes.frozen import FrozenTrainConfig
+    from polymem.recipes.pretrained import Experiment, ExperimentData
+
+    lm = load_model(str(ckpts["gemma3"]), precision=tr["recipient"].get("precision", "fp32"))
+    exp = Experiment(lm, str(out), ExperimentData(corpus=[corpus_file], eval_tokens=100),
+                     cfg=FrozenTrainConfig(steps=2, batch_size=2, block_size=16))
+    assert json.loads((tmp_path / "tr" / "donor-seed0.json").read_text())["key"] == exp.arm_key("donor", [2])
     # the headline use: a site for gemma3 over the llama-trained table, saved, then scored by `eval --site`
     gs = tmp_path / "gemma.site"
     r = runner.invoke(app, ["attach", "--model", str(ckpts["gemma3"]), "--asset", str(out), "--corpus", str(corpus_file),

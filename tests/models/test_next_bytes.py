@@ -154,22 +154,23 @@ def test_byte_bias_is_zero_at_step_zero_and_sums_a_tokens_bytes(lms):
 def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
     from polymem.recipes.content import ContentOptions, ContentSplit, run_content_transfer
     from polymem.recipes.frozen import FrozenTrainConfig
+    from polymem.recipes.options import ExperimentData
     from polymem.torch.tablefile import open_table
 
     split = ContentSplit.parse("0.3,0.4,0.3", seed=1)
     cfg = FrozenTrainConfig(steps=3, batch_size=2, block_size=16, table_lr=0.1, site_lr=3e-3)
-    kw = dict(texts=docs, cfg=cfg, seeds=[0], eval_at=[], eval_tokens=256, window=64)
+    kw = dict(data=ExperimentData(texts=docs, eval_tokens=256, window=64), cfg=cfg, seeds=[0], eval_at=[])
     # a donor without a decoder: the arm says so in one line
     with pytest.raises(PolymemError, match=r"reads the donor's byte decoder, and the site .* has none; train the donor "
                                            r"with --byte-head J"):
-        run_content_transfer(lms["gemma3"], lms["llama"], None, **kw, arms=["none", "next_bytes"],
+        run_content_transfer(lms["gemma3"], lms["llama"], **kw, arms=["none", "next_bytes"],
                              content=ContentOptions(split=split, donor_cfg=_donor_cfg(), resamples=50),
                              out_dir=tmp_path / "plain")
     donor_cfg = FrozenTrainConfig(**{**_donor_cfg().__dict__, "steps": 12})
     opts = ContentOptions(split=split, donor_cfg=donor_cfg, resamples=50, byte_head=4)
-    res = run_content_transfer(lms["gemma3"], lms["llama"], None, **kw, content=opts, out_dir=tmp_path / "run",
+    res = run_content_transfer(lms["gemma3"], lms["llama"], **kw, content=opts, out_dir=tmp_path / "run",
                                arms=["none", "donor", "next_bytes", "next_bytes_fit", "next_bytes_conf",
-                                     "next_bytes_mix"])
+                                     "next_bytes_mix", "donor_next_bytes"])
     out = tmp_path / "run"
     rec = open_table(out / "donor.pmem").provenance["byte_head"]
     assert rec["bytes"] == 4 and rec["byte_loss_last10"] < rec["byte_loss_first"]  # the aux loss trains the decoder
@@ -181,12 +182,16 @@ def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
         assert set(r["next_bytes"]) >= {"weights", "read", "unseen"} and any(w != 0 for w in r["next_bytes"]["weights"])
         assert 0 <= r["next_bytes"]["read"]["hit_rate"]["1"] <= 1
         assert res["arms"][arm]["method"].startswith(("the donor's table and its byte decoder", "as next_bytes"))
+    both = json.loads((out / "arms" / "donor_next_bytes-seed0.json").read_text())  # the site and the reader, as attach
+    donor = json.loads((out / "arms" / "donor-seed0.json").read_text())
+    assert both["curve_bpb"][0] == none["bpb"]["read"] and any(w != 0 for w in both["next_bytes"]["weights"])
+    assert both["bpb"] != donor["bpb"]  # the reader changed what the same site, seed and data give
     conf = json.loads((out / "arms" / "next_bytes_conf-seed0.json").read_text())["next_bytes"]
     assert any(u != 0 for u in conf["confidence_weights"])
     assert (json.loads((out / "arms" / "next_bytes_fit-seed0.json").read_text())["next_bytes"]["fit"]["steps"] > 0)
     # a donor trained with another decoder setting is not reused
     with pytest.raises(PolymemError, match="was trained with other settings"):
-        run_content_transfer(lms["gemma3"], lms["llama"], None, **kw, arms=["none"], out_dir=out,
+        run_content_transfer(lms["gemma3"], lms["llama"], **kw, arms=["none"], out_dir=out,
                              content=ContentOptions(split=split, donor_cfg=donor_cfg, resamples=50))
 
 

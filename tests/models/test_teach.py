@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from polymem.cli.app import app
 from polymem.errors import PolymemError
+from polymem.recipes.options import ExperimentData
 
 pytest.importorskip("transformers")
 torch.set_num_threads(1)
@@ -89,9 +90,9 @@ def test_teach_and_distill_arms_in_the_content_study(lms, docs, tmp_path):
                           teach=TeachConfig(tokens=48, new_tokens=16, batch=4))
     cfg = FrozenTrainConfig(steps=3, batch_size=2, block_size=16, table_lr=0.1, site_lr=3e-3)
     events: list[tuple] = []
-    kw = dict(texts=docs, cfg=cfg, content=opts, arms=["none", "donor_finetune", "teach", "distill"], seeds=[0],
-              eval_at=[], out_dir=tmp_path / "run", eval_tokens=256, window=64)
-    res = run_content_transfer(lms["gemma3"], lms["llama"], None, **kw,
+    kw = dict(data=ExperimentData(texts=docs, eval_tokens=256, window=64), cfg=cfg, content=opts,
+              arms=["none", "donor_finetune", "teach", "distill"], seeds=[0], eval_at=[], out_dir=tmp_path / "run")
+    res = run_content_transfer(lms["gemma3"], lms["llama"], **kw,
                                on_event=lambda kind, **k: events.append((kind, k.get("arm"))))
     out = tmp_path / "run"
     got = json.loads((out / "teach.json").read_text())
@@ -106,7 +107,7 @@ def test_teach_and_distill_arms_in_the_content_study(lms, docs, tmp_path):
     assert res["arms"]["distill"]["method"].startswith("as teach")
     # a re-run generates and trains nothing
     events.clear()
-    again = run_content_transfer(lms["gemma3"], lms["llama"], None, **kw,
+    again = run_content_transfer(lms["gemma3"], lms["llama"], **kw,
                                  on_event=lambda kind, **k: events.append((kind, k.get("arm"))))
     assert not [e for e in events if e[0] in ("run", "donor_step")] and again["arms"] == res["arms"]
     # select: the donor writes twice the budget and keeps the texts its table lowers its loss on most

@@ -1,0 +1,177 @@
+"""The arms of the pretrained transfer (:mod:`polymem.recipes.pretrained`), one row each in :data:`ARM_SPECS`.
+
+An arm is what the recipient's memory is while everything else (data order, budget, site initialisation) stays
+the same: where its table's rows come from, what trains, how the site's projection starts, what it learns from,
+and any extra term of its loss. :func:`polymem.recipes.pretrained.run_arm` reads these properties and nothing
+else, so a new arm is one :class:`Arm` row here (and, when it learns from something new, one small function that
+builds its extra loss term or its key, as ``distill`` has). Its training step is the one every arm runs
+(:func:`polymem.recipes.frozen.train_site` over :func:`polymem.recipes.loop.run_steps`): the arm chooses the
+stream it reads and the extra term.
+
+Not here: the training step, scoring, the comparisons between arms (:mod:`polymem.recipes.verdicts`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from polymem.errors import PolymemError
+
+AuxLoss = Callable[[torch.Tensor, np.ndarray], torch.Tensor]  # (per-token nats [B, T], window starts [B]) -> loss
+ROWS = ("none", "random", "null", "donor", "empty")  # where an arm's table rows come from
+VALUE_INITS = ("zero", "orthogonal", "init")  # how its projection starts; "init": the run's --init
+
+
+@dataclass(frozen=True, kw_only=True)
+class Arm:
+    """One arm: its memory, what trains, what it learns from (see the module docstring)."""
+
+    name: str
+    method: str  # what its memory is, as the results files name it
+    rows: str  # "none" (no table: the model alone), "random" (the donor's layout and row norms, random rows),
+    # "null" (one row every n-gram reads), "donor" (the donor's rows), "empty" (the donor's layout, zero rows)
+    trains: str | None  # "projection" (the site only) or "table" (the site and the table's rows); None: nothing
+    value_init: str = "init"  # the site projection's start: "zero", "orthogonal" or "init" (the run's --init)
+    default: bool = False  # in the default set of --arms (else run only when named)
+    stitch: bool = False  # the donor's own site, frozen, replaces the fresh one behind a learned stitch
+    teach: bool = False  # learns from the text the donor model writes (the content study prepares it)
+    aux: Callable[[Any], AuxLoss] | None = None  # experiment -> an extra term of each step's loss
+    key: Callable[[Any], str] | None = None  # experiment -> what else determines its results (added to the key)
+    reader: bool = False  # the donor's byte decoder read beside the site (next bytes), its weights trained with it
+    run: Callable[..., dict[str, Any]] | None = None  # an arm with a training of its own, not a site's:
+    # run(exp, arm, seed, eval_at=..., on_event=...) -> its result (the next-bytes arms, polymem.recipes.nextbytes)
+
+    def __post_init__(self) -> None:
+        if self.rows not in ROWS or self.trains not in ("projection", "table", None) or self.value_init not in VALUE_INITS:
+            raise PolymemError(f"arm {self.name!r}: rows {self.rows!r} (accepted: {', '.join(ROWS)}), trains "
+                               f"{self.trains!r} (projection, table or None), value_init {self.value_init!r} "
+                               f"(accepted: {', '.join(VALUE_INITS)})")
+        if (self.rows == "none") != (self.trains is None):
+            raise PolymemError(f"arm {self.name!r}: an arm without a table trains nothing, and every other one trains")
+
+    @property
+    def fine_tunes_donor(self) -> bool:
+        """The donor's rows train (the results say how far they drifted)."""
+        return self.rows == "donor" and self.trains == "table"
+
+    @property
+    def frozen_donor(self) -> bool:
+        """The donor's rows are read and must not change (checked after training)."""
+        return self.rows == "donor" and self.trains != "table"
+
+
+def _teach_key(exp: Any) -> str:
+    return "-" + exp.teach.digest
+
+
+def _distill_key(exp: Any) -> str:
+    return _teach_key(exp) + f"-w{exp.teach_cfg.distill_weight:g}"
+
+
+def _distill_loss(exp: Any) -> AuxLoss:
+    """The donor's chunk likelihoods matched across the tokenizers (:func:`polymem.recipes.teach.chunk_loss`)."""
+    from polymem.recipes.teach import chunk_loss
+
+    w, td, bos = exp.teach_cfg.distill_weight, exp.teach, exp.lm.bos_id
+
+    def aux(nats: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
+        return w * chunk_loss(td, nats, starts, bos)
+
+    return aux
+
+
+def _next_bytes(exp: Any, arm: str, seed: int, **kw: Any) -> dict[str, Any]:
+    from polymem.recipes.nextbytes import run_next_bytes
+
+    return run_next_bytes(exp, arm, seed, **kw)
+
+
+ARM_SPECS: dict[str, Arm] = {a.name: a for a in (
+    Arm(name="none", method="the model alone", rows="none", trains=None, default=True),
+    Arm(name="random", method="a frozen random table of the donor's layout, fresh site", rows="random",
+        trains="projection", value_init="zero", default=True),
+    Arm(name="null", method="a one-row table, fresh site (no n-gram content)", rows="null", trains="table",
+        value_init="orthogonal", default=True),
+    Arm(name="donor", method="the donor's table frozen, a fresh site trained on the recipient's part", rows="donor",
+        trains="projection", default=True),
+    Arm(name="donor_finetune", method="the donor's table fine-tuned with a fresh site on the recipient's part",
+        rows="donor", trains="table", default=True),
+    Arm(name="in_place", method="a table of the donor's layout trained from zero on the recipient's part",
+        rows="empty", trains="table", value_init="orthogonal", default=True),
+    Arm(name="stitch", method="the donor's table and its own site frozen, a learned linear stitch between the residual "
+                              "streams trained on the recipient's part",
+        rows="donor", trains="projection", value_init="zero", stitch=True),
+    Arm(name="teach", method="the donor's table fine-tuned with a fresh site on text the donor model wrote with its "
+                             "table (hard targets)",
+        rows="donor", trains="table", teach=True, key=_teach_key),
+    Arm(name="distill", method="as teach, plus matching the donor's likelihoods of byte-aligned chunks (approximate "
+                               "likelihood matching across the tokenizers)",
+        rows="donor", trains="table", teach=True, key=_distill_key, aux=_distill_loss),
+    Arm(name="next_bytes", method="the donor's table and its byte decoder (trained with the rows to predict the bytes "
+                                  "after each n-gram) frozen; each recipient token scored by the decoded bytes of its "
+                                  "spelling, added to the next-token logits with one learned weight per order",
+        rows="donor", trains="projection", run=_next_bytes),
+    Arm(name="donor_next_bytes", method="as donor, plus the donor's byte decoder read beside the fresh site (next "
+                                        "bytes), its order weights trained with the site: what polymem attach does "
+                                        "with a donor that ships a decoder",
+        rows="donor", trains="projection", reader=True),
+    Arm(name="next_bytes_fit", method="as next_bytes, with the byte decoder fitted on the recipient's part instead of "
+                                      "the donor's own",
+        rows="donor", trains="projection", run=_next_bytes),
+    Arm(name="next_bytes_conf", method="as next_bytes, each order's weight also scaled with the decoder's confidence "
+                                       "in the row (its mean top-byte probability), both learned",
+        rows="donor", trains="projection", run=_next_bytes),
+    Arm(name="next_bytes_mix", method="as next_bytes, but interpolating probabilities: the model's distribution mixed "
+                                      "with its reweighting by each order's byte scores, the mixture weights learned",
+        rows="donor", trains="projection", run=_next_bytes),
+)}
+ARMS = tuple(a for a, s in ARM_SPECS.items() if s.default)  # the default set
+EXTRA_ARMS = tuple(a for a, s in ARM_SPECS.items() if not s.default)  # run only when named
+METHODS = {a: s.method for a, s in ARM_SPECS.items()}
+
+
+def check_arms(arms: Sequence[str]) -> list[str]:
+    """``arms`` stripped, checked and in the registry's order (an unknown name lists the known ones)."""
+    arms = [a.strip() for a in arms if a.strip()]
+    bad = [a for a in arms if a not in ARM_SPECS]
+    if bad or not arms:
+        raise PolymemError(f"arms {bad or arms!r} unknown; accepted: {', '.join(ARM_SPECS)}, e.g. --arms "
+                           f"{','.join(ARMS)}")
+    return [a for a in ARM_SPECS if a in arms]
+
+
+def arm_spec(arm: str) -> Arm:
+    check_arms([arm])
+    return ARM_SPECS[arm]
+
+
+def arm_table(arm: str, donor: torch.Tensor, *, spec: Any, layout: Any, orders: tuple[int, ...], seed: int,
+              init: str = "zero", counts: Any = None) -> tuple[Any, Any, Any]:
+    """(table, train mode, value_init) of one arm (no table: (None, None, None)). ``init``: the projection start
+    of the arms that read the donor's rows; ``counts``: the donor's per-row training counts (what a
+    gate="count" site reads; the random table gets them shuffled with its row norms)."""
+    from polymem.torch.tables import SingleRowTable, TrainableTable, random_like
+
+    a = arm_spec(arm)
+    vinit = init if a.value_init == "init" else a.value_init
+    if a.rows == "none":
+        return None, None, None
+    if a.rows == "random":
+        t = TrainableTable(random_like(donor, seed=7919 + int(seed)), spec=spec, layout=layout, orders=orders,
+                           trainable=a.trains == "table")
+        if counts is not None:  # random_like's first draw is the permutation of the row norms: the same one
+            g = torch.Generator().manual_seed(7919 + int(seed))
+            t.set_counts(np.asarray(counts)[torch.randperm(layout.num_rows, generator=g).numpy()])
+        return t, a.trains, vinit
+    if a.rows == "null":
+        return SingleRowTable(spec=spec, layout=layout, orders=orders), a.trains, vinit
+    if a.rows == "donor":
+        t = TrainableTable(donor, spec=spec, layout=layout, orders=orders, trainable=a.trains == "table")
+        if counts is not None:
+            t.set_counts(counts)
+        return t, a.trains, vinit
+    return TrainableTable(None, spec=spec, layout=layout, orders=orders), a.trains, vinit  # "empty"
