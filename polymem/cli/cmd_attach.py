@@ -13,7 +13,7 @@ from rich.console import Console
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
 from polymem.cli._options import (BackbonePrecision, BlockSize, CorpusFiles, Device, DonorInit, Gate, JsonOut, ModelOpt,
-                                  NextBytes, Precision, SiteBatchSize, Softmax, Threads, apply_threads, local_path)
+                                  NextBytes, ByteReader, Precision, SiteBatchSize, Softmax, Threads, apply_threads, local_path)
 
 console = Console()
 
@@ -29,6 +29,7 @@ def attach_cmd(
     donor_model: Annotated[Optional[str], typer.Option("--donor-model", help="With --init aligned: the table's model (default: the one its provenance names).")] = None,
     donor_site: Annotated[Optional[Path], typer.Option("--donor-site", parser=local_path("a site folder"), help="With --init aligned, and for --next-bytes: the table's own site (default: the asset's path + .site).")] = None,
     next_bytes: Annotated[NextBytes, typer.Option("--next-bytes", help="auto: when the donor's site holds a byte decoder (`polymem train --model ... --byte-head 8`), also read the donor's rows as the bytes that follow them, added to the next-token logits with one weight per order trained with the site (docs/real-models.md, `polymem attach`); on: require the decoder; off: the site alone.")] = NextBytes("auto"),
+    next_bytes_reader: Annotated[ByteReader, typer.Option("--next-bytes-reader", help="How next bytes joins the model's prediction: mix (the decoded bytes' token probabilities interpolated with the model's, one weight per order; a wrong memory costs at most log(1 - the weights)) or add (their log-probability ratios added to the logits).")] = ByteReader("mix"),
     layers: Annotated[Optional[str], typer.Option(help="Blocks that get the site (default: the donor's).")] = None,
     site_lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate of the site.")] = 3e-3,
     batch_size: SiteBatchSize = 4,
@@ -102,8 +103,8 @@ def attach_cmd(
                       f"paired positions", highlight=False)
     if head is not None:
         console.print(f"next bytes: on (the donor's byte decoder, {head.j} bytes after each n-gram of orders "
-                      f"1..{head.orders}, trains its {head.orders} order weights with the site; --next-bytes off: the "
-                      "site alone)", highlight=False, soft_wrap=True)
+                      f"1..{head.orders}, {next_bytes_reader.value}ed with the model's prediction, trains its {head.orders} order "
+                      "weights with the site; --next-bytes off: the site alone)", highlight=False, soft_wrap=True)
     with progress_bar(console) as prog:
         task = prog.add_task("training the site", total=steps, info="")
 
@@ -111,7 +112,7 @@ def attach_cmd(
             prog.update(task, completed=i + 1, info=f"step loss {loss:.3f}")
 
         res: dict[str, Any] = train_recipient_site(exp, out, seed=seed, overwrite=overwrite, on_step=on_step,
-                                                   byte_head=head)
+                                                   byte_head=head, mix=next_bytes_reader.value == "mix")
     a, s0, s1 = res["heldout_bpb_alone"], res["heldout_bpb_start"], res["heldout_bpb"]
     sc = exp.scorers[res["scored_set"]]
     res["heldout_documents"], res["heldout_tokens"], res["heldout_bytes"] = len(sc.docs), sc.num_tokens, sc.num_bytes

@@ -41,7 +41,8 @@ class Arm:
     teach: bool = False  # learns from the text the donor model writes (the content study prepares it)
     aux: Callable[[Any], AuxLoss] | None = None  # experiment -> an extra term of each step's loss
     key: Callable[[Any], str] | None = None  # experiment -> what else determines its results (added to the key)
-    reader: bool = False  # the donor's byte decoder read beside the site (next bytes), its weights trained with it
+    reader: str | None = None  # the donor's byte decoder read beside the site (next bytes), its weights trained
+    # with it: "add" (scores added to the logits) or "mix" (probabilities interpolated)
     run: Callable[..., dict[str, Any]] | None = None  # an arm with a training of its own, not a site's:
     # run(exp, arm, seed, eval_at=..., on_event=...) -> its result (the next-bytes arms, polymem.recipes.nextbytes)
 
@@ -118,7 +119,10 @@ ARM_SPECS: dict[str, Arm] = {a.name: a for a in (
     Arm(name="donor_next_bytes", method="as donor, plus the donor's byte decoder read beside the fresh site (next "
                                         "bytes), its order weights trained with the site: what polymem attach does "
                                         "with a donor that ships a decoder",
-        rows="donor", trains="projection", reader=True),
+        rows="donor", trains="projection", reader="add"),
+    Arm(name="donor_next_bytes_mix", method="as donor_next_bytes, the decoded bytes' token probabilities interpolated "
+                                            "with the model's (as next_bytes_mix) instead of added as scores",
+        rows="donor", trains="projection", reader="mix"),
     Arm(name="next_bytes_fit", method="as next_bytes, with the byte decoder fitted on the recipient's part instead of "
                                       "the donor's own",
         rows="donor", trains="projection", run=_next_bytes),

@@ -156,7 +156,7 @@ class SiteBytes(ByteBias):
     forward so far (what the cost line reports)."""
 
     def __init__(self, handle: Any, model: Any, tokenizer: Any, head: ByteHead, *,
-                 cut_ids: np.ndarray | None = None) -> None:
+                 cut_ids: np.ndarray | None = None, mix: bool = False) -> None:
         if handle.byte_reader is not None:
             raise PolymemError("the site already has a byte reader (handle.byte_reader); remove it first "
                                "(handle.byte_reader.remove())")
@@ -168,7 +168,7 @@ class SiteBytes(ByteBias):
         from polymem.tokenizers import load_tokenizer
 
         super().__init__(SimpleNamespace(model=model, tokenizer=load_tokenizer(tokenizer)), head, None, lay, None,
-                         handle.max_n, cut_ids)
+                         handle.max_n, cut_ids, mix=mix)
         self.handle, self.seconds = handle, 0.0
         handle.byte_reader = self
 
@@ -201,7 +201,8 @@ class SiteBytes(ByteBias):
 
     def record(self) -> dict[str, Any]:
         """What site.json says of the reader (the file's sha256 is added by :meth:`save`)."""
-        return {**self.head.describe(), "file": BYTES_FILE, "weights": [float(x) for x in self.w.detach().cpu()]}
+        return {**self.head.describe(), "file": BYTES_FILE, "weights": [float(x) for x in self.w.detach().cpu()],
+                "mix": bool(self.mix)}
 
     def save(self, site_dir: str | os.PathLike[str]) -> dict[str, Any]:
         """Write the decoder into ``site_dir`` (whole) and return the record site.json names it with."""
@@ -236,10 +237,10 @@ def read_next_bytes(handle: Any, model: Any, tokenizer: Any, site_dir: str | os.
           and whole(rec.get("heads"), 1, 1 << 16) and whole(rec.get("head_dim"), 1, 1 << 16)
           and rec.get("file") == BYTES_FILE and isinstance(rec.get("sha256"), str)
           and isinstance(rec.get("weights"), list) and len(rec["weights"]) == rec["orders"]
-          and all(num(x) for x in rec["weights"]))
+          and all(num(x) for x in rec["weights"]) and isinstance(rec.get("mix", False), bool))
     if not ok:
         raise FormatError(f"{where}: its {RECORD!r} entry is not a byte reader's record (bytes 1..{MAX_BYTES}, orders, "
-                          f"heads, head_dim, file {BYTES_FILE!r}, sha256, one weight per order); {fix}")
+                          f"heads, head_dim, file {BYTES_FILE!r}, sha256, one weight per order, mix true or false); {fix}")
     f = d / BYTES_FILE
     try:
         got = load_regular_safetensors(f, what="byte decoder", load=load_file, fix=fix)
@@ -253,7 +254,7 @@ def read_next_bytes(handle: Any, model: Any, tokenizer: Any, site_dir: str | os.
         raise FormatError(f"{str(f)!r} is not the byte decoder {where} names ({type(e).__name__}: "
                           f"{str(e).splitlines()[0][:120] if str(e) else ''}); {fix}") from None
     head.requires_grad_(False)
-    reader = SiteBytes(handle, model, tokenizer, head)
+    reader = SiteBytes(handle, model, tokenizer, head, mix=rec.get("mix", False))
     with torch.no_grad():
         reader.w.copy_(torch.tensor(rec["weights"], dtype=torch.float32))
     reader.w.requires_grad_(False)

@@ -111,8 +111,8 @@ def test_the_arm_registry_is_the_arms_order_and_properties() -> None:
     from polymem.hash.spec import HashSpec
 
     assert ARMS == ("none", "random", "null", "donor", "donor_finetune", "in_place")
-    assert EXTRA_ARMS == ("stitch", "teach", "distill", "next_bytes", "donor_next_bytes", "next_bytes_fit",
-                          "next_bytes_conf", "next_bytes_mix")
+    assert EXTRA_ARMS == ("stitch", "teach", "distill", "next_bytes", "donor_next_bytes", "donor_next_bytes_mix",
+                          "next_bytes_fit", "next_bytes_conf", "next_bytes_mix")
     assert set(METHODS) == set(ARM_SPECS)
     assert check_arms(["distill", "none"]) == ["none", "distill"]
     layout = Layout(pages=4, heads=2, slots=2, head_dim=8)

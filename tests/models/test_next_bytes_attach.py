@@ -59,6 +59,7 @@ def test_attach_trains_and_saves_the_byte_reader(attached):
     assert f"after {res['tokens']:,} tokens with next bytes {res['heldout_bpb']:.4f}" in out
     rec = json.loads((site / "site.json").read_text())["next_bytes"]
     assert rec["weights"] == nb["weights"] and rec["file"] == "bytes.safetensors" and (site / rec["file"]).is_file()
+    assert rec["mix"] is True and "mixed with the model's prediction" in out  # the default reader interpolates
     import hashlib
 
     assert hashlib.sha256((site / "bytes.safetensors").read_bytes()).hexdigest() == rec["sha256"]
@@ -116,6 +117,15 @@ def test_trained_score_round_trips_through_the_site(donor, corpus_file, lms, tmp
     ind = exp.in_domain
     bundle = bundle_site(site, tmp_path / "lib.bundle")
     assert (bundle / "bytes.safetensors").read_bytes() == (site / "bytes.safetensors").read_bytes()
+    added = tmp_path / "add.site"  # the other reader: scores added to the logits, also saved as what it is
+    res_add = train_recipient_site(exp, added, byte_head=load_byte_head(f"{donor}.site"), mix=False)
+    assert json.loads((added / "site.json").read_text())["next_bytes"]["mix"] is False
+    assert res_add["heldout_bpb"] != res["heldout_bpb"]
+    h = load_attached(lm.model, added, tokenizer=lm.tokenizer)
+    try:
+        assert not h.byte_reader.mix and exp.score([ind])[ind] == res_add["heldout_bpb"]
+    finally:
+        h.detach()
     for folder in (site, bundle):
         h = load_attached(lm.model, folder, tokenizer=lm.tokenizer)
         try:
