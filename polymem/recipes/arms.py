@@ -116,12 +116,14 @@ ARM_SPECS: dict[str, Arm] = {a.name: a for a in (
                                   "after each n-gram) frozen; each recipient token scored by the decoded bytes of its "
                                   "spelling, added to the next-token logits with one learned weight per order",
         rows="donor", trains="projection", run=_next_bytes),
-    Arm(name="donor_next_bytes", method="as donor, plus the donor's byte decoder read beside the fresh site (next "
-                                        "bytes), its order weights trained with the site: what polymem attach does "
-                                        "with a donor that ships a decoder",
+    Arm(name="donor_next_bytes", method="the donor's table frozen behind a fresh site, and the donor's byte decoder "
+                                        "read beside it (next bytes, its scores added to the logits), its order weights "
+                                        "trained with the site (polymem attach --next-bytes-reader add)",
         rows="donor", trains="projection", reader="add"),
-    Arm(name="donor_next_bytes_mix", method="as donor_next_bytes, the decoded bytes' token probabilities interpolated "
-                                            "with the model's (as next_bytes_mix) instead of added as scores",
+    Arm(name="donor_next_bytes_mix", method="the donor's table frozen behind a fresh site, and the donor's byte decoder "
+                                            "read beside it, its token probabilities interpolated with the model's (as "
+                                            "next_bytes_mix), trained with the site: what polymem attach does by "
+                                            "default with a donor that ships a decoder",
         rows="donor", trains="projection", reader="mix"),
     Arm(name="next_bytes_fit", method="as next_bytes, with the byte decoder fitted on the recipient's part instead of "
                                       "the donor's own",
