@@ -193,9 +193,7 @@ def save_byte_head(head: ByteHead, site_dir: str | os.PathLike[str], *, record: 
 def load_byte_head(site_dir: str | os.PathLike[str], *, option: str = "the next_bytes arm") -> ByteHead:
     """The decoder a site folder names (:func:`save_byte_head`); a site without one, or a file that is not what
     site.json says, is refused in one line."""
-    from safetensors.torch import load_file
-
-    from polymem._io import load_regular_safetensors, read_json
+    from polymem._io import read_json
 
     d = Path(site_dir)
     if not (d / "site.json").is_file():
@@ -207,19 +205,27 @@ def load_byte_head(site_dir: str | os.PathLike[str], *, option: str = "the next_
         raise PolymemError(f"{option} reads the donor's byte decoder, and the site {str(d)!r} has none; train the "
                            "donor with --byte-head J (`polymem train --model ... --byte-head 8`, or "
                            "--donor-byte-head 8 in a content-split run)")
-    f = d / str(bh.get("file", BYTES_FILE))
-    fix = "train the donor again with --byte-head J"
+    return read_decoder(d / str(bh.get("file", BYTES_FILE)), bh, where=str(d / "site.json"),
+                        fix="train the donor again with --byte-head J")
+
+
+def read_decoder(f: Path, rec: dict[str, Any], *, where: str, fix: str) -> ByteHead:
+    """The decoder file ``f`` that ``rec`` (a site.json entry: orders, heads, head_dim, bytes, sha256) names,
+    frozen; a file that is not that one (sha256, keys, shapes) is one FormatError naming it and ``where``."""
+    from safetensors.torch import load_file
+
+    from polymem._io import load_regular_safetensors
+
     try:
         got = load_regular_safetensors(f, what="byte decoder", load=load_file, fix=fix)
-        sha = hashlib.sha256(f.read_bytes()).hexdigest()
-        head = ByteHead(int(bh["orders"]), int(bh["heads"]), int(bh["head_dim"]), int(bh["bytes"]))
-        if sha != bh.get("sha256"):
+        if hashlib.sha256(f.read_bytes()).hexdigest() != rec.get("sha256"):
             raise ValueError("sha256 differs from site.json's")
+        head = ByteHead(int(rec["orders"]), int(rec["heads"]), int(rec["head_dim"]), int(rec["bytes"]))
         head.load_state_dict({"weight": got["weight"], "bias": got["bias"]})
     except PolymemError:
         raise
     except Exception as e:  # noqa: BLE001 - safetensors, a missing key or a wrong shape all mean the same
-        raise FormatError(f"{str(f)!r} is not the byte decoder {str(d / 'site.json')!r} names "
-                          f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}); {fix}") from None
+        raise FormatError(f"{str(f)!r} is not the byte decoder {where!r} names ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:120] if str(e) else ''}); {fix}") from None
     head.requires_grad_(False)
     return head

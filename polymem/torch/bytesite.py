@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 
 from polymem.errors import FormatError, PolymemError
-from polymem.torch.bytehead import BYTES_FILE, MAX_BYTES, ByteHead, token_byte_matrix
+from polymem.torch.bytehead import BYTES_FILE, MAX_BYTES, ByteHead, read_decoder, token_byte_matrix
 
 MIX_CAP = 0.9  # mix=True: the orders' mixture weights together at most this
 CHUNK = 256  # positions per block of the vocabulary scores when scoring (a [CHUNK, V] float block)
@@ -220,10 +220,6 @@ def read_next_bytes(handle: Any, model: Any, tokenizer: Any, site_dir: str | os.
                     rec: Any) -> SiteBytes:
     """Install the reader a site folder records (``rec``: site.json's ``"next_bytes"``) on ``handle``'s model:
     every field and the decoder file's sha256 checked, one FormatError naming what is wrong otherwise."""
-    from safetensors.torch import load_file
-
-    from polymem._io import load_regular_safetensors
-
     d = Path(site_dir)
     where, fix = str(d / "site.json"), "run `polymem attach` again (or remove the site's next_bytes entry)"
 
@@ -241,19 +237,7 @@ def read_next_bytes(handle: Any, model: Any, tokenizer: Any, site_dir: str | os.
     if not ok:
         raise FormatError(f"{where}: its {RECORD!r} entry is not a byte reader's record (bytes 1..{MAX_BYTES}, orders, "
                           f"heads, head_dim, file {BYTES_FILE!r}, sha256, one weight per order, mix true or false); {fix}")
-    f = d / BYTES_FILE
-    try:
-        got = load_regular_safetensors(f, what="byte decoder", load=load_file, fix=fix)
-        if hashlib.sha256(f.read_bytes()).hexdigest() != rec["sha256"]:
-            raise ValueError("sha256 differs from site.json's")
-        head = ByteHead(rec["orders"], rec["heads"], rec["head_dim"], rec["bytes"])
-        head.load_state_dict({"weight": got["weight"], "bias": got["bias"]})
-    except PolymemError:
-        raise
-    except Exception as e:  # noqa: BLE001 - safetensors, a missing key or a wrong shape all mean the same
-        raise FormatError(f"{str(f)!r} is not the byte decoder {where} names ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:120] if str(e) else ''}); {fix}") from None
-    head.requires_grad_(False)
+    head = read_decoder(d / BYTES_FILE, rec, where=where, fix=fix)
     reader = SiteBytes(handle, model, tokenizer, head, mix=rec.get("mix", False))
     with torch.no_grad():
         reader.w.copy_(torch.tensor(rec["weights"], dtype=torch.float32))
