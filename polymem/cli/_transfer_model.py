@@ -180,13 +180,19 @@ def print_content(summary: dict[str, Any]) -> None:
                   f"{100 * c['mean']:+.1f} [{100 * min(c['lo']):+.1f}, {100 * max(c['hi']):+.1f}]",
                   f"{100 * float(np.mean(rec)):.0f} %" if rec else "-")
     console.print(t)
-    taught = [a for a in summary["transfer"]["arms"] if ARM_SPECS[a].teach]
+    taught = [a for a in summary["transfer"]["arms"] if ARM_SPECS[a].teach == "written"]
     if taught:
         t0 = summary["transfer"]["arms"][taught[0]]["teach"][0] or {}
         console.print(f"the donor's text ({', '.join(taught)}): {t0.get('new_tokens', 0):,} new tokens kept of "
                       f"{t0.get('written_tokens') or t0.get('new_tokens', 0):,} written from {t0.get('prompts', 0)} prompts, {t0.get('generate_s', 0):.0f} s to write "
                       f"({t0.get('total_s', 0):.0f} s with the donor's chunk likelihoods); {t0.get('chunks', 0):,} "
                       "byte-aligned chunks", highlight=False)
+    own = [a for a in summary["transfer"]["arms"] if ARM_SPECS[a].teach == "own"]
+    if own:
+        t0 = summary["transfer"]["arms"][own[0]]["teach"][0] or {}
+        console.print(f"the donor's predictions on the recipient's part ({', '.join(own)}): {t0.get('scored_tokens', 0):,} "
+                      f"donor tokens scored in {t0.get('total_s', 0):.0f} s; {t0.get('chunks', 0):,} byte-aligned "
+                      "chunks", highlight=False)
     s = summary["split"]
     console.print(f"documents: {len(s['indices']['donor'])} donor-read, {len(s['indices']['recipient'])} recipient's, "
                   f"{len(s['indices']['unseen'])} unseen (split seed {s['seed']}); content part: change on donor-read "

@@ -197,9 +197,9 @@ class ModelTransfer:
         taught = [a for a in run.arms if ARM_SPECS[a].teach]
         if content is None and taught:
             raise PolymemError(f"the {' and '.join(taught)} arm(s) learn from text the donor model writes with its "
-                               "table, which the content study prepares; add --content-split (with --donor-model) or "
-                               "drop them from --arms")
-        if content is not None and taught:
+                               "table, or from its predictions on the recipient's part, which the content study "
+                               "prepares; add --content-split (with --donor-model) or drop them from --arms")
+        if content is not None and any(ARM_SPECS[a].teach == "written" for a in taught):
             from polymem.recipes.teach import TeachConfig, check_teach_disk
 
             check_teach_disk(content.teach or TeachConfig(), run.out_dir)

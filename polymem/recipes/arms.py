@@ -23,6 +23,7 @@ from polymem.errors import PolymemError
 
 AuxLoss = Callable[[torch.Tensor, np.ndarray], torch.Tensor]  # (per-token nats [B, T], window starts [B]) -> loss
 ROWS = ("none", "random", "null", "donor", "empty")  # where an arm's table rows come from
+TEXTS = ("written", "own")  # what a taught arm reads: text the donor model writes, or the recipient's own part
 VALUE_INITS = ("zero", "orthogonal", "init")  # how its projection starts; "init": the run's --init
 
 
@@ -38,7 +39,9 @@ class Arm:
     value_init: str = "init"  # the site projection's start: "zero", "orthogonal" or "init" (the run's --init)
     default: bool = False  # in the default set of --arms (else run only when named)
     stitch: bool = False  # the donor's own site, frozen, replaces the fresh one behind a learned stitch
-    teach: bool = False  # learns from the text the donor model writes (the content study prepares it)
+    teach: str | None = None  # learns from a text with the donor model's targets on it (the content study prepares
+    # it): "written" (text the donor writes with its table) or "own" (the recipient's own part, which the donor
+    # with its table scores); None: the recipient's part, hard targets only
     aux: Callable[[Any], AuxLoss] | None = None  # experiment -> an extra term of each step's loss
     key: Callable[[Any], str] | None = None  # experiment -> what else determines its results (added to the key)
     reader: str | None = None  # the donor's byte decoder read beside the site (next bytes), its weights trained
@@ -51,6 +54,8 @@ class Arm:
             raise PolymemError(f"arm {self.name!r}: rows {self.rows!r} (accepted: {', '.join(ROWS)}), trains "
                                f"{self.trains!r} (projection, table or None), value_init {self.value_init!r} "
                                f"(accepted: {', '.join(VALUE_INITS)})")
+        if self.teach not in (None, *TEXTS):
+            raise PolymemError(f"arm {self.name!r}: teach {self.teach!r} (accepted: {', '.join(TEXTS)} or None)")
         if (self.rows == "none") != (self.trains is None):
             raise PolymemError(f"arm {self.name!r}: an arm without a table trains nothing, and every other one trains")
 
@@ -65,6 +70,12 @@ class Arm:
         return self.rows == "donor" and self.trains != "table"
 
 
+def taught(exp: Any, spec: Arm) -> Any:
+    """The text a taught arm reads, with the donor's chunk targets on it (polymem.recipes.teach.TeachData); None
+    when the experiment has not prepared it."""
+    return exp.teach if spec.teach == "written" else exp.teach_own
+
+
 def _teach_key(exp: Any) -> str:
     return "-" + exp.teach.digest
 
@@ -73,16 +84,29 @@ def _distill_key(exp: Any) -> str:
     return _teach_key(exp) + f"-w{exp.teach_cfg.distill_weight:g}"
 
 
-def _distill_loss(exp: Any) -> AuxLoss:
-    """The donor's chunk likelihoods matched across the tokenizers (:func:`polymem.recipes.teach.chunk_loss`)."""
+def _own_key(exp: Any) -> str:
+    return f"-own{exp.teach_own.digest}-w{exp.teach_cfg.distill_weight:g}"
+
+
+def _chunk_loss(data: Any, exp: Any) -> AuxLoss:
+    """The donor's chunk likelihoods on ``data`` matched across the tokenizers
+    (:func:`polymem.recipes.teach.chunk_loss`)."""
     from polymem.recipes.teach import chunk_loss
 
-    w, td, bos = exp.teach_cfg.distill_weight, exp.teach, exp.lm.bos_id
+    w, bos = exp.teach_cfg.distill_weight, exp.lm.bos_id
 
     def aux(nats: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
-        return w * chunk_loss(td, nats, starts, bos)
+        return w * chunk_loss(data, nats, starts, bos)
 
     return aux
+
+
+def _distill_loss(exp: Any) -> AuxLoss:
+    return _chunk_loss(exp.teach, exp)
+
+
+def _own_loss(exp: Any) -> AuxLoss:
+    return _chunk_loss(exp.teach_own, exp)
 
 
 def _next_bytes(exp: Any, arm: str, seed: int, **kw: Any) -> dict[str, Any]:
@@ -108,10 +132,17 @@ ARM_SPECS: dict[str, Arm] = {a.name: a for a in (
         rows="donor", trains="projection", value_init="zero", stitch=True),
     Arm(name="teach", method="the donor's table fine-tuned with a fresh site on text the donor model wrote with its "
                              "table (hard targets)",
-        rows="donor", trains="table", teach=True, key=_teach_key),
+        rows="donor", trains="table", teach="written", key=_teach_key),
     Arm(name="distill", method="as teach, plus matching the donor's likelihoods of byte-aligned chunks (approximate "
                                "likelihood matching across the tokenizers)",
-        rows="donor", trains="table", teach=True, key=_distill_key, aux=_distill_loss),
+        rows="donor", trains="table", teach="written", key=_distill_key, aux=_distill_loss),
+    Arm(name="distill_own", method="the donor's table frozen behind a fresh site trained on the recipient's part, on "
+                                   "hard targets and matching the donor model's (with its table and site) likelihoods "
+                                   "of byte-aligned chunks of the same text (distillation on the recipient's text)",
+        rows="donor", trains="projection", teach="own", key=_own_key, aux=_own_loss),
+    Arm(name="distill_own_mix", method="as distill_own, with the donor's byte decoder read beside the site as "
+                                       "donor_next_bytes_mix does",
+        rows="donor", trains="projection", teach="own", key=_own_key, aux=_own_loss, reader="mix"),
     Arm(name="next_bytes", method="the donor's table and its byte decoder (trained with the rows to predict the bytes "
                                   "after each n-gram) frozen; each recipient token scored by the decoded bytes of its "
                                   "spelling, added to the next-token logits with one learned weight per order",

@@ -319,13 +319,18 @@ def run_content_transfer(lm: Any, donor_lm: Any, data: ExperimentData, *, cfg: F
                            window=window)
     exp = Experiment(lm, str(asset), edata, cfg=cfg, donor_lm=donor_lm if site.init == "aligned" else None,
                      site=replace(site, donor_site=dsite))
-    if any(ARM_SPECS[a].teach for a in check_arms(arms)):
-        from polymem.recipes.teach import TeachConfig, load_donor_text, teach_data
+    texts = {ARM_SPECS[a].teach for a in check_arms(arms)} - {None}
+    if texts:
+        from polymem.recipes.teach import TeachConfig, load_donor_text, load_own_targets, teach_data
 
-        ev("phase", what="the donor writes")
         exp.teach_cfg = content.teach or TeachConfig()
+    if "written" in texts:
+        ev("phase", what="the donor writes")
         exp.teach = teach_data(lm, load_donor_text(donor_lm, asset, dsite, t[exp.teach_cfg.prompts_from],
                                                    exp.teach_cfg, out))
+    if "own" in texts:
+        ev("phase", what="the donor scores the recipient's part")
+        exp.teach_own = teach_data(lm, load_own_targets(donor_lm, asset, dsite, t["recipient"], out))
     ev("phase", what="arms")
     transfer = run_transfer(exp, arms=arms, seeds=seeds, eval_at=eval_at, out_dir=out / "arms", on_event=ev)
     ev("phase", what="donor_own")

@@ -44,7 +44,7 @@ import torch
 
 from polymem.errors import PolymemError
 # the arms (one row each in polymem.recipes.arms) and the options an Experiment is made of, importable from here too
-from polymem.recipes.arms import ARM_SPECS, ARMS, EXTRA_ARMS, arm_spec, arm_table, check_arms
+from polymem.recipes.arms import ARM_SPECS, ARMS, EXTRA_ARMS, arm_spec, arm_table, check_arms, taught
 from polymem.recipes.frozen import FrozenTrainConfig
 from polymem.recipes.options import DONOR_INITS, ExperimentData, RecipientSite
 
@@ -124,6 +124,7 @@ class Experiment:
         self.eval_texts = sets
         self.alignment: dict[str, Any] | None = None
         self.teach: Any = None  # the donor's text and chunk targets (polymem.recipes.teach.TeachData), teach arms
+        self.teach_own: Any = None  # the recipient's part with the donor's chunk targets (TeachData), arms taught "own"
         self.teach_cfg: Any = None  # how it was written (polymem.recipes.teach.TeachConfig)
         if init == "aligned":
             self.alignment = self._align(donor_lm, donor_site)
@@ -189,9 +190,10 @@ class Experiment:
     def arm_key(self, arm: str, points: Sequence[int] = ()) -> str:
         """:meth:`key`, and for the arms that learn from the donor's text, that text too."""
         spec = arm_spec(arm)
-        if spec.teach and self.teach is None:
-            raise PolymemError(f"the {arm} arm learns from text the donor model writes, which only the content study "
-                               "has (--content-split with --donor-model); drop it from --arms or add --content-split")
+        if spec.teach and taught(self, spec) is None:
+            raise PolymemError(f"the {arm} arm learns from the donor model's predictions on text (the text it writes, or "
+                               "the recipient's part), which only the content study has (--content-split with "
+                               "--donor-model); drop it from --arms or add --content-split")
         return self.key(points) + (spec.key(self) if spec.key is not None else "")
 
     def asset_fingerprint(self) -> str:
@@ -329,7 +331,8 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
                     gate=exp.gate, init_seed=1000 + int(seed), value_init=vinit)
     if spec.stitch:
         _stitch(exp, handle, seed)
-    stream = exp.teach.stream if spec.teach else exp.data.train  # what the arm reads, and its loss's extra term
+    td = taught(exp, spec) if spec.teach else None
+    stream = td.stream if td is not None else exp.data.train  # what the arm reads, and its loss's extra term
     aux = spec.aux(exp) if spec.aux is not None else None
     curve_t: list[int] = [0]
     curve: list[float] = []
@@ -372,8 +375,8 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
             out["next_bytes"] = {**reader.record(), "reader_s": reader.seconds}
         if spec.frozen_donor and not torch.equal(handle.table.weight.detach().cpu(), exp.donor_tab):
             raise RuntimeError("the frozen donor table changed during training (a bug; please report)")
-        if spec.teach:
-            out["teach"] = {"chunks": exp.teach.chunks, "stream_tokens": int(exp.teach.stream.size), **exp.teach.cost}
+        if td is not None:
+            out["teach"] = {"chunks": td.chunks, "stream_tokens": int(td.stream.size), **td.cost}
         if spec.fine_tunes_donor:
             w = handle.table.weight.detach().cpu()
             out["table_drift"] = {"rows_changed": int(((w - exp.donor_tab).abs().sum(1) > 0).sum()),

@@ -156,14 +156,7 @@ def donor_text(donor_lm: Any, asset: str | Path, site: str | Path, prompts: Sequ
         g = generate(donor_lm, prompts, Decoding(max_new_tokens=cfg.new_tokens, temperature=cfg.temperature,
                                                   top_p=cfg.top_p, seed=cfg.seed), batch=cfg.batch, handle=h)
         gen_s = time.perf_counter() - t0
-        docs = []
-        for r in g["results"]:
-            text = r.prompt + r.text
-            ids = [int(t) for t in donor_lm.tokenizer.encode(text)]
-            ends = _ends(donor_lm.tokenizer, ids, len(text.encode("utf-8")))
-            nats = donor_token_nats(donor_lm, ids, h) if ends is not None else None
-            docs.append({"text": text, "donor_ends": None if ends is None else [int(e) for e in ends],
-                         "donor_nats": None if nats is None else [float(v) for v in nats]})
+        docs = _scored(donor_lm, [r.prompt + r.text for r in g["results"]], h)
     finally:
         h.detach()
     written = [len(r.new_ids) for r in g["results"]]
@@ -187,23 +180,77 @@ def donor_text(donor_lm: Any, asset: str | Path, site: str | Path, prompts: Sequ
             "tokens_per_s": g["tokens_per_s"]}
 
 
+OWN_PIECE = 1024  # donor tokens scored in one pass over a recipient document (a longer one is cut into pieces)
+
+
+def _scored(donor_lm: Any, texts: Sequence[str], handle: Any) -> list[dict[str, Any]]:
+    """Each text with its donor tokens' byte ends and nats (with the donor's table, through ``handle``); None for
+    both where the donor's tokens do not spell the text's bytes. A text of more than :data:`OWN_PIECE` tokens is
+    scored in pieces, each from the model's start, the first token of each later piece left unscored (NaN), so
+    that no chunk target spans a cut."""
+    docs = []
+    for text in texts:
+        ids = [int(t) for t in donor_lm.tokenizer.encode(text)]
+        ends = _ends(donor_lm.tokenizer, ids, len(text.encode("utf-8")))
+        nats = None
+        if ends is not None:
+            parts = [donor_token_nats(donor_lm, ids[i:i + OWN_PIECE], handle) for i in range(0, len(ids), OWN_PIECE)]
+            for p in parts[1:]:
+                p[0] = np.nan
+            nats = np.concatenate(parts) if parts else np.zeros(0)
+        docs.append({"text": text, "donor_ends": None if ends is None else [int(e) for e in ends],
+                     "donor_nats": None if nats is None else [float(v) for v in nats]})
+    return docs
+
+
+def _key(donor_lm: Any, asset: str | Path, site: str | Path, **more: Any) -> str:
+    """What the donor's text or targets depend on: the donor model, its table and site, and ``more``."""
+    from polymem.torch.tablefile import open_table
+    from polymem.torch.tables import table_fingerprint
+
+    a = open_table(asset)
+    tab = torch.from_numpy(np.ascontiguousarray(a.to_numpy(), dtype=np.float32))
+    return hashlib.sha256(json.dumps({
+        "model": donor_lm.name, "asset": table_fingerprint(tab, a.spec, a.layout),
+        "site": hashlib.sha256((Path(site) / "site.json").read_bytes()).hexdigest(), **more},
+        sort_keys=True).encode()).hexdigest()[:24]
+
+
+def load_own_targets(donor_lm: Any, asset: str | Path, site: str | Path, recipient_texts: Sequence[str],
+                     out_dir: str | Path) -> dict[str, Any]:
+    """The donor model, with its table and site, scores the recipient's own documents (distillation on the
+    recipient's text: the ``distill_own`` arms): each document's donor tokens, byte ends and nats, in the shape
+    :func:`teach_data` reads. Kept in ``out_dir/own-targets.json`` with a key of the donor and the texts; a re-run
+    with the same key reads it back."""
+    from polymem._io import atomic_write_json
+    from polymem.torch.attach import load_attached
+
+    key = _key(donor_lm, asset, site, texts=hashlib.sha256("\x00".join(recipient_texts).encode()).hexdigest(),
+               piece=OWN_PIECE)
+    f = Path(out_dir) / "own-targets.json"
+    got = read_keyed(f, key, what="the donor's predictions on the recipient's part")
+    if got is not None:
+        return got
+    h = load_attached(donor_lm.model, site, asset, tokenizer=donor_lm.tokenizer)
+    t0 = time.perf_counter()
+    try:
+        docs = _scored(donor_lm, list(recipient_texts), h)
+    finally:
+        h.detach()
+    out = {"key": key, "docs": docs, "scored_tokens": sum(len(d["donor_ends"] or ()) for d in docs),
+           "total_s": time.perf_counter() - t0}
+    atomic_write_json(f, out, indent=1)
+    return out
+
+
 def load_donor_text(donor_lm: Any, asset: str | Path, site: str | Path, recipient_texts: Sequence[str],
                     cfg: TeachConfig, out_dir: str | Path) -> dict[str, Any]:
     """:func:`donor_text` kept in ``out_dir/teach.json`` with a key of the donor, its site, the prompts and ``cfg``;
     a re-run with the same key reads it back."""
     from polymem._io import atomic_write_json
 
-    from polymem.torch.tablefile import open_table
-    from polymem.torch.tables import table_fingerprint
-
     prompts = teach_prompts(recipient_texts, cfg, donor_lm.tokenizer)
-    a = open_table(asset)
-    tab = torch.from_numpy(np.ascontiguousarray(a.to_numpy(), dtype=np.float32))
-    key = hashlib.sha256(json.dumps({
-        "model": donor_lm.name, "asset": table_fingerprint(tab, a.spec, a.layout),
-        "site": hashlib.sha256((Path(site) / "site.json").read_bytes()).hexdigest(),
-        "prompts": hashlib.sha256("\x00".join(prompts).encode()).hexdigest(), "cfg": asdict(cfg)},
-        sort_keys=True).encode()).hexdigest()[:24]
+    key = _key(donor_lm, asset, site, prompts=hashlib.sha256("\x00".join(prompts).encode()).hexdigest(), cfg=asdict(cfg))
     f = Path(out_dir) / "teach.json"
     got = read_keyed(f, key, what="the donor's text")
     if got is not None:
@@ -267,7 +314,7 @@ def teach_data(lm: Any, got: dict[str, Any]) -> TeachData:
                      digest=hashlib.sha256(stream.tobytes() + np.nan_to_num(teacher, nan=1.0).tobytes()).hexdigest()[:24],
                      chunks=int(np.isfinite(teacher).sum()),
                      cost={k: got.get(k) for k in ("new_tokens", "written_tokens", "prompts", "generate_s", "total_s",
-                                                    "tokens_per_s")})
+                                                    "tokens_per_s", "scored_tokens") if k in got})
 
 
 def chunk_loss(data: TeachData, nats: torch.Tensor, starts: np.ndarray, bos: int | None) -> torch.Tensor:

@@ -111,7 +111,8 @@ def test_the_arm_registry_is_the_arms_order_and_properties() -> None:
     from polymem.hash.spec import HashSpec
 
     assert ARMS == ("none", "random", "null", "donor", "donor_finetune", "in_place")
-    assert EXTRA_ARMS == ("stitch", "teach", "distill", "next_bytes", "donor_next_bytes", "donor_next_bytes_mix",
+    assert EXTRA_ARMS == ("stitch", "teach", "distill", "distill_own", "distill_own_mix", "next_bytes",
+                          "donor_next_bytes", "donor_next_bytes_mix",
                           "next_bytes_fit", "next_bytes_conf", "next_bytes_mix")
     assert set(METHODS) == set(ARM_SPECS)
     assert check_arms(["distill", "none"]) == ["none", "distill"]
@@ -129,6 +130,8 @@ def test_the_arm_registry_is_the_arms_order_and_properties() -> None:
         Arm(name="new", method="m", rows="copied", trains="table")
     with pytest.raises(PolymemError, match="trains nothing"):
         Arm(name="new", method="m", rows="none", trains="table")
+    with pytest.raises(PolymemError, match=r"teach 'both' \(accepted: written, own or None\)"):
+        Arm(name="new", method="m", rows="donor", trains="projection", teach="both")
 
 
 def test_the_content_study_refuses_data_options_it_does_not_read(tmp_path: Path) -> None:

@@ -128,6 +128,52 @@ def test_teach_and_distill_arms_in_the_content_study(lms, docs, tmp_path):
         TeachConfig(prompts_from="both")
 
 
+def test_distillation_on_the_recipients_own_text(lms, docs, tmp_path, monkeypatch):
+    from polymem.recipes import teach
+    from polymem.recipes.content import ContentOptions, ContentSplit, content_parts, run_content_transfer
+    from polymem.recipes.frozen import FrozenTrainConfig
+    from polymem.recipes.teach import TeachConfig, donor_token_nats
+
+    split = ContentSplit.parse("0.3,0.4,0.3", seed=1)
+    cfg = FrozenTrainConfig(steps=3, batch_size=2, block_size=16, table_lr=0.1, site_lr=3e-3)
+
+    def run(weight: float) -> dict:
+        opts = ContentOptions(split=split, donor_cfg=_donor_cfg(), resamples=100, teach=TeachConfig(distill_weight=weight))
+        run_content_transfer(lms["gemma3"], lms["llama"], data=ExperimentData(texts=docs, eval_tokens=256, window=64),
+                             cfg=cfg, content=opts, arms=["none", "donor", "distill_own"], seeds=[0], eval_at=[],
+                             out_dir=tmp_path / "run")
+        return {a: json.loads((tmp_path / "run" / "arms" / f"{a}-seed0.json").read_text()) for a in ("donor", "distill_own")}
+
+    # with the chunk term weighted 0 the arm is the donor arm: the same stream (the recipient's part), order and start
+    off = run(0.0)
+    assert off["distill_own"]["bpb"] == off["donor"]["bpb"]
+    got = json.loads((tmp_path / "run" / "own-targets.json").read_text())
+    mine = content_parts(docs, split)["texts"]["recipient"]
+    assert [d["text"] for d in got["docs"]] == mine and got["scored_tokens"] > 0
+    t = off["distill_own"]["teach"]
+    assert t["chunks"] > 0 and t["scored_tokens"] == got["scored_tokens"] and "new_tokens" not in t
+    (tmp_path / "run" / "arms" / "distill_own-seed0.json").unlink()  # its key names the weight: a re-run refuses
+    on = run(1.0)  # the term on: the donor's predictions (computed once, read back) change what the site learns
+    assert on["distill_own"]["bpb"] != on["donor"]["bpb"] and on["donor"] == off["donor"]
+    assert json.loads((tmp_path / "run" / "own-targets.json").read_text()) == got
+    # the targets are the donor's nats with its table; a long document is scored in pieces, no chunk across a cut
+    from polymem.torch.attach import load_attached
+
+    donor = lms["llama"]
+    h = load_attached(donor.model, tmp_path / "run" / "donor.pmem.site", tmp_path / "run" / "donor.pmem",
+                      tokenizer=donor.tokenizer)
+    try:
+        ids = [int(i) for i in donor.tokenizer.encode(mine[0])]
+        assert np.allclose(got["docs"][0]["donor_nats"], donor_token_nats(donor, ids, h), atol=1e-4, equal_nan=True)
+        monkeypatch.setattr(teach, "OWN_PIECE", 5)
+        cut = np.asarray(teach._scored(donor, [mine[0]], h)[0]["donor_nats"])
+        assert len(ids) > 10 and np.isnan(cut[5]) and np.isnan(cut[10])
+        assert np.allclose(cut[:5], donor_token_nats(donor, ids[:5], h), atol=1e-4, equal_nan=True)
+        assert np.allclose(cut[6:10], donor_token_nats(donor, ids[5:10], h)[1:], atol=1e-4)
+    finally:
+        h.detach()
+
+
 def test_cli_teach_arms_need_the_content_study(tmp_path):
     common = ["transfer", "--model", str(tmp_path / "no-such-model"), "--corpus", str(tmp_path / "c.jsonl"),
               "--asset", "x.pmem", "--out-dir", str(tmp_path / "o")]
