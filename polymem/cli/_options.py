@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # members made from data are invisible to mypy: to it, each c
     Softmax = Choice
     NextBytes = Choice
     ByteReader = Choice
+    ByteHits = Choice
 else:
     AssetDtype = _choices("AssetDtype", ("float32", "float16", "bfloat16", "nf4", "fp8-e4m3-e8m0", "fp8-e4m3"))  # = polymem.asset.DTYPES
     LayoutKind = _choices("LayoutKind", LAYOUT_KINDS)
@@ -59,6 +60,7 @@ else:
     Precision = _choices("Precision", ("auto", "fp32", "bf16"))  # = polymem.torch.precision.PRECISIONS
     NextBytes = _choices("NextBytes", ("auto", "on", "off"))  # polymem attach's byte reader
     ByteReader = _choices("ByteReader", ("mix", "add"))  # how it joins the model's prediction
+    ByteHits = _choices("ByteHits", ("any", "all"))  # = polymem.torch.bytesite.HITS: which n-grams it reads
 
 _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9, "T": 10**12}
 

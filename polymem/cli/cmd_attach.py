@@ -13,7 +13,7 @@ from rich.console import Console
 from polymem.cli._display import escape
 from polymem.cli._needs import check_needs
 from polymem.cli._options import (BackbonePrecision, BlockSize, CorpusFiles, Device, DonorInit, Gate, JsonOut, ModelOpt,
-                                  NextBytes, ByteReader, Precision, SiteBatchSize, Softmax, Threads, apply_threads, local_path)
+                                  NextBytes, ByteHits, ByteReader, Precision, SiteBatchSize, Softmax, Threads, apply_threads, local_path)
 
 console = Console()
 
@@ -30,6 +30,7 @@ def attach_cmd(
     donor_site: Annotated[Optional[Path], typer.Option("--donor-site", parser=local_path("a site folder"), help="With --init aligned, and for --next-bytes: the table's own site (default: the asset's path + .site).")] = None,
     next_bytes: Annotated[NextBytes, typer.Option("--next-bytes", help="auto: when the donor's site holds a byte decoder (`polymem train --model ... --byte-head 8`), also read the donor's rows as the bytes that follow them, added to the next-token logits with one weight per order trained with the site (docs/real-models.md, `polymem attach`); on: require the decoder; off: the site alone.")] = NextBytes("auto"),
     next_bytes_reader: Annotated[ByteReader, typer.Option("--next-bytes-reader", help="How next bytes joins the model's prediction: mix (the decoded bytes' token probabilities interpolated with the model's, one weight per order; a wrong memory costs at most log(1 - the weights)) or add (their log-probability ratios added to the logits).")] = ByteReader("mix"),
+    next_bytes_hits: Annotated[ByteHits, typer.Option("--next-bytes-hits", help="Which n-grams next bytes reads: all (only those whose rows were written in every one of the table's heads, so a hash collision in one head reads nothing) or any (written in any head).")] = ByteHits("any"),
     layers: Annotated[Optional[str], typer.Option(help="Blocks that get the site (default: the donor's).")] = None,
     site_lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate of the site.")] = 3e-3,
     batch_size: SiteBatchSize = 4,
@@ -104,8 +105,10 @@ def attach_cmd(
     if head is not None:
         console.print(f"next bytes: on (the donor's byte decoder, {head.j} bytes after each n-gram of orders "
                       f"1..{head.orders}, {'mixed with' if next_bytes_reader.value == 'mix' else 'added to'} the model's "
-                      f"prediction, trains its {head.orders} order weights with the site; it costs 0.5–2.3 % on other "
-                      "topics in our measurements: --next-bytes off for the site alone)", highlight=False, soft_wrap=True)
+                      f"prediction, reading the n-grams written in {next_bytes_hits.value} of the table's heads, trains "
+                      f"its {head.orders} order weights with the site; it costs "
+                      f"{'0.3–2.0' if next_bytes_hits.value == 'all' else '0.5–2.3'} % on other topics in our "
+                      "measurements: --next-bytes off for the site alone)", highlight=False, soft_wrap=True)
     with progress_bar(console) as prog:
         task = prog.add_task("training the site", total=steps, info="")
 
@@ -113,7 +116,8 @@ def attach_cmd(
             prog.update(task, completed=i + 1, info=f"step loss {loss:.3f}")
 
         res: dict[str, Any] = train_recipient_site(exp, out, seed=seed, overwrite=overwrite, on_step=on_step,
-                                                   byte_head=head, mix=next_bytes_reader.value == "mix")
+                                                   byte_head=head, mix=next_bytes_reader.value == "mix",
+                                                   hits=next_bytes_hits.value)
     a, s0, s1 = res["heldout_bpb_alone"], res["heldout_bpb_start"], res["heldout_bpb"]
     sc = exp.scorers[res["scored_set"]]
     res["heldout_documents"], res["heldout_tokens"], res["heldout_bytes"] = len(sc.docs), sc.num_tokens, sc.num_bytes

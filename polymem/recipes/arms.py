@@ -46,6 +46,7 @@ class Arm:
     key: Callable[[Any], str] | None = None  # experiment -> what else determines its results (added to the key)
     reader: str | None = None  # the donor's byte decoder read beside the site (next bytes), its weights trained
     # with it: "add" (scores added to the logits) or "mix" (probabilities interpolated)
+    hits: str = "any"  # the reader reads an n-gram's rows when any of its K head rows was written, or "all"
     run: Callable[..., dict[str, Any]] | None = None  # an arm with a training of its own, not a site's:
     # run(exp, arm, seed, eval_at=..., on_event=...) -> its result (the next-bytes arms, polymem.recipes.nextbytes)
 
@@ -156,6 +157,10 @@ ARM_SPECS: dict[str, Arm] = {a.name: a for a in (
                                             "next_bytes_mix), trained with the site: what polymem attach does by "
                                             "default with a donor that ships a decoder",
         rows="donor", trains="projection", reader="mix"),
+    Arm(name="donor_next_bytes_mix_all", method="as donor_next_bytes_mix, the reader reading an n-gram only where "
+                                                "all its K head rows were written (no hash collision; polymem attach "
+                                                "--next-bytes-hits all)",
+        rows="donor", trains="projection", reader="mix", hits="all"),
     Arm(name="next_bytes_fit", method="as next_bytes, with the byte decoder fitted on the recipient's part instead of "
                                       "the donor's own",
         rows="donor", trains="projection", run=_next_bytes),

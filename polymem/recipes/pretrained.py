@@ -355,7 +355,8 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
             curve_docs.append(_docs(r))
             ev("eval", arm=arm, seed=seed, tokens=tokens, bpb=curve[-1])
 
-        reader = (_byte_reader(exp, handle, _donor_decoder(exp), cfg.softmax, mix=spec.reader == "mix")
+        reader = (_byte_reader(exp, handle, _donor_decoder(exp), cfg.softmax, mix=spec.reader == "mix",
+                               hits=spec.hits)
                   if spec.reader else None)
         res = train_site(exp.lm, handle, stream, cfg, eval_at=points, on_eval=on_eval, aux=aux,
                          on_step=lambda i, loss: ev("step", arm=arm, seed=seed, step=i, loss=loss),
@@ -389,13 +390,14 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
 
 def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, overwrite: bool = False,
                          on_step: Callable[[int, float], None] | None = None, byte_head: Any = None,
-                         mix: bool = True) -> dict[str, Any]:
+                         mix: bool = True, hits: str = "any") -> dict[str, Any]:
     """Train a site of ``exp``'s recipient over the frozen donor table (the ``donor`` arm, with ``exp``'s init and
     gate) and save it to ``out``: a site folder naming the donor asset, which ``polymem eval --site`` and
     :func:`polymem.torch.attach.load_attached` take. Returns held-out bits per byte (in-domain set) of the model
     alone, at step 0 and after training. ``byte_head``: the donor's byte decoder; its reader's order weights
     (:class:`polymem.torch.bytesite.SiteBytes`) train with the site on the same steps and are saved with it;
-    ``mix``: the reader interpolates its token probabilities with the model's (else it adds its scores)."""
+    ``mix``: the reader interpolates its token probabilities with the model's (else it adds its scores); ``hits``:
+    it reads an n-gram whose rows were written in "any" of the K heads, or only in "all" of them."""
     import shutil
 
     from polymem.recipes.frozen import train_site
@@ -419,7 +421,7 @@ def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, ove
     try:
         scale = _aligned_start(exp, handle, seed)["scale"] if vinit == "aligned" else None
         start = exp.score([ind])[ind] if vinit == "aligned" else alone
-        reader = _byte_reader(exp, handle, byte_head, cfg.softmax, mix=mix)
+        reader = _byte_reader(exp, handle, byte_head, cfg.softmax, mix=mix, hits=hits)
         res = train_site(exp.lm, handle, exp.data.train, cfg, on_step=on_step, extra=[reader.w] if reader else (),
                          extra_lr=W_LR if reader else None)
         nb = {**reader.record(), "reader_s": reader.seconds, "w_lr": W_LR} if reader else None
@@ -452,14 +454,14 @@ def _reader_lr() -> float:
     return W_LR
 
 
-def _byte_reader(exp: Experiment, handle: Any, head: Any, softmax: str, mix: bool = False) -> Any:
+def _byte_reader(exp: Experiment, handle: Any, head: Any, softmax: str, mix: bool = False, hits: str = "any") -> Any:
     """The donor decoder's reader on ``handle`` (its weights from 0), or None without a decoder."""
     if head is None:
         return None
     from polymem.torch.bytesite import SiteBytes
 
     cut = np.unique(exp.data.train) if softmax == "corpus" else None  # the ids train_site's cut output layer keeps
-    reader = SiteBytes(handle, exp.lm.model, exp.lm.tokenizer, head, cut_ids=cut, mix=mix)
+    reader = SiteBytes(handle, exp.lm.model, exp.lm.tokenizer, head, cut_ids=cut, mix=mix, hits=hits)
     reader.install()
     return reader
 

@@ -39,6 +39,7 @@ from polymem.errors import FormatError, PolymemError
 from polymem.torch.bytehead import BYTES_FILE, MAX_BYTES, ByteHead, read_decoder, token_byte_matrix
 
 MIX_CAP = 0.9  # mix=True: the orders' mixture weights together at most this
+HITS = ("any", "all")  # which rows a reader reads: written in any of their K heads, or in all (no hash collision)
 CHUNK = 256  # positions per block of the vocabulary scores when scoring (a [CHUNK, V] float block)
 RECORD = "next_bytes"  # the key of site.json that names the reader
 
@@ -47,8 +48,16 @@ class ByteBias:
     """Hooks on a recipient model that add the byte scores of the donor's rows to its next-token logits."""
 
     def __init__(self, lm: Any, head: ByteHead, table: torch.Tensor | None, layout: Any, cache: Any, max_n: int,
-                 cut_ids: np.ndarray | None = None, confidence: bool = False, mix: bool = False) -> None:
+                 cut_ids: np.ndarray | None = None, confidence: bool = False, mix: bool = False,
+                 hits: str = "any") -> None:
         from polymem.torch.hash import TorchTokenHashes
+
+        if hits not in HITS:
+            raise PolymemError(f"hits={hits!r} is unknown; accepted: {', '.join(HITS)} (all: read a row only where "
+                               "every head's row was written), e.g. --next-bytes-hits all")
+        # "all": an n-gram whose K head rows are not all written (a hash collision in some head, or an n-gram the
+        # donor never read) scores 0, as an unwritten row does
+        self.hits = hits
 
         self.lm, self.head, self.table, self.layout, self.N = lm, head, table, layout, int(max_n)
         self.tc = TorchTokenHashes.from_cache(cache) if cache is not None else None
@@ -87,14 +96,25 @@ class ByteBias:
         rows = self.tc.ngram_rows(ids.cpu(), self.layout, self.N)  # [B, T, N, K]
         e = self.table.index_select(0, rows.reshape(-1).clamp_min(0)) * (rows.reshape(-1, 1) >= 0)
         with torch.no_grad():
-            return self.head.log_ratio(e.view(*rows.shape, -1)), rows
+            return self._read(e.view(*rows.shape, -1)), rows
+
+    def _read(self, e: torch.Tensor) -> torch.Tensor:
+        """The decoder's log-ratios [B, T, N, J, 256] of the gathered rows ``e`` [B, T, N, K, r] (0 where the
+        reader's ``hits`` rule does not read the n-gram)."""
+        lr = self.head.log_ratio(e)
+        if self.hits == "all":
+            lr = lr * (e.abs().amax(-1) > 0).all(-1)[..., None, None].to(lr.dtype)
+        return lr
 
     def scores(self, d: torch.Tensor, bm: torch.Tensor) -> torch.Tensor:
         """d [P, J, 256] per-byte scores -> [P, V] each token's sum over its first J bytes."""
         d = torch.cat([d, d.new_zeros(*d.shape[:-1], 1)], dim=-1)  # [P, J, 257]
         s = d[:, 0, :].index_select(1, bm[:, 0])
         for j in range(1, bm.shape[1]):
-            s = s + d[:, j, :].index_select(1, bm[:, j])
+            if s.requires_grad:
+                s = s + d[:, j, :].index_select(1, bm[:, j])
+            else:
+                s.add_(d[:, j, :].index_select(1, bm[:, j]))  # in place: a [P, V] block less per byte
         return s  # [P, V]
 
     def add(self, logits: torch.Tensor) -> torch.Tensor:
@@ -131,22 +151,43 @@ class ByteBias:
         and p_n ∝ p · exp(s_n) the model's reweighted by order n's byte scores alone (an unwritten row: p_n = p),
         as log p + log1p(Σ_n λ_n (p_n / p − 1)). λ_n = w_n clamped to [0, MIX_CAP / N] in the forward, the
         gradient passing as if unclamped; at λ = 0 this is log p, the model alone. A wrong memory costs at most
-        log(1 − Σλ) nats, as in kNN-LM's interpolation."""
+        log(1 − Σλ) nats, as in kNN-LM's interpolation.
+
+        Only the (position, order) pairs whose row the table wrote (any of its K heads) are scored over the
+        vocabulary: an unwritten row scores every byte 0 (p_n = p, its term is 0); without gradients an order
+        whose λ_n is 0 is skipped too, and the vocabulary-sized blocks are updated in place."""
         B, T, N = lr.shape[:3]
         V, P = logits.shape[-1], B * T
         w = self.w.to(lr.device)
         lam = w + (w.clamp(0.0, MIX_CAP / N) - w).detach()  # [N]
         x = logits.float().reshape(P, V).to(lr.device)
         d = lr.reshape(P, N, self.head.j, 256)
-        step = P if torch.is_grad_enabled() and self.w.requires_grad else CHUNK
+        grad = torch.is_grad_enabled() and self.w.requires_grad
+        written = d.abs().flatten(2).amax(-1) > 0  # [P, N]
+        live = [n for n in range(N) if grad or float(lam[n]) != 0.0]
+        step = P if grad else CHUNK
         out = []
         for a in range(0, P, step):
             lp = torch.log_softmax(x[a:a + step], dim=-1)  # [p, V]
             acc = torch.zeros_like(lp)
-            for n in range(N):
-                s = self.scores(d[a:a + step, n], bm)  # [p, V]
-                acc = acc + lam[n] * (torch.exp(s - torch.logsumexp(lp + s, dim=-1, keepdim=True)) - 1.0)
-            out.append(lp + torch.log1p(acc))
+            for n in live:
+                at = written[a:a + step, n].nonzero().squeeze(1)  # the positions whose order-n row was written
+                if at.numel() == 0:
+                    continue
+                every = at.numel() == lp.shape[0]
+                lpn = lp if every else lp.index_select(0, at)
+                s = self.scores(d[a:a + step, n] if every else d[a:a + step, n].index_select(0, at), bm)  # [q, V]
+                lse = torch.logsumexp(lpn + s, dim=-1, keepdim=True)
+                if grad:  # p_n / p − 1, differentiable in the model's logits and in λ
+                    s = torch.exp(s - lse) - 1.0
+                    acc = acc + lam[n] * s if every else acc.index_add(0, at, lam[n] * s)
+                    continue
+                s = s.sub_(lse).exp_().sub_(1.0)  # the same in place, without gradients
+                if every:
+                    acc.add_(s, alpha=float(lam[n]))
+                else:
+                    acc.index_add_(0, at, s, alpha=float(lam[n]))
+            out.append(lp + torch.log1p(acc) if grad else acc.log1p_().add_(lp))
         return torch.cat(out).view(B, T, V).to(logits.device)
 
 
@@ -156,7 +197,7 @@ class SiteBytes(ByteBias):
     forward so far (what the cost line reports)."""
 
     def __init__(self, handle: Any, model: Any, tokenizer: Any, head: ByteHead, *,
-                 cut_ids: np.ndarray | None = None, mix: bool = False) -> None:
+                 cut_ids: np.ndarray | None = None, mix: bool = False, hits: str = "any") -> None:
         if handle.byte_reader is not None:
             raise PolymemError("the site already has a byte reader (handle.byte_reader); remove it first "
                                "(handle.byte_reader.remove())")
@@ -168,7 +209,7 @@ class SiteBytes(ByteBias):
         from polymem.tokenizers import load_tokenizer
 
         super().__init__(SimpleNamespace(model=model, tokenizer=load_tokenizer(tokenizer)), head, None, lay, None,
-                         handle.max_n, cut_ids, mix=mix)
+                         handle.max_n, cut_ids, mix=mix, hits=hits)
         self.handle, self.seconds = handle, 0.0
         handle.byte_reader = self
 
@@ -186,7 +227,7 @@ class SiteBytes(ByteBias):
         if next(self.head.parameters()).device != e.device:
             self.head.to(e.device)
         with torch.no_grad():
-            return self.head.log_ratio(e.detach()), rows
+            return self._read(e.detach()), rows
 
     def add(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.handle.enabled:
@@ -202,7 +243,7 @@ class SiteBytes(ByteBias):
     def record(self) -> dict[str, Any]:
         """What site.json says of the reader (the file's sha256 is added by :meth:`save`)."""
         return {**self.head.describe(), "file": BYTES_FILE, "weights": [float(x) for x in self.w.detach().cpu()],
-                "mix": bool(self.mix)}
+                "mix": bool(self.mix), "hits": self.hits}
 
     def save(self, site_dir: str | os.PathLike[str]) -> dict[str, Any]:
         """Write the decoder into ``site_dir`` (whole) and return the record site.json names it with."""
@@ -233,12 +274,14 @@ def read_next_bytes(handle: Any, model: Any, tokenizer: Any, site_dir: str | os.
           and whole(rec.get("heads"), 1, 1 << 16) and whole(rec.get("head_dim"), 1, 1 << 16)
           and rec.get("file") == BYTES_FILE and isinstance(rec.get("sha256"), str)
           and isinstance(rec.get("weights"), list) and len(rec["weights"]) == rec["orders"]
-          and all(num(x) for x in rec["weights"]) and isinstance(rec.get("mix", False), bool))
+          and all(num(x) for x in rec["weights"]) and isinstance(rec.get("mix", False), bool)
+          and rec.get("hits", "any") in HITS)
     if not ok:
         raise FormatError(f"{where}: its {RECORD!r} entry is not a byte reader's record (bytes 1..{MAX_BYTES}, orders, "
-                          f"heads, head_dim, file {BYTES_FILE!r}, sha256, one weight per order, mix true or false); {fix}")
+                          f"heads, head_dim, file {BYTES_FILE!r}, sha256, one weight per order, mix true or false, "
+                          f"hits {' or '.join(HITS)}); {fix}")
     head = read_decoder(d / BYTES_FILE, rec, where=where, fix=fix)
-    reader = SiteBytes(handle, model, tokenizer, head, mix=rec.get("mix", False))
+    reader = SiteBytes(handle, model, tokenizer, head, mix=rec.get("mix", False), hits=rec.get("hits", "any"))
     with torch.no_grad():
         reader.w.copy_(torch.tensor(rec["weights"], dtype=torch.float32))
     reader.w.requires_grad_(False)

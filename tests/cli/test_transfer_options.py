@@ -112,7 +112,7 @@ def test_the_arm_registry_is_the_arms_order_and_properties() -> None:
 
     assert ARMS == ("none", "random", "null", "donor", "donor_finetune", "in_place")
     assert EXTRA_ARMS == ("stitch", "teach", "distill", "distill_own", "distill_own_mix", "next_bytes",
-                          "donor_next_bytes", "donor_next_bytes_mix",
+                          "donor_next_bytes", "donor_next_bytes_mix", "donor_next_bytes_mix_all",
                           "next_bytes_fit", "next_bytes_conf", "next_bytes_mix")
     assert set(METHODS) == set(ARM_SPECS)
     assert check_arms(["distill", "none"]) == ["none", "distill"]

@@ -151,6 +151,87 @@ def test_byte_bias_is_zero_at_step_zero_and_sums_a_tokens_bytes(lms):
         mix.remove()
 
 
+def test_mixed_reader_scores_only_written_rows_and_equals_the_whole_formula(lms):
+    """The interpolated reader skips the (position, order) pairs whose row the table never wrote (and, without
+    gradients, orders mixed with weight 0); its output and its gradient are the whole formula's, at every
+    position, written or not."""
+    from polymem.hash.layout import Layout
+    from polymem.hash.spec import HashSpec
+    from polymem.hash.token_hashes import TokenHashes
+    from polymem.recipes.nextbytes import ByteBias
+    from polymem.torch.bytehead import ByteHead
+
+    lm = lms["gemma3"]
+    layout = Layout.for_params(4096 * 8, heads=4, slots=4, head_dim=8)
+    table = torch.randn(layout.num_rows, 8, generator=torch.Generator().manual_seed(1))
+    table[torch.randperm(layout.num_rows, generator=torch.Generator().manual_seed(2))[: layout.num_rows // 2]] = 0
+    head = ByteHead(2, 4, 8, 3, seed=0)
+    ids = torch.from_numpy(np.asarray(lm.tokenizer.encode("def f(x):\n    return x + y * 2  # a sum\n"),
+                                      dtype=np.int64))[None]
+    with torch.no_grad():
+        lp = torch.log_softmax(lm.model(input_ids=ids).logits.float(), dim=-1)[0]  # [T, V]
+    mix = ByteBias(lm, head, table, layout, TokenHashes.build(lm.tokenizer, HashSpec()), 2, mix=True).install()
+    try:
+        lr, _ = mix.log_ratio(ids)
+        written = lr[0].abs().flatten(2).amax(-1) > 0  # [T, N]
+        assert bool(written.any()) and not bool(written.all())  # both kinds of position are there
+
+        def whole(w: torch.Tensor) -> torch.Tensor:  # every position and order over the whole vocabulary
+            lam = w + (w.clamp(0.0, 0.45) - w).detach()
+            acc = torch.zeros_like(lp)
+            for n in range(2):
+                s = mix.scores(lr[0, :, n], mix.full)
+                acc = acc + lam[n] * (torch.softmax(lp + s, dim=-1) / lp.exp() - 1.0)
+            return lp + torch.log1p(acc)
+
+        scored = []
+        real = mix.scores
+        for w, rows in (([0.1, 0.3], int(written.sum())), ([-0.2, 0.3], int(written[:, 1].sum()))):
+            scored.clear()  # the second: order 1 mixed with weight 0 is not scored at all
+            mix.scores = lambda d, bm: scored.append(d.shape[0]) or real(d, bm)  # type: ignore[method-assign]
+            with torch.no_grad():
+                mix.w.copy_(torch.tensor(w))
+                got = lm.model(input_ids=ids).logits[0]
+            mix.scores = real  # type: ignore[method-assign]
+            assert sum(scored) == rows  # only the written rows went over the vocabulary
+            assert torch.allclose(got, whole(torch.tensor(w)), atol=1e-5)
+        t = ids.shape[1] - 2
+        mix.w.grad = None
+        lm.model(input_ids=ids).logits[0, t, int(ids[0, t + 1])].backward()
+        w = torch.tensor([-0.2, 0.3], requires_grad=True)
+        whole(w)[t, int(ids[0, t + 1])].backward()
+        assert torch.allclose(mix.w.grad, w.grad, atol=1e-5) and float(mix.w.grad[0]) != 0.0  # through the clamp
+    finally:
+        mix.remove()
+
+
+def test_reading_only_full_hits_zeroes_the_n_grams_a_head_missed(lms):
+    """hits="all": an n-gram whose K head rows are not all written scores 0 (as an unwritten one), the others as
+    with hits="any"; an unknown rule is one line naming the accepted ones."""
+    from polymem.hash.layout import Layout
+    from polymem.hash.spec import HashSpec
+    from polymem.hash.token_hashes import TokenHashes
+    from polymem.recipes.nextbytes import ByteBias
+    from polymem.torch.bytehead import ByteHead
+
+    lm = lms["gemma3"]
+    layout = Layout.for_params(4096 * 8, heads=4, slots=4, head_dim=8)
+    table = torch.randn(layout.num_rows, 8, generator=torch.Generator().manual_seed(3))
+    table[torch.randperm(layout.num_rows, generator=torch.Generator().manual_seed(4))[: layout.num_rows // 4]] = 0
+    head = ByteHead(2, 4, 8, 3, seed=0)
+    cache = TokenHashes.build(lm.tokenizer, HashSpec())
+    ids = torch.from_numpy(np.asarray(lm.tokenizer.encode("def f(x):\n    return x + y * 2  # a sum\n"),
+                                      dtype=np.int64))[None]
+    lr_any, rows = ByteBias(lm, head, table, layout, cache, 2).log_ratio(ids)
+    lr_all, _ = ByteBias(lm, head, table, layout, cache, 2, hits="all").log_ratio(ids)
+    every = ((rows >= 0) & (table.abs().amax(-1)[rows.clamp_min(0)] > 0)).all(-1)  # [1, T, N]
+    assert bool(every.any()) and not bool(every.all())
+    assert torch.equal(lr_all[every], lr_any[every]) and not bool(lr_all[~every].any())
+    assert bool(lr_any[~every].any())  # the n-grams one head missed: read by "any", not by "all"
+    with pytest.raises(PolymemError, match=r"hits='some' is unknown; accepted: any, all"):
+        ByteBias(lm, head, table, layout, cache, 2, hits="some")
+
+
 def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
     from polymem.recipes.content import ContentOptions, ContentSplit, run_content_transfer
     from polymem.recipes.frozen import FrozenTrainConfig

@@ -65,6 +65,19 @@ def test_attach_trains_and_saves_the_byte_reader(attached):
     assert hashlib.sha256((site / "bytes.safetensors").read_bytes()).hexdigest() == rec["sha256"]
 
 
+def test_attach_next_bytes_hits_all_is_saved_and_said(ckpts, corpus_file, donor, tmp_path):
+    site = tmp_path / "all.site"
+    r = CliRunner().invoke(app, ["attach", "--model", str(ckpts["gemma3"]), "--asset", str(donor), "--corpus",
+                                 str(corpus_file), *SMALL, "--init", "zero", "--eval-tokens", "200", "--out", str(site),
+                                 "--next-bytes-hits", "all", "--precision", "fp32"])
+    assert r.exit_code == 0, r.output
+    assert "reading the n-grams written in all of the table's heads" in " ".join(r.output.split())
+    assert json.loads((site / "site.json").read_text())["next_bytes"]["hits"] == "all"
+    r = CliRunner().invoke(app, ["attach", "--model", str(ckpts["gemma3"]), "--asset", str(donor), "--corpus",
+                                 str(corpus_file), "--out", str(tmp_path / "x.site"), "--next-bytes-hits", "some"])
+    assert r.exit_code != 0 and "'some' is not one of 'any', 'all'" in r.output
+
+
 def test_eval_site_reads_the_byte_reader_and_table_off_is_the_model_alone(attached, ckpts, corpus_file, lms, texts,
                                                                           tmp_path):
     from polymem.models.evaluate import evaluate
@@ -124,6 +137,15 @@ def test_trained_score_round_trips_through_the_site(donor, corpus_file, lms, tmp
     h = load_attached(lm.model, added, tokenizer=lm.tokenizer)
     try:
         assert not h.byte_reader.mix and exp.score([ind])[ind] == res_add["heldout_bpb"]
+    finally:
+        h.detach()
+    full = tmp_path / "all.site"  # reading only the n-grams written in every head: saved as such, read back so
+    res_all = train_recipient_site(exp, full, byte_head=load_byte_head(f"{donor}.site"), hits="all")
+    assert json.loads((full / "site.json").read_text())["next_bytes"]["hits"] == "all"
+    assert json.loads((site / "site.json").read_text())["next_bytes"]["hits"] == "any"
+    h = load_attached(lm.model, full, tokenizer=lm.tokenizer)
+    try:
+        assert h.byte_reader.hits == "all" and exp.score([ind])[ind] == res_all["heldout_bpb"]
     finally:
         h.detach()
     for folder in (site, bundle):
@@ -225,10 +247,10 @@ def test_next_bytes_refusals_and_off(attached, ckpts, corpus_file, donor, lms, t
     assert not lm.model._forward_hooks and not lm.model._forward_pre_hooks
     # a damaged record in site.json: one line naming the entry
     h = json.loads((bad / "site.json").read_text())
-    h["next_bytes"]["weights"] = h["next_bytes"]["weights"][:-1]
-    (bad / "site.json").write_text(json.dumps(h))
-    with pytest.raises(FormatError, match=r"site.json: its 'next_bytes' entry is not a byte reader's record"):
-        load_attached(lm.model, bad, tokenizer=lm.tokenizer)
+    for field, value in (("weights", h["next_bytes"]["weights"][:-1]), ("hits", "some")):
+        (bad / "site.json").write_text(json.dumps({**h, "next_bytes": {**h["next_bytes"], field: value}}))
+        with pytest.raises(FormatError, match=r"site.json: its 'next_bytes' entry is not a byte reader's record"):
+            load_attached(lm.model, bad, tokenizer=lm.tokenizer)
     # --next-bytes off: the site alone, as attach writes it for a donor without a decoder
     off = tmp_path / "off.site"
     r = runner.invoke(app, ["attach", "--model", str(ckpts["gemma3"]), "--asset", str(donor), "--corpus",
