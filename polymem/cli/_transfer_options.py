@@ -199,6 +199,11 @@ class ModelTransfer:
             raise PolymemError(f"the {' and '.join(taught)} arm(s) learn from text the donor model writes with its "
                                "table, or from its predictions on the recipient's part, which the content study "
                                "prepares; add --content-split (with --donor-model) or drop them from --arms")
+        polished = [a for a in run.arms if ARM_SPECS[a].decoder == "polished"]
+        if content is None and polished:
+            raise PolymemError(f"the {' and '.join(polished)} arm reads the donor's byte decoder trained on over the "
+                               "donor's own documents, which the content study has; add --content-split (with "
+                               "--donor-model and --donor-byte-head) or drop it from --arms")
         if content is not None and any(ARM_SPECS[a].teach == "written" for a in taught):
             from polymem.recipes.teach import TeachConfig, check_teach_disk
 

@@ -69,6 +69,7 @@ def train(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out.")] = False,
     json_out: JsonOut = None,
     byte_head: Annotated[int, typer.Option("--byte-head", min=0, help="With --model: train a byte decoder with the rows, predicting this many bytes (1..16) after each n-gram, saved beside the site for a recipient's next_bytes arm (docs/real-models.md#carrying-content); 0: none. Such a run writes no checkpoints.")] = 0,
+    byte_polish_steps: Annotated[int, typer.Option("--byte-polish-steps", min=0, help="With --byte-head: after the table, train the byte decoder alone this many more steps over the training text (rows frozen, no model forward; 512 positions a step), so that it reads what the rows hold; 0: none.")] = 1000,
 ) -> None:
     """Train a memory table and write it as an asset with provenance: with a small causal LM trained from
     scratch (--tokenizer), or on a pretrained model whose backbone stays frozen (--model)."""
@@ -84,6 +85,8 @@ def train(
     default_site = out.with_name(out.name + ".site") if model is not None and site is None else None
     check_outputs_not_inputs({"--out": out, "--site": site or default_site, "--json": json_out},
                              [("corpus", c) for c in corpus] + [("tokenizer", tokenizer), ("model", model)])
+    if not byte_head:
+        refuse_unused("without --byte-head", {"byte_polish_steps": (byte_polish_steps, 1000)})
     if byte_head:
         from polymem.torch.bytehead import check_bytes
 
@@ -120,9 +123,10 @@ def train(
                                  site_lr=site_lr, seed=seed, softmax=softmax.value)
         _train_model(model, corpus, out, site, fcfg, heldout_every=heldout_every, eval_tokens=eval_tokens, heldout=heldout,
                      checkpoint_every=checkpoint_every, precision=precision.value,
-                     overwrite=overwrite, json_out=json_out, device=device, byte_head=byte_head)
+                     overwrite=overwrite, json_out=json_out, device=device, byte_head=byte_head,
+                     byte_polish=byte_polish_steps)
         return
-    refuse_unused("without --model", {"byte_head": (byte_head, 0), "site": (site, None), "heldout": (heldout, None), "table_lr": (table_lr, 0.14), "site_lr": (site_lr, 1e-3),
+    refuse_unused("without --model", {"byte_head": (byte_head, 0), "byte_polish_steps": (byte_polish_steps, 1000), "site": (site, None), "heldout": (heldout, None), "table_lr": (table_lr, 0.14), "site_lr": (site_lr, 1e-3),
                                       "softmax": (softmax, "corpus"), "eval_tokens": (eval_tokens, 16384)})
     steps = steps or 620
     batch_size = batch_size or 8
@@ -213,7 +217,7 @@ def _layers(text: str) -> tuple[int, ...]:
 def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, cfg, *, heldout_every: int,
                  eval_tokens: int, overwrite: bool, json_out: Path | None, device: str = "auto",
                  checkpoint_every: int = 0, heldout: list[Path] | None = None, precision: str = "auto",
-                 byte_head: int = 0) -> None:
+                 byte_head: int = 0, byte_polish: int | None = None) -> None:
     from polymem.models import load_model
     from polymem.recipes.frozen import train_table
     from polymem.torch.device import resolve_device
@@ -252,7 +256,7 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
 
         summary = train_table(lm, corpus, out, cfg=cfg, site_dir=site, heldout_every=heldout_every,
                               eval_tokens=eval_tokens, overwrite=overwrite, on_step=on_step, checkpoint_every=checkpoint_every,
-                              heldout_texts=held_texts, byte_head=byte_head,
+                              heldout_texts=held_texts, byte_head=byte_head, byte_polish=byte_polish,
                               on_phase=lambda s: prog.update(task, description=escape(s)))
     t = Table(title=f"table {escape(summary['path'])} trained on {escape(summary['model'])} (site: "
                     f"{escape(summary['site'])})", show_header=False, title_justify="left")
@@ -268,6 +272,13 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
             (f"training loss, mean of the last {min(20, cfg.steps)} steps (JSON: final_loss)",
              f"{summary['final_loss']:.3f} nats/token"),
             ("training speed", f"{summary['tokens_per_s']:.0f} tokens/s"), ("time", f"{summary['elapsed_s']:.0f} s")]
+    bh = summary.get("byte_head")
+    if bh:
+        pol = bh.get("polish")
+        rows.append(("byte decoder", f"{bh['bytes']} bytes after each n-gram; byte loss {bh['byte_loss_last10']:.3f} nats "
+                     "(last 10 steps)" + (f", then {pol['steps']:,} steps alone: {pol['byte_loss_before']['own']:.3f} → "
+                                          f"{pol['byte_loss_after']['own']:.3f} on the training text ({pol['seconds']:.0f} s)"
+                                          if pol else "")))
     for k, v in rows:
         t.add_row(k, v)
     _checkpoint_rows(t, summary, cfg.steps)

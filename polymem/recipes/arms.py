@@ -47,6 +47,7 @@ class Arm:
     reader: str | None = None  # the donor's byte decoder read beside the site (next bytes), its weights trained
     # with it: "add" (scores added to the logits) or "mix" (probabilities interpolated)
     hits: str = "any"  # the reader reads an n-gram's rows when any of its K head rows was written, or "all"
+    decoder: str = "donor"  # the reader's decoder: the donor's, or "polished" (trained on over the donor's part)
     run: Callable[..., dict[str, Any]] | None = None  # an arm with a training of its own, not a site's:
     # run(exp, arm, seed, eval_at=..., on_event=...) -> its result (the next-bytes arms, polymem.recipes.nextbytes)
 
@@ -55,6 +56,8 @@ class Arm:
             raise PolymemError(f"arm {self.name!r}: rows {self.rows!r} (accepted: {', '.join(ROWS)}), trains "
                                f"{self.trains!r} (projection, table or None), value_init {self.value_init!r} "
                                f"(accepted: {', '.join(VALUE_INITS)})")
+        if self.decoder not in ("donor", "polished"):
+            raise PolymemError(f"arm {self.name!r}: decoder {self.decoder!r} (accepted: donor, polished)")
         if self.teach not in (None, *TEXTS):
             raise PolymemError(f"arm {self.name!r}: teach {self.teach!r} (accepted: {', '.join(TEXTS)} or None)")
         if (self.rows == "none") != (self.trains is None):
@@ -110,6 +113,12 @@ def _own_loss(exp: Any) -> AuxLoss:
     return _chunk_loss(exp.teach_own, exp)
 
 
+def _polish_key(exp: Any) -> str:
+    from polymem.torch.bytehead import FIT_BATCH, POLISH_LR, POLISH_STEPS
+
+    return f"-polish{POLISH_STEPS}x{FIT_BATCH}lr{POLISH_LR:g}"
+
+
 def _next_bytes(exp: Any, arm: str, seed: int, **kw: Any) -> dict[str, Any]:
     from polymem.recipes.nextbytes import run_next_bytes
 
@@ -161,6 +170,13 @@ ARM_SPECS: dict[str, Arm] = {a.name: a for a in (
                                                 "all its K head rows were written (no hash collision; polymem attach "
                                                 "--next-bytes-hits all)",
         rows="donor", trains="projection", reader="mix", hits="all"),
+    Arm(name="donor_next_bytes_mix_polished", method="as donor_next_bytes_mix, the donor's byte decoder trained on "
+                                                     "alone over the donor's own part first (rows frozen, no model "
+                                                     "forward; what a donor could ship)",
+        rows="donor", trains="projection", reader="mix", decoder="polished", key=_polish_key),
+    Arm(name="donor_next_bytes_mix_polished_all", method="as donor_next_bytes_mix_polished, the reader reading an "
+                                                         "n-gram only where all its K head rows were written",
+        rows="donor", trains="projection", reader="mix", decoder="polished", key=_polish_key, hits="all"),
     Arm(name="next_bytes_fit", method="as next_bytes, with the byte decoder fitted on the recipient's part instead of "
                                       "the donor's own",
         rows="donor", trains="projection", run=_next_bytes),

@@ -173,7 +173,8 @@ def prepare_donor(donor_lm: Any, parts: dict[str, Any], opts: ContentOptions, ou
         return out, site
     train_table(donor_lm, [], out, cfg=opts.donor_cfg, site_dir=site, texts=texts["donor"], heldout_every=0,
                 heldout_texts=texts["unseen"], eval_tokens=eval_tokens, window=window, overwrite=True,
-                on_step=on_step, on_phase=on_phase, byte_head=opts.byte_head, byte_weight=opts.byte_weight)
+                on_step=on_step, on_phase=on_phase, byte_head=opts.byte_head, byte_weight=opts.byte_weight,
+                byte_polish=0)  # the study's arms polish it themselves (donor_next_bytes_mix_polished), to compare
     return out, site
 
 
@@ -328,6 +329,15 @@ def run_content_transfer(lm: Any, donor_lm: Any, data: ExperimentData, *, cfg: F
         ev("phase", what="the donor writes")
         exp.teach = teach_data(lm, load_donor_text(donor_lm, asset, dsite, t[exp.teach_cfg.prompts_from],
                                                    exp.teach_cfg, out))
+    if any(ARM_SPECS[a].decoder == "polished" for a in check_arms(arms)):
+        from polymem.torch.bytehead import load_byte_head, polish_decoder
+
+        def stream(texts: Sequence[str]) -> np.ndarray:
+            return np.concatenate([np.asarray(donor_lm.tokenizer.encode(x), dtype=np.int64) for x in texts])
+
+        ev("phase", what="the donor trains its byte decoder on")
+        exp.polished = polish_decoder(load_byte_head(dsite, option="the polished arm"), exp.donor_tab, exp.spec,
+                                      exp.layout, donor_lm.tokenizer, stream(t["donor"]), check=stream(t["unseen"]))
     if "own" in texts:
         ev("phase", what="the donor scores the recipient's part")
         exp.teach_own = teach_data(lm, load_own_targets(donor_lm, asset, dsite, t["recipient"], out))

@@ -255,6 +255,7 @@ def train_table(
     window: int = 512, overwrite: bool = False, on_step: Callable[[int, float], None] | None = None,
     on_phase: Callable[[str], None] | None = None, texts: Sequence[str] | None = None, checkpoint_every: int = 0,
     heldout_texts: Sequence[str] | None = None, byte_head: int = 0, byte_weight: float = 1.0,
+    byte_polish: int | None = None,
 ) -> dict[str, Any]:
     """Train a fresh table with the frozen pretrained ``lm`` and write it to ``out`` (an asset with provenance:
     the model, its tokenizer's fingerprint, the corpus, the tokens seen, how much of it was read) and its site to
@@ -265,7 +266,9 @@ def train_table(
     and without them the run scores documents it trained on and says so (``scored_set``).
 
     ``byte_head=J``: a byte decoder trains with the rows (the bytes that follow each n-gram, loss times
-    ``byte_weight``, :class:`polymem.torch.bytehead.DonorBytes`) and is saved beside the site."""
+    ``byte_weight``, :class:`polymem.torch.bytehead.DonorBytes`) and is saved beside the site, after
+    ``byte_polish`` more steps of the decoder alone over the training stream (rows frozen, no model forward;
+    :func:`polymem.torch.bytehead.polish_decoder`; None: its default, 0: none)."""
     from polymem.models.evaluate import Scorer
     from polymem.torch.attach import attach
     from polymem.torch.tablefile import save_table
@@ -351,8 +354,18 @@ def train_table(
             "frozen_train_config": asdict(cfg),
             "memory_config": {"layers": list(cfg.layers), "max_n": cfg.max_n, "gate": cfg.gate},
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **({"byte_head": bh.record()} if bh is not None else {}),
         }
+        if bh is not None:
+            from polymem.torch.bytehead import POLISH_STEPS, polish_decoder
+
+            head, brec = bh.head, bh.record()
+            steps = POLISH_STEPS if byte_polish is None else int(byte_polish)
+            if steps > 0:
+                say("training the byte decoder on (rows frozen)")
+                head, polish = polish_decoder(head, torch.from_numpy(np.ascontiguousarray(table, dtype=np.float32)),
+                                              handle.table.spec, layout, lm.tokenizer, data.train, steps=steps)
+                brec["polish"] = polish
+            prov["byte_head"] = brec
         say("writing asset")
         if distributed:  # each process writes the shards of its own rows; process 0 the site
             handle.table.write_asset(out, provenance=prov, overwrite=overwrite, row_counts=res.get("row_counts"))
@@ -365,7 +378,7 @@ def train_table(
         if bh is not None:
             from polymem.torch.bytehead import save_byte_head
 
-            save_byte_head(bh.head, site_dir, record=bh.record())
+            save_byte_head(head, site_dir, record=brec)
         if checkpoint_every > 0:  # the asset is whole: the run is done
             from polymem.recipes.checkpoint import remove_checkpoint
 
@@ -382,7 +395,7 @@ def train_table(
             "heldout_bytes": after["bytes"], "heldout_tokens": after["tokens"], "heldout_documents": len(held),
             "final_loss": prov["loss"], "tokens_per_s": res["tokens_per_s"],
             "train_s": res["train_s"], "elapsed_s": time.perf_counter() - t0, "resumed_at_step": res["resumed_at"],
-            "checkpoints": res["checkpoints"]}
+            "checkpoints": res["checkpoints"], **({"byte_head": prov["byte_head"]} if "byte_head" in prov else {})}
 
 
 

@@ -44,13 +44,12 @@ import numpy as np
 import torch
 
 from polymem.errors import PolymemError
-from polymem.torch.bytehead import ByteHead, byte_loss, next_byte_targets
+from polymem.torch.bytehead import FIT_BATCH, ByteHead, fit_decoder, next_byte_targets, rows_and_targets
 from polymem.torch.bytesite import ByteBias
 
 NEXT_BYTES_ARMS = ("next_bytes", "next_bytes_fit", "next_bytes_conf", "next_bytes_mix")
 W_LR = 0.05  # AdamW on the N order weights w_n
 FIT_STEPS = 200  # next_bytes_fit: steps of the decoder's fit on the recipient's part
-FIT_BATCH = 512  # positions per fit step
 FIT_LR = 3e-3
 
 
@@ -61,30 +60,11 @@ def _docs(r: dict[str, Any]) -> dict[str, Any]:
 def fit_head(exp: Any, seed: int) -> tuple[ByteHead, dict[str, Any]]:
     """A byte decoder fitted on the recipient's part: its n-gram rows (the donor's table, frozen) -> the bytes
     that follow in its text (``next_bytes_fit``)."""
-    from polymem.torch.hash import TorchTokenHashes
-
-    t0 = time.perf_counter()
-    stream = exp.data.train
     lay, N, J = exp.layout, exp.max_n, 8
-    rows = TorchTokenHashes.from_cache(exp.cache).ngram_rows(torch.from_numpy(stream)[None], lay, N)[0]  # [S, N, K]
-    y = torch.from_numpy(next_byte_targets(stream, exp.lm.tokenizer.all_token_bytes(), J).astype(np.int64))
-    y = torch.cat([y[1:], torch.full((1, J), -1)])  # [S, J]: the bytes after the n-gram ending at s
+    rows, y = rows_and_targets(exp.data.train, exp.lm.tokenizer, exp.cache, lay, N, J)
     head = ByteHead(N, lay.heads, lay.head_dim, J, seed=2000 + int(seed))
-    opt = torch.optim.AdamW(head.parameters(), lr=FIT_LR, betas=(0.9, 0.95), weight_decay=0.0)
-    g = np.random.default_rng(2000 + int(seed))
-    losses = []
-    for _ in range(FIT_STEPS):
-        i = torch.from_numpy(g.integers(0, stream.size, size=FIT_BATCH))
-        r = rows[i]  # [P, N, K]
-        e = exp.donor_tab.index_select(0, r.reshape(-1).clamp_min(0)) * (r.reshape(-1, 1) >= 0)
-        loss, _ = byte_loss(head(e.view(1, *r.shape, -1)), y[i][None], (r[..., 0] >= 0)[None])
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
-    head.requires_grad_(False)
-    return head, {"steps": FIT_STEPS, "batch": FIT_BATCH, "lr": FIT_LR, "loss_first": losses[0],
-                  "loss_last10": float(np.mean(losses[-10:])), "seconds": time.perf_counter() - t0}
+    return head, fit_decoder(head, exp.donor_tab, rows, y, steps=FIT_STEPS, batch=FIT_BATCH, lr=FIT_LR,
+                             seed=2000 + int(seed))
 
 
 def diagnose(exp: Any, bias: ByteBias, sets: Sequence[str] = ("read", "unseen")) -> dict[str, Any]:

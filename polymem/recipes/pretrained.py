@@ -125,6 +125,7 @@ class Experiment:
         self.alignment: dict[str, Any] | None = None
         self.teach: Any = None  # the donor's text and chunk targets (polymem.recipes.teach.TeachData), teach arms
         self.teach_own: Any = None  # the recipient's part with the donor's chunk targets (TeachData), arms taught "own"
+        self.polished: Any = None  # (the donor's decoder trained on over its own part, its record): "polished" arms
         self.teach_cfg: Any = None  # how it was written (polymem.recipes.teach.TeachConfig)
         if init == "aligned":
             self.alignment = self._align(donor_lm, donor_site)
@@ -190,6 +191,10 @@ class Experiment:
     def arm_key(self, arm: str, points: Sequence[int] = ()) -> str:
         """:meth:`key`, and for the arms that learn from the donor's text, that text too."""
         spec = arm_spec(arm)
+        if spec.decoder == "polished" and self.polished is None:
+            raise PolymemError(f"the {arm} arm reads the donor's decoder trained on over the donor's own documents, "
+                               "which only the content study has (--content-split with --donor-byte-head); drop it "
+                               "from --arms or add --content-split")
         if spec.teach and taught(self, spec) is None:
             raise PolymemError(f"the {arm} arm learns from the donor model's predictions on text (the text it writes, or "
                                "the recipient's part), which only the content study has (--content-split with "
@@ -355,7 +360,8 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
             curve_docs.append(_docs(r))
             ev("eval", arm=arm, seed=seed, tokens=tokens, bpb=curve[-1])
 
-        reader = (_byte_reader(exp, handle, _donor_decoder(exp), cfg.softmax, mix=spec.reader == "mix",
+        head = exp.polished[0] if spec.decoder == "polished" else _donor_decoder(exp) if spec.reader else None
+        reader = (_byte_reader(exp, handle, head, cfg.softmax, mix=spec.reader == "mix",
                                hits=spec.hits)
                   if spec.reader else None)
         res = train_site(exp.lm, handle, stream, cfg, eval_at=points, on_eval=on_eval, aux=aux,
@@ -373,7 +379,8 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
         if start is not None:
             out["aligned_start"] = start
         if reader is not None:
-            out["next_bytes"] = {**reader.record(), "reader_s": reader.seconds}
+            out["next_bytes"] = {**reader.record(), "reader_s": reader.seconds,
+                                 **({"polish": exp.polished[1]} if spec.decoder == "polished" else {})}
         if spec.frozen_donor and not torch.equal(handle.table.weight.detach().cpu(), exp.donor_tab):
             raise RuntimeError("the frozen donor table changed during training (a bug; please report)")
         if td is not None:
@@ -390,7 +397,7 @@ def run_arm(exp: Experiment, arm: str, seed: int, *, eval_at: Sequence[int],
 
 def train_recipient_site(exp: Experiment, out: str | Path, *, seed: int = 0, overwrite: bool = False,
                          on_step: Callable[[int, float], None] | None = None, byte_head: Any = None,
-                         mix: bool = True, hits: str = "any") -> dict[str, Any]:
+                         mix: bool = True, hits: str = "all") -> dict[str, Any]:
     """Train a site of ``exp``'s recipient over the frozen donor table (the ``donor`` arm, with ``exp``'s init and
     gate) and save it to ``out``: a site folder naming the donor asset, which ``polymem eval --site`` and
     :func:`polymem.torch.attach.load_attached` take. Returns held-out bits per byte (in-domain set) of the model

@@ -229,3 +229,79 @@ def read_decoder(f: Path, rec: dict[str, Any], *, where: str, fix: str) -> ByteH
                           f"{str(e).splitlines()[0][:120] if str(e) else ''}); {fix}") from None
     head.requires_grad_(False)
     return head
+
+
+POLISH_STEPS = 1000  # steps a donor's decoder trains on alone after the table (rows frozen; polish_decoder)
+FIT_BATCH = 512  # positions per step of fit_decoder
+POLISH_LR = 1e-3
+
+
+def rows_and_targets(stream: np.ndarray, tokenizer: Any, cache: Any, layout: Any, N: int, J: int,
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows [S, N, K] of the n-grams ending at each position of the token ``stream``, the J bytes after each
+    [S, J]; -1 where none)."""
+    from polymem.torch.hash import TorchTokenHashes
+
+    rows = TorchTokenHashes.from_cache(cache).ngram_rows(torch.from_numpy(stream)[None], layout, N)[0]
+    y = torch.from_numpy(next_byte_targets(stream, tokenizer.all_token_bytes(), J).astype(np.int64))
+    return rows, torch.cat([y[1:], torch.full((1, J), -1)])  # the bytes after the n-gram ending at s
+
+
+def _loss_on(head: ByteHead, table: torch.Tensor, rows: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    e = table.index_select(0, rows.reshape(-1).clamp_min(0)) * (rows.reshape(-1, 1) >= 0)
+    return byte_loss(head(e.view(1, *rows.shape, -1)), y[None], (rows[..., 0] >= 0)[None])[0]
+
+
+def fit_decoder(head: ByteHead, table: torch.Tensor, rows: torch.Tensor, y: torch.Tensor, *, steps: int,
+                batch: int = FIT_BATCH, lr: float, seed: int) -> dict[str, Any]:
+    """Train ``head`` (in place, then frozen) to predict the bytes ``y`` [S, J] after the rows ``rows`` [S, N, K]
+    of the frozen ``table``: AdamW on random batches of positions. Returns its losses and time."""
+    import time
+
+    t0 = time.perf_counter()
+    head.requires_grad_(True)
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    g = np.random.default_rng(int(seed))
+    losses = []
+    for _ in range(steps):
+        i = torch.from_numpy(g.integers(0, rows.shape[0], size=batch))
+        loss = _loss_on(head, table, rows[i], y[i])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    head.requires_grad_(False)
+    return {"steps": steps, "batch": batch, "lr": lr, "loss_first": losses[0] if losses else None,
+            "loss_last10": float(np.mean(losses[-10:])) if losses else None, "seconds": time.perf_counter() - t0}
+
+
+def polish_decoder(head: ByteHead, table: torch.Tensor, spec: Any, layout: Any, tokenizer: Any,
+                   stream: np.ndarray, *, check: np.ndarray | None = None,
+                   steps: int | None = None) -> tuple[ByteHead, dict[str, Any]]:
+    """The donor's decoder trained on alone over the donor's own token ``stream`` (its ``tokenizer``; the table
+    frozen, no model forward: rows -> bytes), ``steps`` (default :data:`POLISH_STEPS`) steps of :data:`FIT_BATCH`
+    positions, from the jointly
+    trained decoder ``head`` (a copy; ``head`` is kept). In the donor's run the decoder sees a few positions per
+    step of the model; the rows hold more than it learnt to read by then. ``check``: another stream whose byte
+    loss is reported before and after (a diagnostic; it does not train). Returns the polished copy and its
+    record (losses, the byte loss on ``stream`` and ``check`` before and after)."""
+    import copy
+
+    from polymem.hash.token_hashes import TokenHashes
+
+    cache = TokenHashes.build(tokenizer, spec)
+    own = rows_and_targets(np.asarray(stream, dtype=np.int64), tokenizer, cache, layout, head.orders, head.j)
+    other = (rows_and_targets(np.asarray(check, dtype=np.int64), tokenizer, cache, layout, head.orders, head.j)
+             if check is not None and len(check) else None)
+    new = copy.deepcopy(head)
+
+    def losses(h: ByteHead) -> dict[str, float]:
+        with torch.no_grad():
+            out = {"own": float(_loss_on(h, table, *own))}
+            if other is not None:
+                out["check"] = float(_loss_on(h, table, *other))
+        return out
+
+    before = losses(head)
+    rec = fit_decoder(new, table, *own, steps=POLISH_STEPS if steps is None else int(steps), lr=POLISH_LR, seed=3000)
+    return new, {**rec, "byte_loss_before": before, "byte_loss_after": losses(new), "positions": int(own[0].shape[0])}

@@ -113,6 +113,7 @@ def test_the_arm_registry_is_the_arms_order_and_properties() -> None:
     assert ARMS == ("none", "random", "null", "donor", "donor_finetune", "in_place")
     assert EXTRA_ARMS == ("stitch", "teach", "distill", "distill_own", "distill_own_mix", "next_bytes",
                           "donor_next_bytes", "donor_next_bytes_mix", "donor_next_bytes_mix_all",
+                          "donor_next_bytes_mix_polished", "donor_next_bytes_mix_polished_all",
                           "next_bytes_fit", "next_bytes_conf", "next_bytes_mix")
     assert set(METHODS) == set(ARM_SPECS)
     assert check_arms(["distill", "none"]) == ["none", "distill"]
@@ -130,6 +131,8 @@ def test_the_arm_registry_is_the_arms_order_and_properties() -> None:
         Arm(name="new", method="m", rows="copied", trains="table")
     with pytest.raises(PolymemError, match="trains nothing"):
         Arm(name="new", method="m", rows="none", trains="table")
+    with pytest.raises(PolymemError, match=r"decoder 'fitted' \(accepted: donor, polished\)"):
+        Arm(name="new", method="m", rows="donor", trains="projection", decoder="fitted")
     with pytest.raises(PolymemError, match=r"teach 'both' \(accepted: written, own or None\)"):
         Arm(name="new", method="m", rows="donor", trains="projection", teach="both")
 

@@ -232,7 +232,8 @@ def test_reading_only_full_hits_zeroes_the_n_grams_a_head_missed(lms):
         ByteBias(lm, head, table, layout, cache, 2, hits="some")
 
 
-def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
+def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path, monkeypatch):
+    from polymem.torch import bytehead
     from polymem.recipes.content import ContentOptions, ContentSplit, run_content_transfer
     from polymem.recipes.frozen import FrozenTrainConfig
     from polymem.recipes.options import ExperimentData
@@ -247,11 +248,13 @@ def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
         run_content_transfer(lms["gemma3"], lms["llama"], **kw, arms=["none", "next_bytes"],
                              content=ContentOptions(split=split, donor_cfg=_donor_cfg(), resamples=50),
                              out_dir=tmp_path / "plain")
+    monkeypatch.setattr(bytehead, "POLISH_STEPS", 40)
     donor_cfg = FrozenTrainConfig(**{**_donor_cfg().__dict__, "steps": 12})
     opts = ContentOptions(split=split, donor_cfg=donor_cfg, resamples=50, byte_head=4)
     res = run_content_transfer(lms["gemma3"], lms["llama"], **kw, content=opts, out_dir=tmp_path / "run",
                                arms=["none", "donor", "next_bytes", "next_bytes_fit", "next_bytes_conf",
-                                     "next_bytes_mix", "donor_next_bytes"])
+                                     "next_bytes_mix", "donor_next_bytes", "donor_next_bytes_mix",
+                                     "donor_next_bytes_mix_polished"])
     out = tmp_path / "run"
     rec = open_table(out / "donor.pmem").provenance["byte_head"]
     assert rec["bytes"] == 4 and rec["byte_loss_last10"] < rec["byte_loss_first"]  # the aux loss trains the decoder
@@ -267,6 +270,16 @@ def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path):
     donor = json.loads((out / "arms" / "donor-seed0.json").read_text())
     assert both["curve_bpb"][0] == none["bpb"]["read"] and any(w != 0 for w in both["next_bytes"]["weights"])
     assert both["bpb"] != donor["bpb"]  # the reader changed what the same site, seed and data give
+    # the polished decoder: trained on over the donor's part (its byte loss there falls), the donor's file kept
+    pol = json.loads((out / "arms" / "donor_next_bytes_mix_polished-seed0.json").read_text())
+    mix = json.loads((out / "arms" / "donor_next_bytes_mix-seed0.json").read_text())
+    p = pol["next_bytes"]["polish"]
+    assert p["steps"] == 40 and p["byte_loss_after"]["own"] < p["byte_loss_before"]["own"] and "check" in p["byte_loss_after"]
+    assert pol["curve_bpb"][0] == none["bpb"]["read"] and pol["bpb"] != mix["bpb"]  # only the decoder differs
+    import hashlib
+
+    site = json.loads((out / "donor.pmem.site" / "site.json").read_text())["byte_head"]
+    assert hashlib.sha256((out / "donor.pmem.site" / "bytes.safetensors").read_bytes()).hexdigest() == site["sha256"]
     conf = json.loads((out / "arms" / "next_bytes_conf-seed0.json").read_text())["next_bytes"]
     assert any(u != 0 for u in conf["confidence_weights"])
     assert (json.loads((out / "arms" / "next_bytes_fit-seed0.json").read_text())["next_bytes"]["fit"]["steps"] > 0)
@@ -318,10 +331,21 @@ def test_cli_train_model_with_a_byte_head(ckpts, docs, tmp_path):
     r = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--out", str(out), "--model", str(ckpts["llama"]),
                                  "--byte-head", "3", "--steps", "8", "--batch-size", "2", "--block-size", "16",
                                  "--params", "32K", "--heads", "4", "--head-dim", "8", "--layers", "1",
-                                 "--eval-tokens", "64"])
+                                 "--eval-tokens", "64", "--byte-polish-steps", "30"])
     assert r.exit_code == 0, r.output
     rec = open_table(out).provenance["byte_head"]
     assert rec["bytes"] == 3 and rec["byte_loss_last10"] < rec["byte_loss_first"]
+    # then the decoder alone over the training text: its byte loss there falls, and the saved file is that decoder
+    pol = rec["polish"]
+    assert pol["steps"] == 30 and pol["byte_loss_after"]["own"] < pol["byte_loss_before"]["own"]
+    assert "byte decoder" in r.output  # its row in the summary table
     head = load_byte_head(tmp_path / "t.pmem.site")
     assert (head.j, head.orders, head.heads, head.head_dim) == (3, 3, 4, 8)
+    from polymem.torch.bytehead import BYTES_FILE
+
+    site = json.loads((tmp_path / "t.pmem.site" / "site.json").read_text())["byte_head"]
+    assert site["polish"]["steps"] == 30 and (tmp_path / "t.pmem.site" / BYTES_FILE).is_file()
+    r = CliRunner().invoke(app, ["train", "--corpus", str(corpus), "--out", str(tmp_path / "u.pmem"), "--model",
+                                 str(ckpts["llama"]), "--byte-polish-steps", "5"])
+    assert r.exit_code != 0 and "--byte-polish-steps has no effect without --byte-head" in str(r.exception)
     assert not (tmp_path / "t.pmem.ckpt").exists()  # a byte-head run writes no checkpoints

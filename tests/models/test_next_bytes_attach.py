@@ -60,19 +60,20 @@ def test_attach_trains_and_saves_the_byte_reader(attached):
     rec = json.loads((site / "site.json").read_text())["next_bytes"]
     assert rec["weights"] == nb["weights"] and rec["file"] == "bytes.safetensors" and (site / rec["file"]).is_file()
     assert rec["mix"] is True and "mixed with the model's prediction" in out  # the default reader interpolates
+    assert rec["hits"] == "all" and "written in all of the table's heads" in out  # and reads full hits only
     import hashlib
 
     assert hashlib.sha256((site / "bytes.safetensors").read_bytes()).hexdigest() == rec["sha256"]
 
 
-def test_attach_next_bytes_hits_all_is_saved_and_said(ckpts, corpus_file, donor, tmp_path):
-    site = tmp_path / "all.site"
+def test_attach_next_bytes_hits_any_is_saved_and_said(ckpts, corpus_file, donor, tmp_path):
+    site = tmp_path / "any.site"
     r = CliRunner().invoke(app, ["attach", "--model", str(ckpts["gemma3"]), "--asset", str(donor), "--corpus",
                                  str(corpus_file), *SMALL, "--init", "zero", "--eval-tokens", "200", "--out", str(site),
-                                 "--next-bytes-hits", "all", "--precision", "fp32"])
+                                 "--next-bytes-hits", "any", "--precision", "fp32"])
     assert r.exit_code == 0, r.output
-    assert "reading the n-grams written in all of the table's heads" in " ".join(r.output.split())
-    assert json.loads((site / "site.json").read_text())["next_bytes"]["hits"] == "all"
+    assert "reading the n-grams written in any of the table's heads" in " ".join(r.output.split())
+    assert json.loads((site / "site.json").read_text())["next_bytes"]["hits"] == "any"
     r = CliRunner().invoke(app, ["attach", "--model", str(ckpts["gemma3"]), "--asset", str(donor), "--corpus",
                                  str(corpus_file), "--out", str(tmp_path / "x.site"), "--next-bytes-hits", "some"])
     assert r.exit_code != 0 and "'some' is not one of 'any', 'all'" in r.output
@@ -139,13 +140,21 @@ def test_trained_score_round_trips_through_the_site(donor, corpus_file, lms, tmp
         assert not h.byte_reader.mix and exp.score([ind])[ind] == res_add["heldout_bpb"]
     finally:
         h.detach()
-    full = tmp_path / "all.site"  # reading only the n-grams written in every head: saved as such, read back so
-    res_all = train_recipient_site(exp, full, byte_head=load_byte_head(f"{donor}.site"), hits="all")
-    assert json.loads((full / "site.json").read_text())["next_bytes"]["hits"] == "all"
-    assert json.loads((site / "site.json").read_text())["next_bytes"]["hits"] == "any"
+    full = tmp_path / "any.site"  # reading the n-grams written in any head: saved as such, read back so
+    res_any = train_recipient_site(exp, full, byte_head=load_byte_head(f"{donor}.site"), hits="any")
+    assert json.loads((full / "site.json").read_text())["next_bytes"]["hits"] == "any"
+    assert json.loads((site / "site.json").read_text())["next_bytes"]["hits"] == "all"  # the default
     h = load_attached(lm.model, full, tokenizer=lm.tokenizer)
     try:
-        assert h.byte_reader.hits == "all" and exp.score([ind])[ind] == res_all["heldout_bpb"]
+        assert h.byte_reader.hits == "any" and exp.score([ind])[ind] == res_any["heldout_bpb"]
+    finally:
+        h.detach()
+    header = json.loads((full / "site.json").read_text())  # a site written before the field: "any", as it read then
+    del header["next_bytes"]["hits"]
+    (full / "site.json").write_text(json.dumps(header))
+    h = load_attached(lm.model, full, tokenizer=lm.tokenizer)
+    try:
+        assert h.byte_reader.hits == "any" and exp.score([ind])[ind] == res_any["heldout_bpb"]
     finally:
         h.detach()
     for folder in (site, bundle):

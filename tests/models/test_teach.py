@@ -180,5 +180,7 @@ def test_cli_teach_arms_need_the_content_study(tmp_path):
     (tmp_path / "c.jsonl").write_text(json.dumps({"text": "abc"}) + "\n")
     r = CliRunner().invoke(app, common + ["--arms", "none,teach"])
     assert r.exit_code != 0 and "learn from text the donor model writes" in str(r.exception)
+    r = CliRunner().invoke(app, common + ["--arms", "none,donor_next_bytes_mix_polished"])
+    assert r.exit_code != 0 and "reads the donor's byte decoder trained on over the donor's own" in str(r.exception)
     r = CliRunner().invoke(app, common + ["--teach-tokens", "100"])
     assert r.exit_code != 0 and "--teach-tokens has no effect without --content-split" in str(r.exception)
