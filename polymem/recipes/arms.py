@@ -116,7 +116,7 @@ def _own_loss(exp: Any) -> AuxLoss:
 def _polish_key(exp: Any) -> str:
     from polymem.torch.bytehead import FIT_BATCH, POLISH_LR, POLISH_STEPS
 
-    return f"-polish{POLISH_STEPS}x{FIT_BATCH}lr{POLISH_LR:g}"
+    return f"-polish{POLISH_STEPS}x{FIT_BATCH}lr{POLISH_LR:g}-eos"  # the donor's documents joined by EOS
 
 
 def _next_bytes(exp: Any, arm: str, seed: int, **kw: Any) -> dict[str, Any]:
@@ -167,7 +167,7 @@ ARM_SPECS: dict[str, Arm] = {a.name: a for a in (
                                             "default with a donor that ships a decoder",
         rows="donor", trains="projection", reader="mix"),
     Arm(name="donor_next_bytes_mix_all", method="as donor_next_bytes_mix, the reader reading an n-gram only where "
-                                                "all its K head rows were written (no hash collision; polymem attach "
+                                                "all its K head rows were written (an unread n-gram that collides in only some heads reads nothing; polymem attach "
                                                 "--next-bytes-hits all)",
         rows="donor", trains="projection", reader="mix", hits="all"),
     Arm(name="donor_next_bytes_mix_polished", method="as donor_next_bytes_mix, the donor's byte decoder trained on "

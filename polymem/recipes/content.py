@@ -330,10 +330,16 @@ def run_content_transfer(lm: Any, donor_lm: Any, data: ExperimentData, *, cfg: F
         exp.teach = teach_data(lm, load_donor_text(donor_lm, asset, dsite, t[exp.teach_cfg.prompts_from],
                                                    exp.teach_cfg, out))
     if any(ARM_SPECS[a].decoder == "polished" for a in check_arms(arms)):
+        from polymem.recipes.frozen import corpus_stream
         from polymem.torch.bytehead import load_byte_head, polish_decoder
 
-        def stream(texts: Sequence[str]) -> np.ndarray:
-            return np.concatenate([np.asarray(donor_lm.tokenizer.encode(x), dtype=np.int64) for x in texts])
+        if "polish" in (read_json(Path(dsite) / "site.json", what="the donor's site header").get("byte_head") or {}):
+            raise PolymemError(f"the donor's byte decoder in {str(dsite)!r} was trained on alone already (its site.json "
+                               "records a polish): the donor_next_bytes_mix_polished arms would polish it twice; run "
+                               "donor_next_bytes_mix (or _all), which read it as it is")
+
+        def stream(texts: Sequence[str]) -> np.ndarray:  # as the donor's training reads them: EOS between documents
+            return corpus_stream(donor_lm, [], texts=list(texts), heldout_every=0).train
 
         ev("phase", what="the donor trains its byte decoder on")
         exp.polished = polish_decoder(load_byte_head(dsite, option="the polished arm"), exp.donor_tab, exp.spec,

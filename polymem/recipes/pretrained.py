@@ -199,7 +199,15 @@ class Experiment:
             raise PolymemError(f"the {arm} arm learns from the donor model's predictions on text (the text it writes, or "
                                "the recipient's part), which only the content study has (--content-split with "
                                "--donor-model); drop it from --arms or add --content-split")
-        return self.key(points) + (spec.key(self) if spec.key is not None else "")
+        return self.key(points) + self._decoder_key(spec) + (spec.key(self) if spec.key is not None else "")
+
+    def _decoder_key(self, spec: Any) -> str:
+        """Arms reading the donor's byte decoder: its polish, when its site records one (``polymem train --model
+        --byte-head``), so that results of another decoder over the same table are not reused."""
+        f = self.donor_site / "site.json"
+        reads = (spec.reader or spec.run) and f.is_file()
+        pol = (json.loads(f.read_text()).get("byte_head") or {}).get("polish") if reads else None
+        return f"-dpolish{pol.get('steps')}" if isinstance(pol, dict) else ""
 
     def asset_fingerprint(self) -> str:
         if not hasattr(self, "_fp"):

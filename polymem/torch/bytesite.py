@@ -39,7 +39,7 @@ from polymem.errors import FormatError, PolymemError
 from polymem.torch.bytehead import BYTES_FILE, MAX_BYTES, ByteHead, read_decoder, token_byte_matrix
 
 MIX_CAP = 0.9  # mix=True: the orders' mixture weights together at most this
-HITS = ("any", "all")  # which rows a reader reads: written in any of their K heads, or in all (no hash collision)
+HITS = ("any", "all")  # which rows a reader reads: written in any of their K heads, or in all (an n-gram the donor never read rarely collides in every head)
 CHUNK = 256  # positions per block of the vocabulary scores when scoring (a [CHUNK, V] float block)
 RECORD = "next_bytes"  # the key of site.json that names the reader
 

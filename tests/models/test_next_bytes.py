@@ -280,6 +280,13 @@ def test_donor_byte_head_and_next_bytes_arms(lms, docs, tmp_path, monkeypatch):
 
     site = json.loads((out / "donor.pmem.site" / "site.json").read_text())["byte_head"]
     assert hashlib.sha256((out / "donor.pmem.site" / "bytes.safetensors").read_bytes()).hexdigest() == site["sha256"]
+    # a donor whose decoder was polished already (polymem train --model --byte-head): refused, not polished twice
+    header = json.loads((out / "donor.pmem.site" / "site.json").read_text())
+    header["byte_head"]["polish"] = {"steps": 1000}
+    (out / "donor.pmem.site" / "site.json").write_text(json.dumps(header))
+    with pytest.raises(PolymemError, match="was trained on alone already .* would polish it twice"):
+        run_content_transfer(lms["gemma3"], lms["llama"], **kw, content=opts, out_dir=out,
+                             arms=["none", "donor_next_bytes_mix_polished"])
     conf = json.loads((out / "arms" / "next_bytes_conf-seed0.json").read_text())["next_bytes"]
     assert any(u != 0 for u in conf["confidence_weights"])
     assert (json.loads((out / "arms" / "next_bytes_fit-seed0.json").read_text())["next_bytes"]["fit"]["steps"] > 0)

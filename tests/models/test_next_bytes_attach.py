@@ -129,6 +129,8 @@ def test_trained_score_round_trips_through_the_site(donor, corpus_file, lms, tmp
     site = tmp_path / "lib.site"
     res = train_recipient_site(exp, site, byte_head=load_byte_head(f"{donor}.site"))
     ind = exp.in_domain
+    # the donor's decoder was polished (train --model's default): the arms that read it say so in their key
+    assert exp.arm_key("donor_next_bytes_mix").endswith("-dpolish1000") and "dpolish" not in exp.arm_key("donor")
     bundle = bundle_site(site, tmp_path / "lib.bundle")
     assert (bundle / "bytes.safetensors").read_bytes() == (site / "bytes.safetensors").read_bytes()
     added = tmp_path / "add.site"  # the other reader: scores added to the logits, also saved as what it is
