@@ -30,7 +30,7 @@ def attach_cmd(
     donor_site: Annotated[Optional[Path], typer.Option("--donor-site", parser=local_path("a site folder"), help="With --init aligned, and for --next-bytes: the table's own site (default: the asset's path + .site).")] = None,
     next_bytes: Annotated[NextBytes, typer.Option("--next-bytes", help="auto: when the donor's site holds a byte decoder (`polymem train --model ... --byte-head 8`), also read the donor's rows as the bytes that follow them, added to the next-token logits with one weight per order trained with the site (docs/real-models.md, `polymem attach`); on: require the decoder; off: the site alone.")] = NextBytes("auto"),
     next_bytes_reader: Annotated[ByteReader, typer.Option("--next-bytes-reader", help="How next bytes joins the model's prediction: mix (the decoded bytes' token probabilities interpolated with the model's, one weight per order; a wrong memory costs at most log(1 - the weights)) or add (their log-probability ratios added to the logits).")] = ByteReader("mix"),
-    next_bytes_hits: Annotated[ByteHits, typer.Option("--next-bytes-hits", help="Which n-grams next bytes reads: all (only those whose rows were written in every one of the table's heads, so that an n-gram the donor never read, whose rows other n-grams wrote in only some heads, reads nothing) or any (written in any head; with a polished decoder it cost 5–7 % on other topics in our measurements).")] = ByteHits("all"),
+    next_bytes_hits: Annotated[ByteHits, typer.Option("--next-bytes-hits", help="Which n-grams next bytes reads: all (only those whose rows were written in every one of the table's heads, so that an n-gram the donor never read, whose rows other n-grams wrote in only some heads, reads nothing) or any (written in any head; with a polished decoder it cost 5–6.5 % on other topics in our measurements).")] = ByteHits("all"),
     layers: Annotated[Optional[str], typer.Option(help="Blocks that get the site (default: the donor's).")] = None,
     site_lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate of the site.")] = 3e-3,
     batch_size: SiteBatchSize = 4,
@@ -107,7 +107,7 @@ def attach_cmd(
                       f"1..{head.orders}, {'mixed with' if next_bytes_reader.value == 'mix' else 'added to'} the model's "
                       f"prediction, reading the n-grams written in {next_bytes_hits.value} of the table's heads, trains "
                       f"its {head.orders} order weights with the site; it costs "
-                      f"{'0.5–2.0' if next_bytes_hits.value == 'all' else '0.5–7.4'} % on other topics in our "
+                      f"{'0.4–2.1' if next_bytes_hits.value == 'all' else '0.5–6.5'} % on other topics in our "
                       "measurements: --next-bytes off for the site alone)", highlight=False, soft_wrap=True)
     with progress_bar(console) as prog:
         task = prog.add_task("training the site", total=steps, info="")

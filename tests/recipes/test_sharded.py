@@ -56,18 +56,21 @@ def test_processes_train_the_table_one_process_trains(corpus, tmp_path, nproc):
     one = _run(corpus, tmp_path / "one.pmem", 20, None)
     two = _run(corpus, tmp_path / "two.pmem", 20, nproc)
     shares = [r["local_rows"] for r in two["ranks"]]
-    assert len(shares) == nproc and sum(shares) == two["rows"] and max(shares) - min(shares) <= two["rows"] // 10
+    assert len(shares) == nproc and sum(shares) == two["rows"] and max(shares) - min(shares) <= two["rows"] // 10, shares
     assert MemoryAsset.open(tmp_path / "two.pmem").problems() == []
     ca, cb = (MemoryAsset.open(tmp_path / f"{n}.pmem").row_counts() for n in ("one", "two"))
-    assert ca is not None and np.array_equal(ca, cb)  # each row's update count, written by its own process
+    assert ca is not None and cb is not None, "row counts missing"
+    # each row's update count, written by its own process
+    assert np.array_equal(ca, cb), f"row counts differ at {np.flatnonzero(ca != cb)[:10].tolist()}"
     a, b = _rows(tmp_path / "one.pmem"), _rows(tmp_path / "two.pmem")
-    assert a.shape == b.shape and one["rows_touched"] == two["rows_touched"] > 0
+    assert a.shape == b.shape and one["rows_touched"] == two["rows_touched"] > 0, (a.shape, b.shape, one["rows_touched"],
+                                                                                   two["rows_touched"])
     norm = np.linalg.norm(a, axis=1)
     live = norm > 0
-    assert not np.any(b[~live])  # rows one process never wrote stay zero
+    assert not np.any(b[~live]), "rows one process never wrote are not zero in the sharded table"
     rel = np.linalg.norm(a - b, axis=1)[live] / norm[live]
     assert rel.max() <= 1e-4, rel.max()
-    assert abs(one["heldout_bpb"] - two["heldout_bpb"]) <= 1e-3
+    assert abs(one["heldout_bpb"] - two["heldout_bpb"]) <= 1e-3, (one["heldout_bpb"], two["heldout_bpb"])
 
 
 def test_processes_train_an_engram_xor_table_as_one_process_does(corpus, tmp_path):
