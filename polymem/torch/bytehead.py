@@ -252,6 +252,26 @@ def _loss_on(head: ByteHead, table: torch.Tensor, rows: torch.Tensor, y: torch.T
     return byte_loss(head(e.view(1, *rows.shape, -1)), y[None], (rows[..., 0] >= 0)[None])[0]
 
 
+LOSS_POSITIONS = 32768  # positions (evenly spaced) a polish record's byte loss is measured on
+LOSS_CHUNK = 2048  # positions decoded at once for it (a [chunk, N, J, 256] block of logits)
+
+
+@torch.no_grad()
+def _mean_loss(head: ByteHead, table: torch.Tensor, rows: torch.Tensor, y: torch.Tensor) -> float:
+    """The byte loss over at most :data:`LOSS_POSITIONS` evenly spaced positions, decoded in chunks (a whole
+    corpus at once would not fit), each chunk's mean weighted by its targets."""
+    at = torch.from_numpy(np.unique(np.linspace(0, rows.shape[0] - 1, min(rows.shape[0], LOSS_POSITIONS)).astype(np.int64)))
+    total, count = 0.0, 0
+    for a in range(0, at.numel(), LOSS_CHUNK):
+        i = at[a:a + LOSS_CHUNK]
+        r, t = rows[i], y[i]
+        n = int(((r[..., 0] >= 0).unsqueeze(-1) & (t.unsqueeze(1) >= 0)).sum())  # [q, N, J]: what byte_loss counts
+        if n:
+            total += float(_loss_on(head, table, r, t)) * n
+            count += n
+    return total / count if count else float("nan")
+
+
 def fit_decoder(head: ByteHead, table: torch.Tensor, rows: torch.Tensor, y: torch.Tensor, *, steps: int,
                 batch: int = FIT_BATCH, lr: float, seed: int) -> dict[str, Any]:
     """Train ``head`` (in place, then frozen) to predict the bytes ``y`` [S, J] after the rows ``rows`` [S, N, K]
@@ -296,11 +316,7 @@ def polish_decoder(head: ByteHead, table: torch.Tensor, spec: Any, layout: Any, 
     new = copy.deepcopy(head)
 
     def losses(h: ByteHead) -> dict[str, float]:
-        with torch.no_grad():
-            out = {"own": float(_loss_on(h, table, *own))}
-            if other is not None:
-                out["check"] = float(_loss_on(h, table, *other))
-        return out
+        return {"own": _mean_loss(h, table, *own), **({"check": _mean_loss(h, table, *other)} if other is not None else {})}
 
     before = losses(head)
     rec = fit_decoder(new, table, *own, steps=POLISH_STEPS if steps is None else int(steps), lr=POLISH_LR, seed=3000)

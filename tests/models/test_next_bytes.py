@@ -356,3 +356,21 @@ def test_cli_train_model_with_a_byte_head(ckpts, docs, tmp_path):
                                  str(ckpts["llama"]), "--byte-polish-steps", "5"])
     assert r.exit_code != 0 and "--byte-polish-steps has no effect without --byte-head" in str(r.exception)
     assert not (tmp_path / "t.pmem.ckpt").exists()  # a byte-head run writes no checkpoints
+
+
+def test_polish_record_loss_is_the_whole_mean_in_chunks(monkeypatch):
+    """The byte loss a polish records is measured in chunks (a corpus at once would not fit): weighted by each
+    chunk's targets it is the mean over every position; past LOSS_POSITIONS an even sample of them."""
+    from polymem.torch import bytehead as bh
+
+    g = torch.Generator().manual_seed(0)
+    head, table = bh.ByteHead(3, 4, 8, 4, seed=0), torch.randn(5000, 8, generator=g)
+    rows = torch.randint(-1, 5000, (3000, 3, 4), generator=g)
+    y = torch.randint(-1, 256, (3000, 4), generator=g)
+    y[:700] = -1  # a first chunk with few targets: an unweighted mean of chunk means would differ
+    whole = float(bh._loss_on(head, table, rows, y).detach())
+    monkeypatch.setattr(bh, "LOSS_CHUNK", 500)
+    assert bh._mean_loss(head, table, rows, y) == pytest.approx(whole, rel=1e-5)
+    monkeypatch.setattr(bh, "LOSS_POSITIONS", 1000)
+    at = torch.from_numpy(np.unique(np.linspace(0, 2999, 1000).astype(np.int64)))
+    assert bh._mean_loss(head, table, rows, y) == pytest.approx(float(bh._loss_on(head, table, rows[at], y[at]).detach()), rel=1e-5)
