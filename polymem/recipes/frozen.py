@@ -358,7 +358,7 @@ def train_table(
         if bh is not None:
             from polymem.torch.bytehead import POLISH_STEPS, polish_decoder
 
-            head, brec = bh.head, bh.record()
+            head, brec = bh.head.cpu(), bh.record()  # polished on the CPU, where the table's rows are now
             steps = POLISH_STEPS if byte_polish is None else int(byte_polish)
             if steps > 0:
                 say("training the byte decoder on (rows frozen)")
