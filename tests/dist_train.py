@@ -32,7 +32,7 @@ def check(what: str) -> None:
         _say({"rank": dist.get_rank(), "error": str(e)})
     from polymem.torch.sharded import finish
 
-    finish()
+    finish(exit_process=True)
 
 
 def main() -> None:
@@ -67,7 +67,7 @@ def main() -> None:
           **{k: s[k] for k in ("heldout_bpb", "heldout_bpb_memory_off", "rows_touched", "final_loss")}})
     from polymem.torch.sharded import finish
 
-    finish()
+    finish(exit_process=True)
 
 
 if __name__ == "__main__":

@@ -168,7 +168,7 @@ def train(
                   highlight=False, soft_wrap=True)
     from polymem.torch.sharded import finish
 
-    finish()
+    finish(exit_process=True)
 
 
 def _print_summary(summary: dict, cfg) -> None:
@@ -288,7 +288,7 @@ def _train_model(model: str, corpus: list[Path], out: Path, site: Path | None, c
         atomic_write_json(json_out, summary, indent=1)
     from polymem.torch.sharded import finish
 
-    finish()
+    finish(exit_process=True)
 
 
 def _join(device: str, run: dict, layout, batch_size: int) -> bool:
